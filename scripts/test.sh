@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds and runs every test: the CPU suite, the Python tests, the same
+# suite under AddressSanitizer + UndefinedBehaviorSanitizer, and (where nvcc exists) a compile
+# of the CUDA backend. GPU-only tests skip where no GPU is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install_deps.sh
+
+echo "== CPU build and tests"
+BUILD_DIR=build ./scripts/build.sh
+ctest --test-dir build --output-on-failure --parallel "$(nproc)"
+
+if compgen -G "tests/python/test_*.py" >/dev/null; then
+  echo "== Python tests"
+  DEEPINFER_BUILD_DIR="$PWD/build" python3 -m pytest -q tests/python
+fi
+
+if [[ "${DEEPINFER_SKIP_SANITIZERS:-0}" != "1" ]]; then
+  echo "== ASan/UBSan build and tests"
+  BUILD_DIR=build-asan BUILD_TYPE=Debug ./scripts/build.sh -DDEEPINFER_SANITIZE=ON
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    DEEPINFER_SANITIZER_BUILD=1 ctest --test-dir build-asan --output-on-failure --parallel "$(nproc)"
+fi
+
+if command -v nvcc >/dev/null && [[ "${DEEPINFER_SKIP_CUDA_BUILD:-0}" != "1" ]]; then
+  echo "== CUDA build (compile only unless a GPU is present)"
+  BUILD_DIR=build-cuda ./scripts/build.sh -DDEEPINFER_CUDA=ON -DDEEPINFER_BUILD_TESTS=OFF
+fi
+echo "== all tests passed"
