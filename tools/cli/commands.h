@@ -10,5 +10,6 @@ void register_checkpoint_commands(CLI::App& app);
 void register_tokenizer_commands(CLI::App& app);
 void register_structured_commands(CLI::App& app);
 void register_model_commands(CLI::App& app);
+void register_forward_command(CLI::App& app);
 
 }  // namespace deepinfer::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   deepinfer::cli::register_tokenizer_commands(app);
   deepinfer::cli::register_structured_commands(app);
   deepinfer::cli::register_model_commands(app);
+  deepinfer::cli::register_forward_command(app);
 
   try {
     app.parse(argc, argv);
