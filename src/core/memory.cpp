@@ -104,3 +104,26 @@ void Buffer::release() noexcept {
 }
 
 }  // namespace deepinfer
+
+namespace deepinfer {
+
+Arena::Arena(Allocator& allocator, size_t capacity, std::string name)
+    : block_(allocator, capacity, kArenaAlignment), name_(std::move(name)) {}
+
+void* Arena::allocate(size_t bytes, size_t alignment) {
+  if (!is_power_of_two(alignment) || alignment > block_alignment_) {
+    DI_THROW("arena '", name_, "': alignment ", alignment, " must be a power of two of at most ",
+             block_alignment_);
+  }
+  const size_t start = round_up(used_, alignment);
+  if (start > block_.size() || bytes > block_.size() - start) {
+    DI_THROW("arena '", name_, "' exhausted: asked for ", bytes, " bytes (alignment ", alignment,
+             ") with ", used_, " of ", block_.size(),
+             " bytes in use; raise its capacity (high-water mark so far ", high_water_, " bytes)");
+  }
+  used_ = start + bytes;
+  if (used_ > high_water_) high_water_ = used_;
+  return static_cast<std::byte*>(block_.data()) + start;
+}
+
+}  // namespace deepinfer

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/device.h"
 
@@ -14,6 +15,8 @@ namespace deepinfer {
 
 // 64 bytes: one cache line, and enough for any AVX-512 load.
 inline constexpr size_t kDefaultAlignment = 64;
+// Arena blocks are aligned for the strictest consumer (CUDA allocations are 256-byte aligned).
+inline constexpr size_t kArenaAlignment = 256;
 
 class Allocator {
  public:
@@ -84,6 +87,41 @@ class Buffer {
   size_t bytes_ = 0;
   size_t alignment_ = kDefaultAlignment;
   Device device_ = Device::cpu();
+};
+
+// Per-step scratch: a block reserved once from an allocator, handed out by bumping an offset and
+// reclaimed all at once by reset(). A steady-state step therefore makes no system allocation.
+// Not thread-safe: give each thread (or each step owner) its own arena.
+class Arena {
+ public:
+  // Reserves `capacity` bytes now; `name` appears in errors ("decode scratch").
+  Arena(Allocator& allocator, size_t capacity, std::string name = "arena");
+  Arena(Arena&&) noexcept = default;
+  Arena& operator=(Arena&&) noexcept = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // `bytes` bytes aligned to `alignment` (a power of two, at most the block's alignment),
+  // valid until the next reset(). Throws Error naming the request, the bytes in use and the
+  // capacity when the block is exhausted. allocate(0) returns a valid, non-dereferenceable
+  // pointer.
+  void* allocate(size_t bytes, size_t alignment = kDefaultAlignment);
+  // Frees everything allocated since the last reset (the high-water mark stays).
+  void reset() { used_ = 0; }
+
+  size_t capacity() const { return block_.size(); }
+  size_t used() const { return used_; }
+  // The most bytes ever in use at once: size the arena from it after a warm-up step.
+  size_t high_water() const { return high_water_; }
+  Device device() const { return block_.device(); }
+  const std::string& name() const { return name_; }
+
+ private:
+  Buffer block_;
+  size_t block_alignment_ = kArenaAlignment;
+  size_t used_ = 0;
+  size_t high_water_ = 0;
+  std::string name_;
 };
 
 }  // namespace deepinfer

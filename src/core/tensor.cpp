@@ -382,6 +382,16 @@ std::string TensorView::to_string() const {
                 byte_offset_, "B ", device_.to_string());
 }
 
+TensorView arena_tensor(Arena& arena, DType dtype, Shape shape) {
+  for (int64_t size : shape) {
+    if (size < 0) DI_THROW("cannot create a tensor of shape ", shape.to_string());
+  }
+  const size_t bytes = dtype_storage_bytes(dtype, shape.product());
+  void* data = arena.allocate(bytes);
+  return TensorView(data, bytes, 0, dtype, shape, TensorView::contiguous_strides(shape),
+                    arena.device());
+}
+
 // ---- Tensor ------------------------------------------------------------------------------
 
 Tensor Tensor::empty(DType dtype, Shape shape, Allocator& allocator, size_t alignment) {

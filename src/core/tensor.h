@@ -145,6 +145,9 @@ class TensorView {
   Strides strides_;
 };
 
+// A contiguous tensor carved out of a per-step arena: valid until the arena's next reset().
+TensorView arena_tensor(Arena& arena, DType dtype, Shape shape);
+
 // An owning tensor: a Buffer from an allocator plus a contiguous view of it. Move-only; views
 // taken from it are valid while it lives.
 class Tensor {
