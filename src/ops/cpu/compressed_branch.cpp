@@ -1,0 +1,163 @@
+// The CSA2 compressed branch: the compressor's gated pooling, the indexer's scores, and the
+// two-level top-k selection.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "ops/cpu/numerics.h"
+#include "ops/cpu/parallel.h"
+#include "ops/cpu/rows.h"
+#include "ops/ops.h"
+
+namespace deepinfer::ops {
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}
+
+void compress_pool(const TensorView& kv, const TensorView& gate, int ratio, const TensorView& out) {
+  const cpu::Rows<float> k = cpu::as_rows<float>(kv, "compressor kv");
+  const cpu::Rows<float> g = cpu::as_rows<float>(gate, "compressor gate");
+  const cpu::Rows<float> o = cpu::as_rows<float>(out, "compressor output");
+  DI_CHECK(ratio > 0 && k.rows == g.rows && k.cols == g.cols && k.rows == o.rows * ratio &&
+               o.cols == k.cols,
+           "compress_pool shapes kv ", kv.to_string(), " gate ", gate.to_string(), " out ",
+           out.to_string(), " ratio ", ratio);
+  cpu::parallel_for(o.rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t group = begin; group < end; ++group) {
+      float* y = o.row(group);
+      for (int64_t c = 0; c < o.cols; ++c) {
+        float max_gate = kNegInf;
+        for (int j = 0; j < ratio; ++j) max_gate = std::max(max_gate, g.row(group * ratio + j)[c]);
+        float denominator = 0.0f;
+        for (int j = 0; j < ratio; ++j)
+          denominator += std::exp(g.row(group * ratio + j)[c] - max_gate);
+        float sum = 0.0f;
+        for (int j = 0; j < ratio; ++j) {
+          const float weight = std::exp(g.row(group * ratio + j)[c] - max_gate) / denominator;
+          sum += k.row(group * ratio + j)[c] * weight;
+        }
+        y[c] = sum;
+      }
+    }
+  });
+}
+
+void indexer_scores(const TensorView& q, const TensorView& keys, const TensorView& weights,
+                    const TensorView& visible, float scale, const TensorView& out) {
+  DI_CHECK(q.rank() == 3, "indexer q must be [T, Hi, Di]: ", q.to_string());
+  const int64_t tokens = q.size(0);
+  const int64_t heads = q.size(1);
+  const int64_t dim = q.size(2);
+  const cpu::Rows<float> qr = cpu::as_rows<float>(q, "indexer q");
+  const cpu::Rows<float> k = cpu::as_rows<float>(keys, "indexer keys");
+  const cpu::Rows<float> w = cpu::as_rows<float>(weights, "indexer weights");
+  const int32_t* vis = cpu::as_flat<int32_t>(visible, "indexer visible counts");
+  const cpu::Rows<float> o = cpu::as_rows<float>(out, "indexer scores");
+  DI_CHECK(k.rows == 0 || k.cols == dim, "indexer keys ", keys.to_string());
+  DI_CHECK(w.rows == tokens && w.cols == heads, "indexer weights ", weights.to_string());
+  DI_CHECK(o.rows == tokens && o.cols == k.rows, "indexer scores ", out.to_string());
+  DI_CHECK(visible.numel() == tokens, "indexer visible ", visible.to_string());
+  cpu::parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t limit = std::min<int64_t>(vis[t], k.rows);
+      float* y = o.row(t);
+      for (int64_t j = 0; j < k.rows; ++j) {
+        if (j >= limit) {
+          y[j] = kNegInf;
+          continue;
+        }
+        float sum = 0.0f;
+        for (int64_t h = 0; h < heads; ++h) {
+          const float s = cpu::dot(qr.row(t) + h * dim, k.row(j), dim);
+          sum += std::max(s, 0.0f) * scale * w.row(t)[h];
+        }
+        y[j] = sum;
+      }
+    }
+  });
+}
+
+void candidate_blocks(const TensorView& scores, const TensorView& visible, int topk_blocks,
+                      int block_size, const TensorView& mask_out) {
+  const cpu::Rows<float> s = cpu::as_rows<float>(scores, "candidate scores");
+  const int32_t* vis = cpu::as_flat<int32_t>(visible, "candidate visible counts");
+  const cpu::Rows<int8_t> m = cpu::as_rows<int8_t>(mask_out, "candidate mask");
+  DI_CHECK(block_size > 0 && m.rows == s.rows && m.cols == s.cols, "candidate_blocks shapes");
+  const int64_t width = s.cols;
+  const int64_t blocks = (width + block_size - 1) / block_size;
+  cpu::parallel_for(s.rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> block_score(static_cast<size_t>(blocks));
+    std::vector<int64_t> order(static_cast<size_t>(blocks));
+    for (int64_t t = begin; t < end; ++t) {
+      const float* row = s.row(t);
+      for (int64_t b = 0; b < blocks; ++b) {
+        float best = kNegInf;
+        for (int64_t j = b * block_size; j < std::min(width, (b + 1) * block_size); ++j) {
+          best = std::max(best, row[j]);
+        }
+        block_score[static_cast<size_t>(b)] = best;
+      }
+      // The block holding the newest visible entry is only partly filled: pin it in.
+      if (vis[t] > 0) {
+        const int64_t last = (vis[t] - 1) / block_size;
+        if (last < blocks)
+          block_score[static_cast<size_t>(last)] = std::numeric_limits<float>::infinity();
+      }
+      std::iota(order.begin(), order.end(), 0);
+      const int64_t keep = std::min<int64_t>(topk_blocks, blocks);
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                        [&](int64_t a, int64_t b) {
+                          const float sa = block_score[static_cast<size_t>(a)];
+                          const float sb = block_score[static_cast<size_t>(b)];
+                          return sa > sb || (sa == sb && a < b);
+                        });
+      int8_t* mask = m.row(t);
+      std::fill_n(mask, width, int8_t{0});
+      for (int64_t i = 0; i < keep; ++i) {
+        const int64_t b = order[static_cast<size_t>(i)];
+        if (block_score[static_cast<size_t>(b)] == kNegInf) continue;
+        for (int64_t j = b * block_size; j < std::min(width, (b + 1) * block_size); ++j)
+          mask[j] = 1;
+      }
+    }
+  });
+}
+
+void mask_scores(const TensorView& scores, const TensorView& mask) {
+  const cpu::Rows<float> s = cpu::as_rows<float>(scores, "masked scores");
+  const cpu::Rows<int8_t> m = cpu::as_rows<int8_t>(mask, "score mask");
+  DI_CHECK(m.rows == s.rows && m.cols == s.cols, "mask_scores shapes");
+  for (int64_t t = 0; t < s.rows; ++t) {
+    for (int64_t j = 0; j < s.cols; ++j) {
+      if (m.row(t)[j] == 0) s.row(t)[j] = kNegInf;
+    }
+  }
+}
+
+void topk_indices(const TensorView& scores, int k, const TensorView& idx_out) {
+  const cpu::Rows<float> s = cpu::as_rows<float>(scores, "top-k scores");
+  const cpu::Rows<int32_t> o = cpu::as_rows<int32_t>(idx_out, "top-k indices");
+  DI_CHECK(o.rows == s.rows && o.cols == k, "topk_indices output ", idx_out.to_string());
+  cpu::parallel_for(s.rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> order;
+    for (int64_t t = begin; t < end; ++t) {
+      const float* row = s.row(t);
+      order.clear();
+      for (int64_t j = 0; j < s.cols; ++j) {
+        if (row[j] != kNegInf) order.push_back(static_cast<int32_t>(j));
+      }
+      const size_t keep = std::min(order.size(), static_cast<size_t>(k));
+      std::partial_sort(
+          order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(),
+          [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep));
+      int32_t* y = o.row(t);
+      for (int i = 0; i < k; ++i)
+        y[i] = static_cast<size_t>(i) < keep ? order[static_cast<size_t>(i)] : -1;
+    }
+  });
+}
+
+}  // namespace deepinfer::ops

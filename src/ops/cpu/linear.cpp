@@ -1,0 +1,209 @@
+// linear and dequantize_weight: every weight format dequantizes one row at a time into f32
+// (exactly), and each output element is one fixed-order dot product.
+#include <algorithm>
+#include <vector>
+
+#include "ops/cpu/numerics.h"
+#include "ops/cpu/parallel.h"
+#include "ops/cpu/rows.h"
+#include "ops/ops.h"
+
+namespace deepinfer::ops {
+namespace {
+
+using cpu::Rows;
+
+struct WeightLayout {
+  DType dtype;
+  int64_t out = 0;
+  int64_t in = 0;
+  int64_t block_out = 0;  // f8: rows per scale block
+  int64_t block_in = 0;   // f8/f4: columns per scale block
+  const uint8_t* bytes = nullptr;
+  int64_t row_bytes = 0;
+  const uint8_t* scale = nullptr;
+  int64_t scale_cols = 0;
+};
+
+WeightLayout describe(const LinearWeight& weight) {
+  const TensorView& w = weight.weight;
+  DI_CHECK(w.rank() == 2 && w.device().is_cpu() && w.is_contiguous(),
+           "linear weight must be a contiguous host matrix: ", w.to_string());
+  WeightLayout layout;
+  layout.dtype = w.dtype();
+  layout.out = w.size(0);
+  layout.in = w.size(1);
+  layout.bytes = static_cast<const uint8_t*>(w.raw_data());
+  layout.row_bytes = static_cast<int64_t>(dtype_storage_bytes(w.dtype(), layout.in));
+  switch (w.dtype()) {
+    case DType::kF32:
+    case DType::kBF16:
+      return layout;
+    case DType::kF8E4M3:
+    case DType::kF4E2M1x2: {
+      const TensorView& s = weight.scale;
+      if (s.numel() == 0 || s.rank() != 2 || s.dtype() != DType::kF8E8M0 || !s.is_contiguous()) {
+        DI_THROW("a ", dtype_name(w.dtype()), " linear weight ", w.to_string(),
+                 " needs a contiguous 2-D ue8m0 scale, got ", s.to_string());
+      }
+      layout.scale = static_cast<const uint8_t*>(s.raw_data());
+      layout.scale_cols = s.size(1);
+      if (w.dtype() == DType::kF4E2M1x2) {
+        if (s.size(0) != layout.out || layout.in % s.size(1) != 0) {
+          DI_THROW("fp4 weight ", w.to_string(), " has scale ", s.to_string(),
+                   "; expected [out, in / block]");
+        }
+        layout.block_out = 1;
+        layout.block_in = layout.in / s.size(1);
+      } else {
+        // Block shape from the scale grid: ceil(out / bo) rows and ceil(in / bi) columns.
+        auto block_for = [](int64_t extent, int64_t blocks) -> int64_t {
+          if (blocks <= 0) return 0;
+          for (int64_t b = 1; b <= extent; ++b) {
+            if ((extent + b - 1) / b == blocks) return b;
+          }
+          return 0;
+        };
+        // Prefer the power of two block the checkpoints use when several fit.
+        auto preferred = [&](int64_t extent, int64_t blocks) -> int64_t {
+          for (int64_t b : {32, 128, 64, 16}) {
+            if ((extent + b - 1) / b == blocks) return b;
+          }
+          return block_for(extent, blocks);
+        };
+        layout.block_out = preferred(layout.out, s.size(0));
+        layout.block_in = preferred(layout.in, s.size(1));
+        if (layout.block_out == 0 || layout.block_in == 0) {
+          DI_THROW("fp8 weight ", w.to_string(), " has scale grid ", s.to_string(),
+                   " that matches no block shape");
+        }
+      }
+      return layout;
+    }
+    default:
+      DI_THROW("linear weights of dtype ", dtype_name(w.dtype()), " are not supported");
+  }
+}
+
+// Row n of the weight as f32 into `row` (length in).
+void dequantize_row(const WeightLayout& layout, int64_t n, float* row) {
+  const uint8_t* bytes = layout.bytes + n * layout.row_bytes;
+  switch (layout.dtype) {
+    case DType::kF32:
+      std::copy_n(reinterpret_cast<const float*>(bytes), layout.in, row);
+      return;
+    case DType::kBF16: {
+      const auto* bits = reinterpret_cast<const uint16_t*>(bytes);
+      for (int64_t k = 0; k < layout.in; ++k) row[k] = cpu::bf16_to_float(bits[k]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      const uint8_t* scales = layout.scale + (n / layout.block_out) * layout.scale_cols;
+      for (int64_t k = 0; k < layout.in; ++k) {
+        row[k] = cpu::e4m3_to_float(bytes[k]) * cpu::e8m0_to_float(scales[k / layout.block_in]);
+      }
+      return;
+    }
+    case DType::kF4E2M1x2: {
+      const uint8_t* scales = layout.scale + n * layout.scale_cols;
+      for (int64_t k = 0; k < layout.in; ++k) {
+        const uint8_t code = (k & 1) ? (bytes[k >> 1] >> 4) : (bytes[k >> 1] & 0xF);
+        row[k] = cpu::e2m1_to_float(code) * cpu::e8m0_to_float(scales[k / layout.block_in]);
+      }
+      return;
+    }
+    default:
+      DI_CHECK(false, "unreachable weight dtype");
+  }
+}
+
+// The released path's activation quantizer: per 32 values, e4m3 times a ue8m0 scale. A row
+// whose length is not a multiple of 32 ends with a short block.
+void quantize_activation_fp8(const float* x, int64_t n, float* out) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t end = std::min(n, start + kBlock);
+    float amax = 0.0f;
+    for (int64_t k = start; k < end; ++k) amax = std::max(amax, std::fabs(x[k]));
+    const float scale = cpu::pow2_ceil(std::max(amax, 1e-4f) * (1.0f / 448.0f));
+    for (int64_t k = start; k < end; ++k) {
+      const float q = std::clamp(x[k] / scale, -448.0f, 448.0f);
+      out[k] = cpu::round_to_e4m3(q) * scale;
+    }
+  }
+}
+
+}  // namespace
+
+void dequantize_weight(const LinearWeight& weight, const TensorView& out) {
+  const WeightLayout layout = describe(weight);
+  const Rows<float> o = cpu::as_rows<float>(out, "dequantize_weight output");
+  DI_CHECK(o.rows == layout.out && o.cols == layout.in, "dequantize_weight output shape ",
+           out.to_string(), " for weight ", weight.weight.to_string());
+  cpu::parallel_for(layout.out, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) dequantize_row(layout, n, o.row(n));
+  });
+}
+
+void linear(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+            ActivationQuant activation_quant) {
+  const WeightLayout layout = describe(weight);
+  const Rows<float> in = cpu::as_rows<float>(x, "linear input");
+  const Rows<float> o = cpu::as_rows<float>(out, "linear output");
+  if (in.cols != layout.in || o.cols != layout.out || o.rows != in.rows) {
+    DI_THROW("linear shapes do not match: x ", x.to_string(), ", weight ",
+             weight.weight.to_string(), ", out ", out.to_string());
+  }
+  const int64_t rows = in.rows;
+  if (rows == 0 || layout.out == 0) return;
+
+  // The activation as the GEMM sees it (quantized once per row, not once per output).
+  const float* activations = in.data;
+  int64_t activation_stride = in.stride;
+  // Grow-only scratch: no allocation once the largest step has been seen.
+  static thread_local std::vector<float> quantized;
+  if (activation_quant == ActivationQuant::kFp8PerBlock32) {
+    if (quantized.size() < static_cast<size_t>(rows * layout.in)) {
+      quantized.resize(static_cast<size_t>(rows * layout.in));
+    }
+    cpu::parallel_for(rows, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        quantize_activation_fp8(in.row(m), layout.in, quantized.data() + m * layout.in);
+      }
+    });
+    activations = quantized.data();
+    activation_stride = layout.in;
+  }
+
+  // Four weight rows at a time share each activation row load; each output is still its own
+  // fixed-order dot product.
+  constexpr int64_t kTile = 4;
+  const int64_t tiles = (layout.out + kTile - 1) / kTile;
+  cpu::parallel_for(tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
+    const bool dense_f32 = layout.dtype == DType::kF32;
+    static thread_local std::vector<float> buffer;
+    if (!dense_f32 && buffer.size() < static_cast<size_t>(kTile * layout.in)) {
+      buffer.resize(static_cast<size_t>(kTile * layout.in));
+    }
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+      const int64_t n0 = tile * kTile;
+      const int64_t count = std::min(kTile, layout.out - n0);
+      const float* w[kTile];
+      for (int64_t i = 0; i < count; ++i) {
+        if (dense_f32) {
+          w[i] = reinterpret_cast<const float*>(layout.bytes + (n0 + i) * layout.row_bytes);
+        } else {
+          dequantize_row(layout, n0 + i, buffer.data() + i * layout.in);
+          w[i] = buffer.data() + i * layout.in;
+        }
+      }
+      for (int64_t m = 0; m < rows; ++m) {
+        const float* a = activations + m * activation_stride;
+        float* y = o.row(m) + n0;
+        for (int64_t i = 0; i < count; ++i) y[i] = cpu::dot(a, w[i], layout.in);
+      }
+    }
+  });
+}
+
+}  // namespace deepinfer::ops

@@ -1,0 +1,206 @@
+// The op layer: every computation the DeepSeek-V4.1 forward needs, as free functions over
+// tensor views. The model (src/model/deepseek_v41) is written once against these; ops/cpu is
+// the reference implementation and the oracle for other backends.
+//
+// Conventions shared by every op:
+//  - Activations are f32, rows along the first dimension, the last dimension contiguous
+//    (row strides may be larger than the row, so column slices of a wider matrix work).
+//  - Every reduction runs in a fixed order per output element that does not depend on how many
+//    rows are in the call or on the thread count (batch invariance).
+//  - Small host metadata (positions, selected indices) is passed as int32 views.
+//  - `out` may alias an input only where the op says so.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace deepinfer::ops {
+
+// ---- linear ------------------------------------------------------------------------------
+
+// A linear layer's weight [out, in] in its storage format:
+//  - f32 or bf16, no scale;
+//  - f8 e4m3 with ue8m0 block scales [ceil(out/bo), ceil(in/bi)] (block shape derived from the
+//    scale's shape: 32x32 in the released DeepSeek-V4.1 checkpoint);
+//  - packed fp4 e2m1 (two per byte) with ue8m0 scales [out, in/bi] along `in` (bi = 32).
+struct LinearWeight {
+  TensorView weight;
+  TensorView scale;  // empty (numel 0) for f32 / bf16
+
+  int64_t out_features() const { return weight.size(0); }
+  int64_t in_features() const { return weight.size(1); }
+};
+
+// What happens to the activation before it meets a quantized weight.
+enum class ActivationQuant {
+  kNone,           // dense numerics: f32 activation
+  kFp8PerBlock32,  // released numerics: e4m3 with one ue8m0 scale per 32 activations
+};
+
+// out[m, n] = sum_k act(x)[m, k] * W[n, k]. x [M, K] f32, out [M, N] f32 (must not alias x).
+// Each output element sums K in one fixed order, so a row's result is independent of M.
+void linear(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+            ActivationQuant activation_quant = ActivationQuant::kNone);
+
+// Dequantizes any LinearWeight to a dense f32 [out, in] tensor (exact: every stored format is a
+// subset of f32).
+void dequantize_weight(const LinearWeight& weight, const TensorView& out);
+
+// ---- elementwise / normalization ------------------------------------------------------------
+
+// Rows of table [V, D] (f32 or bf16) selected by ids -> out [M, D]. Throws Error naming the
+// position of an out-of-range id.
+void embedding(const TensorView& table, std::span<const int32_t> ids, const TensorView& out);
+
+// out = x * rsqrt(mean(x^2) + eps) * weight. weight is f32/bf16 [D], or empty for the unweighted
+// norm. x and out are [M, D]; out may alias x.
+void rmsnorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
+
+// ---- rotary embedding -----------------------------------------------------------------------
+
+struct YarnParams {
+  double factor = 1.0;
+  double original_max_position = 0.0;  // 0 disables YaRN
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+};
+
+// One inverse frequency per rotated pair (rope_dim / 2 of them).
+struct RopeTable {
+  int rope_dim = 0;
+  std::vector<float> inv_freq;
+};
+
+// Base frequencies theta^(-2i/rope_dim), with YaRN's ramp between the beta_fast and beta_slow
+// correction dimensions when yarn.original_max_position > 0 (no attention-factor scaling: V4.1
+// applies YaRN with attention factor 1).
+RopeTable make_rope_table(int rope_dim, double theta, const YarnParams& yarn = {});
+
+// Rotates the trailing rope_dim channels of every head in place, taking adjacent channels
+// (2i, 2i+1) as one complex number, by angle position * inv_freq[i] (negated when `inverse`).
+// x is [M, H, Dh] (or [M, Dh]); positions has M entries.
+void rope(const TensorView& x, std::span<const int32_t> positions, const RopeTable& table,
+          bool inverse);
+
+// Softmax over each row of x [M, N] in place.
+void softmax_rows(const TensorView& x);
+
+// ---- quantization semantics that are part of the model --------------------------------------
+
+// In place: each block of 32 along the last dim becomes e4m3 values times a power-of-two (ue8m0)
+// scale 2^ceil(log2(max(amax, 1e-4) / 448)). Rows whose length is not a multiple of the block are
+// left as they are (HF does the same for shapes the reference cannot block).
+void fake_quant_fp8(const TensorView& x, int block = 32);
+
+enum class Fp4ScaleFormat { kUe8m0, kE4m3 };
+// In place: e2m1 values (round to nearest even) times a per-block scale: ue8m0 =
+// 2^ceil(log2(max(amax, 6*2^-126) / 6)); e4m3 = e4m3(max(amax, 6*2^-9) / 6).
+void fake_quant_fp4(const TensorView& x, int block, Fp4ScaleFormat scale_format);
+
+// ---- attention ------------------------------------------------------------------------------
+
+// Shared-KV attention with a per-head sink over two key sets, K = V:
+//  - window_kv [Nw, Dh]: query t attends rows [window_range[t,0], window_range[t,1]);
+//  - compressed_kv [Nc, Dh]: query t attends rows compressed_idx[t, :] (entries < 0 skipped).
+// q [T, H, Dh], sink [H] f32, out [T, H, Dh]. The sink only joins the softmax denominator.
+// Keys are visited window first, then compressed, each in the given order.
+void sink_attention(const TensorView& q, const TensorView& window_kv,
+                    const TensorView& window_range, const TensorView& compressed_kv,
+                    const TensorView& compressed_idx, const TensorView& sink, float scale,
+                    const TensorView& out);
+
+// ---- compressed branch ------------------------------------------------------------------------
+
+// Softmax-gated pooling of `ratio` consecutive rows: out[g, c] = sum_j kv[g*r+j, c] *
+// softmax_j(gate[g*r+j, c]). kv, gate [G*r, D]; out [G, D].
+void compress_pool(const TensorView& kv, const TensorView& gate, int ratio, const TensorView& out);
+
+// Indexer scores: out[t, j] = sum_h weights[t, h] * relu(q[t, h, :] . keys[j, :]) * scale for
+// j < visible[t], -inf otherwise. q [T, Hi, Di], keys [N, Di], weights [T, Hi], visible [T] I32,
+// out [T, N].
+void indexer_scores(const TensorView& q, const TensorView& keys, const TensorView& weights,
+                    const TensorView& visible, float scale, const TensorView& out);
+
+// Level one of the two-level top-k: per row of scores [T, N], keep the `topk_blocks` best blocks
+// of `block_size` entries (block score = max entry; the block holding entry visible[t]-1 is
+// pinned in; -inf blocks never kept). mask_out [T, N] I8 gets 1 for kept entries.
+void candidate_blocks(const TensorView& scores, const TensorView& visible, int topk_blocks,
+                      int block_size, const TensorView& mask_out);
+
+// scores[t, j] = -inf wherever mask[t, j] == 0.
+void mask_scores(const TensorView& scores, const TensorView& mask);
+
+// Per row of scores [T, N]: the indices of the k largest finite entries (ties: lower index
+// first), written ascending into idx_out [T, k] I32 and padded with -1.
+void topk_indices(const TensorView& scores, int k, const TensorView& idx_out);
+
+// ---- hyper-connections ------------------------------------------------------------------------
+
+struct HcParams {
+  int hc = 0;
+  int sinkhorn_iters = 0;
+  float hc_eps = 0.0f;
+  float norm_eps = 0.0f;
+};
+
+// From the streams x [M, hc*D]: mixes = fn . (x / rms(x)) with fn [(2+hc)*hc, hc*D] f32, then
+// pre = sigmoid(mixes[:hc]*scale[0]+base) + eps, post = 2 sigmoid(mixes[hc:2hc]*scale[1]+base),
+// comb = Sinkhorn(softmax_rows(mixes[2hc:]*scale[2]+base) + eps). pre/post [M, hc], comb
+// [M, hc, hc] with comb[j, k] the weight of input stream j in output stream k.
+void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale,
+              const TensorView& base, const HcParams& params, const TensorView& pre,
+              const TensorView& post, const TensorView& comb);
+
+// out[m, :] = sum_j pre[m, j] * x[m, j, :]. x [M, hc, D], pre [M, hc], out [M, D].
+void hc_collapse(const TensorView& x, const TensorView& pre, const TensorView& out);
+
+// out[m, k, :] = post[m, k] * y[m, :] + sum_j comb[m, j, k] * residual[m, j, :].
+// y [M, D], residual [M, hc, D], out [M, hc, D] (may alias residual).
+void hc_expand(const TensorView& y, const TensorView& residual, const TensorView& post,
+               const TensorView& comb, const TensorView& out);
+
+// ---- mixture of experts ----------------------------------------------------------------------
+
+enum class ScoreFunction { kSoftmax, kSigmoid, kSqrtSoftplus };
+
+struct RouterParams {
+  ScoreFunction score_function = ScoreFunction::kSqrtSoftplus;
+  float temperature = 1.0f;
+  int top_k = 1;
+  bool normalize = true;
+  float routed_scale = 1.0f;
+};
+
+// scores = score_fn(x . gate^T / temperature); experts = top-k of scores + bias (bias steers
+// selection only); weights = scores of the chosen experts, renormalized (sum + 1e-20) when
+// `normalize` and top_k > 1, times routed_scale. x [M, D]; gate [E, D] (f32/bf16); bias [E] f32
+// or empty. weights_out [M, k] f32; experts_out [M, k] I32 (in descending biased-score order).
+void route(const TensorView& x, const TensorView& gate, const TensorView& bias,
+           const RouterParams& params, const TensorView& weights_out,
+           const TensorView& experts_out);
+
+// out = silu(min(gate, limit)) * clamp(up, -limit, limit) * row_weight (limit <= 0: no clamp;
+// row_weight empty: 1). gate, up, out [M, I] (out may alias gate or up); row_weight [M].
+void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& row_weight,
+            const TensorView& out);
+
+// ---- engram ----------------------------------------------------------------------------------
+
+// Rows of an engram table [R, Dg] (e4m3 with ue8m0 scales [R, Dg/32], or f32/bf16 with no
+// scale) for ids [M, C] (I32/I64) -> out [M, C*Dg].
+void engram_gather(const TensorView& table, const TensorView& scale, const TensorView& ids,
+                   const TensorView& out);
+
+// The engram's gated write into the streams, per (row, stream k):
+//   dot = sum_d x[k,d] * qk[k,d] * key[k,d] * rsqrt(mean(x[k]^2)+eps) * rsqrt(mean(key[k]^2)+eps)
+//         / sqrt(D)
+//   gate = sigmoid(sign(dot) * sqrt(max(|dot|, 1e-6)))
+//   out[k] = x[k] + gate * value
+// x, key, out [M, hc, D] (out may alias x); value [M, D]; qk [hc, D] f32 (q_weight * k_weight).
+void engram_mix(const TensorView& x, const TensorView& key, const TensorView& value,
+                const TensorView& qk, float eps, const TensorView& out);
+
+}  // namespace deepinfer::ops
