@@ -5,7 +5,9 @@
 //
 // Which encoder the model uses (matching DeepSeek's reference inference code and HF):
 //  - fp8 activations / window KV: float_to_e4m3_saturate (the reference clamps to +-448 first);
-//  - e4m3 *scales* of the compressed KV (amax/6 cast straight to fp8): float_to_e4m3_cast;
+//  - e4m3 *scales* of the compressed KV (amax/6 rounded to fp8): float_to_e4m3_saturate, as the
+//    release's kernel casts with satfinite; HF's `.to(float8_e4m3fn)` is float_to_e4m3_cast.
+//    They differ only when amax > 6 * 464, where HF produces NaN;
 //  - ue8m0 block scales: e8m0_pow2_ceil(max(amax, floor) * inverse_max) -- rounds UP;
 //  - fp4 values: float_to_e2m1 (RNE, saturating at +-6).
 #pragma once

@@ -37,6 +37,9 @@ TEST(HostAllocator, AlignsAndHandlesZeroBytes) {
 }
 
 TEST(HostAllocator, OutOfMemoryNamesTheSize) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on impossible allocations instead of failing them";
+#endif
   try {
     host_allocator().allocate(SIZE_MAX / 2);
     FAIL() << "expected an error";
