@@ -1,0 +1,530 @@
+#!/usr/bin/env python3
+"""Generate the golden fixtures of tests/data/golden/ from two independent oracles.
+
+  (a) HF transformers' DeepseekV41ForCausalLM, dense path, fp32          -> logits_hf.safetensors
+  (b) DeepSeek's reference inference/model.py (+ CPU ports of its kernels),
+      released quantized path: FP8-quantized activations into FP8/FP4 GEMMs
+        - "bf16":    as the release runs it (torch default dtype bf16)    -> logits_ref_bf16.safetensors
+        - "fp32act": same quantization points, fp32 between them          -> logits_ref_fp32act.safetensors
+
+Runs outside the build and never in CI. How to obtain the oracle sources and their versions:
+docs/GOLDEN.md. Usage:
+
+  python scripts/golden/generate.py --hf-src DIR --ref-src DIR [--out tests/data/golden] [--only NAME]
+
+--hf-src: a directory holding configuration_deepseek_v41.py and modeling_deepseek_v41.py of
+transformers (copied into the installed transformers package as models/deepseek_v41 when that
+package lacks them). --ref-src: a directory holding model.py, engram.py, kernel_cpu.py of the
+reference (imported as a package).
+
+The model weights are drawn so that both oracles run the same model: every tensor the release
+stores as FP8/FP4 is quantized first and the HF (dense) checkpoint holds its exact dequantized
+value; every tensor the release stores as BF16 is rounded to BF16.
+"""
+
+import argparse
+import importlib
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from golden_configs import CONFIGS, REQUEST_LENGTHS, VOCAB_SIZE  # noqa: E402
+from quantize import (  # noqa: E402
+    dequant_fp4_rows,
+    dequant_fp8_blocks,
+    dequant_fp8_rows,
+    quant_fp4_rows,
+    quant_fp8_blocks,
+    quant_fp8_rows,
+)
+
+# ----------------------------------------------------------------------------- oracle imports
+
+
+def install_hf_sources(hf_src: Path):
+    import transformers
+
+    pkg = Path(transformers.__file__).parent / "models" / "deepseek_v41"
+    if not (pkg / "modeling_deepseek_v41.py").exists():
+        pkg.mkdir(parents=True, exist_ok=True)
+        for name in ("configuration_deepseek_v41.py", "modeling_deepseek_v41.py"):
+            shutil.copy(hf_src / name, pkg / name)
+        (pkg / "__init__.py").touch()
+    # Shim: DeepseekV41TopKRouter looks the scoring function up in ACT2FN, which (transformers
+    # 5.24 and the stored main) has "sigmoid" and "sqrtsoftplus" but no "softmax"; softmax
+    # scoring is the reference's scores.softmax(dim=-1).
+    from transformers.activations import ACT2FN
+
+    if "softmax" not in ACT2FN:
+        ACT2FN["softmax"] = (torch.nn.Softmax, {"dim": -1})
+    cfg_mod = importlib.import_module("transformers.models.deepseek_v41.configuration_deepseek_v41")
+    mdl_mod = importlib.import_module("transformers.models.deepseek_v41.modeling_deepseek_v41")
+    return transformers.__version__, cfg_mod, mdl_mod
+
+
+def import_reference(ref_src: Path):
+    spec = importlib.util.spec_from_file_location("ds_ref", ref_src / "__init__.py", submodule_search_locations=[str(ref_src)])
+    if not (ref_src / "__init__.py").exists():
+        (ref_src / "__init__.py").touch()
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules["ds_ref"] = pkg
+    spec.loader.exec_module(pkg)
+    return importlib.import_module("ds_ref.model"), importlib.import_module("ds_ref.kernel_cpu")
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX! the Quick brown Fox?\n"
+    "In the beginning the engine read the tokens, and then the engine wrote the logits.\n"
+    "Then THEN then: ten tenths of the tenth tent. Ünïcödé àccents and café, naïve résumé.\n"
+    "  spaces   and\ttabs\nnewlines\r\n mixed Case and UPPER case and lower case words.\n"
+) * 8
+
+
+def build_tokenizer(path: Path):
+    """A tiny byte-level BPE (3 specials, 256 bytes, merges up to VOCAB_SIZE). Committed once;
+    later runs reuse the committed file so fixtures stay reproducible across tokenizers versions."""
+    if not path.exists():
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE,
+            special_tokens=["<bos>", "<eos>", "<pad>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator([_CORPUS], trainer=trainer)
+        assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(str(path))
+    try:
+        from transformers import PreTrainedTokenizerFast as Fast
+    except ImportError:  # transformers >= 5 names it TokenizersBackend
+        from transformers import TokenizersBackend as Fast
+    return Fast(tokenizer_file=str(path))
+
+
+# ----------------------------------------------------------------------------- weights
+
+FP8_ROLES = ("attn.wq_a.", "attn.wq_b.", "attn.wkv.", "attn.wo_a.", "attn.wo_b.", "indexer.wq_b.", "shared_experts.", "engram.wkv.")
+F32_ROLES = ("hc_attn_", "hc_ffn_", "attn_sink", "gate.bias")
+
+
+def role_of(name: str) -> str:
+    if ".experts." in name and ".shared_experts." not in name:
+        return "fp4"
+    if name.endswith("engram.embed.weight"):
+        return "fp8_rows"
+    if name.endswith("engram.embed.scale"):
+        return "ones"
+    if any(r in name for r in F32_ROLES):
+        return "f32"
+    if any(r in name for r in FP8_ROLES) and "compressor" not in name:
+        return "fp8"
+    return "bf16"
+
+
+def draw_weights(model, seed: int):
+    """Seeded weights, already on the grid their released storage format allows. Returns the
+    released-format pieces: name -> (role, tensors) for the released checkpoint."""
+    gen = torch.Generator().manual_seed(seed)
+    released = {}
+
+    def randn(*shape, std=1.0):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            role = role_of(name)
+            shape = tuple(p.shape)
+            if "norm" in name and name.endswith("weight"):
+                w = 1.0 + randn(*shape, std=0.1)
+            elif "hc_" in name and name.endswith("_fn"):
+                w = randn(*shape, std=1.0 / shape[1] ** 0.5)
+            elif "hc_" in name and name.endswith("_base"):
+                w = randn(*shape, std=0.5)
+            elif "hc_" in name and name.endswith("_scale"):
+                w = 1.0 + randn(*shape, std=0.2)
+            elif name.endswith("attn_sink"):
+                w = randn(*shape, std=1.0)
+            elif name.endswith("gate.bias"):
+                w = randn(*shape, std=0.1)
+            elif name.endswith("gate.bias_vl"):
+                w = torch.zeros(shape)
+            elif name.endswith("embed.weight") and "engram" not in name:
+                w = randn(*shape, std=1.0)
+            elif name.endswith("engram.embed.weight"):
+                w = randn(*shape, std=1.0)
+            elif name.endswith("q_weight") or name.endswith("k_weight"):
+                w = 1.0 + randn(*shape, std=0.2)
+            elif role == "ones":
+                w = torch.ones(shape)
+            else:  # projections: unit-gain fan-in scaling keeps activations O(1) at any width
+                w = randn(*shape, std=1.0 / shape[-1] ** 0.5)
+
+            if role == "fp8":
+                q, s = quant_fp8_blocks(w)
+                w = dequant_fp8_blocks(q, s)
+                released[name] = ("fp8", q, s)
+            elif role == "fp4":
+                codes, s = quant_fp4_rows(w)
+                w = dequant_fp4_rows(codes, s)
+                released[name] = ("fp4", codes, s)
+            elif role == "fp8_rows":
+                q, s = quant_fp8_rows(w)
+                w = dequant_fp8_rows(q, s)
+                released[name] = ("fp8_rows", q, s)
+            elif role == "bf16":
+                w = w.to(torch.bfloat16).float()
+                released[name] = ("bf16", w.to(torch.bfloat16))
+            elif role == "f32":
+                released[name] = ("f32", w.clone())
+            p.copy_(w)
+    return released
+
+
+def released_name(hf_name: str) -> str:
+    if hf_name == "lm_head.weight":
+        return "head.weight"
+    assert hf_name.startswith("model."), hf_name
+    return hf_name[len("model.") :]
+
+
+def write_released_checkpoint(released: dict, text_cfg: dict, out_dir: Path):
+    """The released DeepSeek-V4.1-Flash layout: checkpoint-native names, FP8 e4m3 + F8_E8M0 block
+    scales, routed experts as I8-packed e2m1 (even element in the low nibble) + F8_E8M0 per 32,
+    FP8 engram tables with per-row per-32 F8_E8M0 scales, BF16 and F32 elsewhere."""
+    tensors = {}
+    for name, entry in released.items():
+        rname = released_name(name)
+        role = entry[0]
+        if role in ("fp8", "fp8_rows"):
+            _, q, s = entry
+            base = rname[: -len(".weight")] if rname.endswith(".weight") else rname
+            tensors[rname] = q.contiguous()
+            tensors[base + ".scale"] = s.contiguous()
+        elif role == "fp4":
+            _, codes, s = entry
+            packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+            tensors[rname] = packed.view(torch.int8).contiguous()
+            tensors[rname[: -len(".weight")] + ".scale"] = s.contiguous()
+        else:
+            tensors[rname] = entry[1].contiguous()
+    # the released engram embed has exactly one scale tensor (the fp8_rows one); drop HF's dummy
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "quantization_config": {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [32, 32],
+            "scale_fmt": "ue8m0",
+            "expert_dtype": "fp4",
+        },
+        "text_config": dict(text_cfg, model_type="deepseek_v41_text"),
+    }
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return tensors
+
+
+# ----------------------------------------------------------------------------- tie detector
+
+
+class TopkTieDetector:
+    """Counts top-k calls whose k-th and (k+1)-th values are equal and finite: the selection
+    there is implementation-defined, so a fixture with such a tie cannot be matched exactly."""
+
+    def __init__(self):
+        self.ties = 0
+        self.calls = 0
+        self._orig = torch.Tensor.topk
+
+    def __enter__(self):
+        orig = self._orig
+        det = self
+
+        def topk(t, k, dim=-1, largest=True, sorted=True):
+            det.calls += 1
+            n = t.size(dim)
+            if largest and 0 < k < n and t.is_floating_point():
+                v = torch.sort(t.float(), dim=dim, descending=True).values
+                kth = v.narrow(dim, k - 1, 1)
+                nxt = v.narrow(dim, k, 1)
+                det.ties += int(((kth == nxt) & torch.isfinite(kth)).sum())
+            return orig(t, k, dim=dim, largest=largest, sorted=sorted)
+
+        torch.Tensor.topk = topk
+        return self
+
+    def __exit__(self, *exc):
+        torch.Tensor.topk = self._orig
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def make_requests(seed: int):
+    gen = torch.Generator().manual_seed(seed + 7)
+    reqs = []
+    for i, n in enumerate(REQUEST_LENGTHS):
+        ids = torch.randint(3, VOCAB_SIZE, (n,), generator=gen)
+        if i == 1:  # repeat a span so n-grams and attention see exact repeats
+            ids[200:240] = ids[40:80]
+        reqs.append(ids.tolist())
+    return reqs
+
+
+# ----------------------------------------------------------------------------- oracle (a): HF
+
+
+def run_hf(mdl_mod, model, reqs, chunk=37):
+    logits, chunk_diff = [], 0.0
+    with torch.no_grad():
+        for ids in reqs:
+            x = torch.tensor([ids])
+            out = model(input_ids=x, use_cache=False).logits[0].float()
+            logits.append(out)
+            # self-check of the oracle: chunked prefill through HF's cache equals one-shot prefill
+            cache, parts = None, []
+            for s in range(0, len(ids), chunk):
+                r = model(input_ids=x[:, s : s + chunk], past_key_values=cache, use_cache=True)
+                cache = r.past_key_values
+                parts.append(r.logits[0].float())
+            chunk_diff = max(chunk_diff, float((torch.cat(parts) - out).abs().max()))
+    return logits, chunk_diff
+
+
+# ----------------------------------------------------------------------------- oracle (b): reference
+
+
+def ref_args(ref_model, cfg: dict, compressed_vocab: int, num_embeddings):
+    rs = cfg.get("rope_scaling") or {}
+    yarn = rs.get("rope_type") == "yarn"
+    return ref_model.ModelArgs(
+        max_batch_size=1,
+        max_seq_len=512,
+        temperature=0,
+        dtype="fp8",
+        expert_dtype="fp4",
+        vocab_size=cfg["vocab_size"],
+        dim=cfg["hidden_size"],
+        moe_inter_dim=cfg["moe_intermediate_size"],
+        n_layers=cfg["num_hidden_layers"],
+        n_mtp_layers=0,
+        n_heads=cfg["num_attention_heads"],
+        n_routed_experts=cfg["n_routed_experts"],
+        n_shared_experts=1,
+        n_activated_experts=cfg["num_experts_per_tok"],
+        score_func=cfg["scoring_func"],
+        gate_temp=cfg["gate_temp"],
+        norm_topk_prob=cfg["norm_topk_prob"],
+        route_scale=cfg["routed_scaling_factor"],
+        swiglu_limit=cfg["swiglu_limit"],
+        q_lora_rank=cfg["q_lora_rank"],
+        head_dim=cfg["head_dim"],
+        rope_head_dim=cfg["qk_rope_head_dim"],
+        norm_eps=cfg["rms_norm_eps"],
+        o_groups=cfg["o_groups"],
+        o_lora_rank=cfg["o_lora_rank"],
+        window_size=cfg["sliding_window"],
+        compress_ratios=tuple(cfg["compress_ratios"]),
+        kv_source_layers=tuple(cfg["kv_source_layer_ids"]),
+        index_source_layers=tuple(cfg["index_source_layer_ids"]),
+        compress_rope_theta=cfg["compress_rope_theta"],
+        original_seq_len=rs.get("original_max_position_embeddings", 0) if yarn else 0,
+        rope_theta=cfg["rope_theta"],
+        rope_factor=rs.get("factor", 1.0) if yarn else 1.0,
+        beta_fast=rs.get("beta_fast", 32),
+        beta_slow=rs.get("beta_slow", 1),
+        index_n_heads=cfg["index_n_heads"],
+        index_head_dim=cfg["index_head_dim"],
+        index_topk=cfg["index_topk"],
+        candidate_source_layer=cfg["candidate_source_layer_id"],
+        candidate_topk_blocks=cfg["candidate_topk_blocks"],
+        candidate_block_size=cfg["candidate_block_size"],
+        hc_mult=cfg["hc_mult"],
+        hc_sinkhorn_iters=cfg["hc_sinkhorn_iters"],
+        hc_eps=cfg["hc_eps"],
+        engram_layer_ids=tuple(cfg["engram_layer_ids"]),
+        engram_num_embeddings=tuple(num_embeddings),
+        engram_max_ngram_size=cfg["engram_max_ngram_size"],
+        engram_vocab_size=cfg["engram_vocab_size"],
+        engram_n_heads=cfg["engram_n_heads"],
+        engram_head_dim=cfg["engram_head_dim"],
+        engram_pad_id=cfg["engram_pad_id"],
+        engram_compressed_vocab_size=compressed_vocab,
+    )
+
+
+def load_reference_weights(model, tensors: dict):
+    """Released checkpoint -> reference module, doing what the release's convert.py does for
+    this single-rank case: wo_a FP8 is dequantized to BF16; everything else is taken as stored
+    (the module's parameter dtype decides fp32 promotion of BF16 tensors)."""
+    params = dict(model.named_parameters())
+    seen = set()
+    for name, p in params.items():
+        if name.endswith(".wo_a.weight"):
+            q, s = tensors[name], tensors[name[: -len(".weight")] + ".scale"]
+            src = dequant_fp8_blocks(q, s)
+        else:
+            src = tensors[name]
+        seen.add(name)
+        with torch.no_grad():
+            if p.dtype == torch.float4_e2m1fn_x2:
+                p.data.view(torch.uint8).copy_(src.view(torch.uint8))
+            elif p.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):
+                assert src.dtype == p.dtype, (name, src.dtype, p.dtype)
+                p.data.copy_(src)
+            else:
+                p.data.copy_(src.float().to(p.dtype))
+    # wo_a.scale went into the BF16 dequantization; bias_vl only serves image tokens
+    unused = [k for k in tensors if k not in seen and not k.endswith(("wo_a.scale", "gate.bias_vl"))]
+    assert not unused, f"released tensors the reference did not consume: {unused}"
+
+
+def run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, mode: str):
+    ref_kernel.ALLOW_FP32_INPUT = mode == "fp32act"
+    act_dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    orig_init = ref_model.Linear.__init__
+
+    def linear_init(self, in_features, out_features, bias=False, dtype=None):
+        if mode == "fp32act" and dtype == torch.bfloat16:
+            dtype = torch.float32  # BF16-stored weights held exactly in fp32
+        orig_init(self, in_features, out_features, bias, dtype)
+
+    ref_model.Linear.__init__ = linear_init
+    try:
+        with ref_model.set_dtype(act_dtype):
+            model = ref_model.Transformer(args, tokenizer)
+            load_reference_weights(model, tensors)
+            logits = []
+            for ids in reqs:
+                ref_model.get_window_topk_idxs.cache_clear()
+                out = model(torch.tensor([ids]), 0)
+                logits.append(out[0].float())
+    finally:
+        ref_model.Linear.__init__ = orig_init
+        ref_kernel.ALLOW_FP32_INPUT = False
+    return logits
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def save_logits(path: Path, logits, oracle: str):
+    cu = [0]
+    for x in logits:
+        cu.append(cu[-1] + x.shape[0])
+    save_file(
+        {"logits": torch.cat(logits).contiguous(), "cu_seqlens": torch.tensor(cu, dtype=torch.int64)},
+        str(path),
+        metadata={"oracle": oracle},
+    )
+
+
+def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer):
+    tf_version, cfg_mod, mdl_mod = hf
+    ref_model, ref_kernel = ref
+    cfg = dict(spec["config"])
+    out = out_root / name
+    out.mkdir(parents=True, exist_ok=True)
+
+    # Engram table sizes follow from the prime layout; the compressed vocab from the tokenizer.
+    lookup, compressed_vocab = mdl_mod.build_compressed_token_map(tokenizer)
+    cfg["engram_compressed_vocab_size"] = compressed_vocab
+    probe = cfg_mod.DeepseekV41TextConfig(**cfg)
+    layout = mdl_mod.EngramLayout.from_config(probe)
+    num_embeddings = [sum(p for per in layer for p in per) for layer in layout.primes] if layout else []
+    cfg["engram_num_embeddings"] = num_embeddings
+    text_cfg = cfg_mod.DeepseekV41TextConfig(**cfg)
+    text_cfg._attn_implementation = "eager"
+
+    torch.manual_seed(spec["seed"])
+    model = mdl_mod.DeepseekV41ForCausalLM(text_cfg).float().eval()
+    released = draw_weights(model, spec["seed"])
+    if layout:
+        model.model.bind_tokenizer(tokenizer)
+
+    reqs = make_requests(spec["seed"])
+    with TopkTieDetector() as det_hf:
+        hf_logits, chunk_diff = run_hf(mdl_mod, model, reqs)
+
+    # (a) HF-layout checkpoint + logits
+    hf_dir = out / "hf"
+    model.save_pretrained(str(hf_dir), safe_serialization=True)
+    shutil.copy(tok_path, hf_dir / "tokenizer.json")
+    # save_pretrained writes the flat text config; DeepseekV41ForCausalLM.from_pretrained expects
+    # the composite one (a flat file silently builds the full-size default text config), so the
+    # fixture carries the composite form the release uses.
+    flat = json.loads((hf_dir / "config.json").read_text())
+    text_only = {k: v for k, v in flat.items() if k not in ("architectures", "transformers_version", "dtype", "torch_dtype")}
+    composite = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "dtype": "float32", "text_config": text_only}
+    (hf_dir / "config.json").write_text(json.dumps(composite, indent=2) + "\n")
+    save_logits(out / "logits_hf.safetensors", hf_logits, f"transformers {tf_version} + deepseek_v41 @ HF_COMMIT")
+
+    # (b) released-layout checkpoint + reference logits
+    rel_dir = out / "released"
+    tensors = write_released_checkpoint(released, text_only, rel_dir)
+    shutil.copy(tok_path, rel_dir / "tokenizer.json")
+    tensors = load_file(str(rel_dir / "model.safetensors"))
+    args = ref_args(ref_model, text_cfg.to_dict(), compressed_vocab, num_embeddings)
+    ref_results = {}
+    for mode in ("bf16", "fp32act"):
+        with TopkTieDetector() as det:
+            logits = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, mode)
+        save_logits(out / f"logits_ref_{mode}.safetensors", logits, f"deepseek reference model.py ({mode})")
+        ref_results[mode] = dict(
+            topk_boundary_ties=det.ties,
+            max_abs_vs_hf=max(float((a - b).abs().max()) for a, b in zip(logits, hf_logits)),
+            max_abs_hf=max(float(x.abs().max()) for x in hf_logits),
+        )
+
+    (out / "tokens.txt").write_text("".join(" ".join(map(str, r)) + "\n" for r in reqs))
+    meta = dict(
+        seed=spec["seed"],
+        request_lengths=[len(r) for r in reqs],
+        compressed_vocab_size=compressed_vocab,
+        engram_primes=[list(map(list, layer)) for layer in layout.primes] if layout else [],
+        engram_multipliers=(mdl_mod.compute_hash_multipliers(layout.layer_ids, layout.max_ngram_size, compressed_vocab).tolist() if layout else []),
+        hf=dict(topk_boundary_ties=det_hf.ties, chunked_vs_prefill_max_abs=chunk_diff),
+        reference=ref_results,
+    )
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hf-src", type=Path, required=True)
+    ap.add_argument("--ref-src", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests/data/golden")
+    ap.add_argument("--only", action="append")
+    a = ap.parse_args()
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    hf = install_hf_sources(a.hf_src)
+    ref = import_reference(a.ref_src)
+    tok_path = a.out / "tokenizer.json"
+    tokenizer = build_tokenizer(tok_path)
+    for name, spec in CONFIGS.items():
+        if a.only and name not in a.only:
+            continue
+        meta = generate_one(name, spec, a.out, tok_path, hf, ref, tokenizer)
+        print(name, json.dumps(dict(hf=meta["hf"], reference=meta["reference"])), flush=True)
+
+
+if __name__ == "__main__":
+    main()

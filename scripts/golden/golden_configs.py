@@ -1,0 +1,154 @@
+"""The tiny model configurations the golden fixtures cover (see docs/GOLDEN.md for the matrix).
+
+Every entry is a DeepseekV41TextConfig field dict plus the fixture's seed. All shapes keep the
+channel counts the reference quantizers need: head_dim a multiple of 32 (FP8 window KV, FP4/16
+compressed KV), index_head_dim a multiple of 32 (FP4 indexer q/k), every FP8/FP4 GEMM's K a
+multiple of 32.
+"""
+
+VOCAB_SIZE = 288  # 3 specials + 256 byte tokens + 29 merges (tokenizer built by generate.py)
+REQUEST_LENGTHS = (300, 331)  # every prompt >= 300 tokens; two lengths per fixture
+
+_BASE = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=64,
+    q_lora_rank=64,
+    qk_rope_head_dim=16,
+    o_groups=2,
+    o_lora_rank=32,
+    rope_theta=10000.0,
+    compress_rope_theta=40000.0,
+    max_position_embeddings=4096,
+    sliding_window=48,
+    index_n_heads=8,
+    index_head_dim=32,
+    index_topk=12,
+    candidate_source_layer_id=-1,
+    candidate_topk_blocks=4,
+    candidate_block_size=8,
+    moe_intermediate_size=32,
+    n_routed_experts=6,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    scoring_func="sqrtsoftplus",
+    gate_temp=1.0,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.5,
+    swiglu_limit=0.0,
+    hc_mult=4,
+    hc_sinkhorn_iters=20,
+    hc_eps=1e-6,
+    engram_layer_ids=[],
+    engram_vocab_size=1000,
+    engram_max_ngram_size=3,
+    engram_n_heads=2,
+    engram_head_dim=32,
+    engram_pad_id=2,
+    num_nextn_predict_layers=0,
+    rms_norm_eps=1e-20,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=2,
+)
+
+_YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32, "beta_slow": 1, "original_max_position_embeddings": 64}
+
+
+def _cfg(**overrides):
+    cfg = dict(_BASE)
+    cfg.update(overrides)
+    return cfg
+
+
+CONFIGS = {
+    # Pure sliding window, window (32) far smaller than the prompt, 2 streams, softmax routing.
+    "swa_hc2_softmax": dict(
+        seed=101,
+        config=_cfg(
+            num_hidden_layers=3,
+            compress_ratios=[0, 0, 0],
+            kv_source_layer_ids=[],
+            index_source_layer_ids=[],
+            sliding_window=32,
+            hc_mult=2,
+            scoring_func="softmax",
+        ),
+    ),
+    # Ratio-2 encoder groups (partial last group: both prompt lengths... 331 is odd), one KV source
+    # reused by three layers, a Reindex source, engram on two layers, YaRN on the compress rope.
+    "r2_engram_reindex": dict(
+        seed=202,
+        config=_cfg(
+            num_hidden_layers=4,
+            compress_ratios=[0, 2, 2, 2],
+            kv_source_layer_ids=[1],
+            index_source_layer_ids=[1, 3],
+            engram_layer_ids=[0, 2],
+            rope_scaling=_YARN,
+        ),
+    ),
+    # The released shape in miniature: SWA, ratio-2 encoder, ratio-1 decoder with its own KV
+    # source, Reindex decoder sources constrained by the two-level candidate top-k, engram.
+    "ced_candidates_engram": dict(
+        seed=303,
+        config=_cfg(
+            num_hidden_layers=7,
+            compress_ratios=[0, 2, 2, 1, 1, 1, 1],
+            kv_source_layer_ids=[1, 3],
+            index_source_layer_ids=[1, 3, 5],
+            candidate_source_layer_id=3,
+            engram_layer_ids=[1, 4],
+            rope_scaling=_YARN,
+            swiglu_limit=0.25,
+        ),
+    ),
+    # Ratio-1 only (every token its own compressed entry), candidates on, 2 streams, sigmoid
+    # routing, no engram.
+    "r1_candidates_hc2_sigmoid": dict(
+        seed=404,
+        config=_cfg(
+            num_hidden_layers=4,
+            compress_ratios=[1, 1, 1, 1],
+            kv_source_layer_ids=[0],
+            index_source_layer_ids=[0, 2],
+            candidate_source_layer_id=0,
+            hc_mult=2,
+            scoring_func="sigmoid",
+            index_topk=16,
+        ),
+    ),
+    # Ratio 2 without candidates, softmax routing with gate temperature, engram with 4-grams,
+    # window wider than a chunk but smaller than the prompt.
+    "r2_softmax_engram4": dict(
+        seed=505,
+        config=_cfg(
+            num_hidden_layers=3,
+            compress_ratios=[2, 2, 0],
+            kv_source_layer_ids=[0],
+            index_source_layer_ids=[0],
+            scoring_func="softmax",
+            gate_temp=0.7,
+            engram_layer_ids=[1],
+            engram_max_ngram_size=4,
+            sliding_window=64,
+            index_topk=20,
+        ),
+    ),
+    # Everything at once with two KV-source groups of different ratios and no candidates.
+    "mixed_no_candidates": dict(
+        seed=606,
+        config=_cfg(
+            num_hidden_layers=6,
+            compress_ratios=[0, 2, 2, 1, 1, 0],
+            kv_source_layer_ids=[1, 3],
+            index_source_layer_ids=[1, 3],
+            engram_layer_ids=[0],
+            swiglu_limit=0.3,
+            routed_scaling_factor=2.0,
+        ),
+    ),
+}
