@@ -64,6 +64,23 @@ def install_hf_sources(hf_src: Path):
 
     if "softmax" not in ACT2FN:
         ACT2FN["softmax"] = (torch.nn.Softmax, {"dim": -1})
+    # Shim: transformers 5.24's DynamicCache passes `config` only to the V4 compressed layer types;
+    # the V4.1 KV-source cache layer ("shared_compressed_attention") needs it as well.
+    import transformers.cache_utils as cache_utils
+
+    if not getattr(cache_utils.get_layer_types_and_kwargs, "_v41_shim", False):
+        orig_kwargs = cache_utils.get_layer_types_and_kwargs
+
+        def get_layer_types_and_kwargs(config):
+            types, kwargs = orig_kwargs(config)
+            layer_configs = config.per_layer_config
+            for i, t in enumerate(types):
+                if t == "shared_compressed_attention":
+                    kwargs[i] = dict(kwargs[i], config=layer_configs[i])
+            return types, kwargs
+
+        get_layer_types_and_kwargs._v41_shim = True
+        cache_utils.get_layer_types_and_kwargs = get_layer_types_and_kwargs
     cfg_mod = importlib.import_module("transformers.models.deepseek_v41.configuration_deepseek_v41")
     mdl_mod = importlib.import_module("transformers.models.deepseek_v41.modeling_deepseek_v41")
     return transformers.__version__, cfg_mod, mdl_mod
