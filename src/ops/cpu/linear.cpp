@@ -166,9 +166,11 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
     if (quantized.size() < static_cast<size_t>(rows * layout.in)) {
       quantized.resize(static_cast<size_t>(rows * layout.in));
     }
+    // The caller's buffer (inside the loop body `quantized` would name each worker's own).
+    float* destination = quantized.data();
     cpu::parallel_for(rows, 4, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
-        quantize_activation_fp8(in.row(m), layout.in, quantized.data() + m * layout.in);
+        quantize_activation_fp8(in.row(m), layout.in, destination + m * layout.in);
       }
     });
     activations = quantized.data();

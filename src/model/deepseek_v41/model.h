@@ -1,0 +1,66 @@
+// The DeepSeek-V4.1 text forward, written once against src/ops.
+//
+// One call runs a ragged, token-major batch: any number of requests, each contributing the
+// next tokens of its own sequence at its own position (a whole prompt, a chunk of one, or one
+// decode token). Everything a request carries between calls lives in its RequestState; the
+// model itself is stateless between calls apart from reusable scratch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/deepseek_v41/config.h"
+#include "model/deepseek_v41/engram_hash.h"
+#include "model/deepseek_v41/parameters.h"
+#include "model/deepseek_v41/state.h"
+#include "ops/ops.h"
+
+namespace deepinfer::deepseek_v41 {
+
+struct ForwardWorkspace;  // reusable scratch of the forward (forward.cpp)
+
+// Which numerics the linear layers use. Both keep the quantization that is part of the model
+// (FP8 window KV, FP4 compressed KV and indexer q/k).
+enum class Numerics {
+  kDense,     // f32 activations into (dequantized) weights, as HF DeepseekV41ForCausalLM
+  kReleased,  // FP8 (ue8m0 per 32) activations into the FP8 / FP4 weight roles, as DeepSeek's
+              // reference inference code runs the released checkpoint
+};
+
+struct ForwardRequest {
+  RequestState* state = nullptr;
+  std::span<const int32_t> tokens;  // placed at positions state->length(), +1, ...
+};
+
+class Model {
+ public:
+  // `parameters` must outlive the model. `engram` is required when the config has engram
+  // layers (it carries the tokenizer-derived token map).
+  Model(const DeepseekV41TextConfig& config, const ModelParameters& parameters, Numerics numerics,
+        std::shared_ptr<const EngramHasher> engram = nullptr);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const DeepseekV41TextConfig& config() const { return config_; }
+
+  // Runs every request's tokens and writes their logits, request after request, into
+  // `logits` [total tokens, vocab] f32; then advances each state by its token count. A
+  // request with no tokens is skipped. Throws Error (and changes no state) when a state would
+  // overflow its max_tokens or a token id is out of range.
+  void forward(std::span<const ForwardRequest> requests, const TensorView& logits);
+
+ private:
+  const DeepseekV41TextConfig config_;
+  const ModelParameters& parameters_;
+  Numerics numerics_;
+  std::shared_ptr<const EngramHasher> engram_;
+  ops::RopeTable rope_main_;
+  ops::RopeTable rope_compress_;
+  std::unique_ptr<ForwardWorkspace> workspace_;
+};
+
+}  // namespace deepinfer::deepseek_v41

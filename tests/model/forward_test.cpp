@@ -1,0 +1,169 @@
+// The forward's mode invariance: whole-prompt prefill, chunked prefill at arbitrary boundaries
+// and token-by-token decode give the same logits (1e-5 relative), for several requests batched
+// together at different positions, in both numerics; a request's logits do not depend on what
+// else is in the batch; rollback restores the exact state.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "model/deepseek_v41/model.h"
+#include "random_model.h"
+
+namespace deepinfer::deepseek_v41 {
+namespace {
+
+using testing::WeightFormat;
+
+struct Fixture {
+  DeepseekV41TextConfig config;
+  std::shared_ptr<EngramHasher> hasher;
+  std::unique_ptr<ModelParameters> parameters;
+  std::unique_ptr<Model> model;
+
+  Fixture(const std::string& overrides, WeightFormat format, Numerics numerics, uint32_t seed = 1)
+      : config(testing::tiny_config(overrides)) {
+    if (!config.engram_layer_ids.empty()) hasher = testing::tiny_hasher(config, seed);
+    parameters = testing::random_parameters(config, seed, format);
+    model = std::make_unique<Model>(config, *parameters, numerics, hasher);
+  }
+  StateLimits limits() const { return {256, 8}; }
+};
+
+std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  return tokens;
+}
+
+// Runs each prompt through `schedule(prompt index, step)` -> chunk length (0 = done), batching
+// all requests that still have tokens in each step. Returns every position's logits per prompt.
+std::vector<std::vector<float>> run(Fixture& f, const std::vector<std::vector<int32_t>>& prompts,
+                                    const std::function<int64_t(size_t, int64_t)>& chunk) {
+  const int64_t vocab = f.config.vocab_size;
+  std::vector<std::unique_ptr<RequestState>> states;
+  std::vector<std::vector<float>> logits(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    states.push_back(std::make_unique<RequestState>(f.config, f.limits()));
+    logits[i].resize(prompts[i].size() * static_cast<size_t>(vocab));
+  }
+  for (int64_t step = 0;; ++step) {
+    std::vector<ForwardRequest> requests;
+    std::vector<size_t> which;
+    int64_t total = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t done = states[i]->length();
+      const int64_t left = static_cast<int64_t>(prompts[i].size()) - done;
+      if (left == 0) continue;
+      const int64_t count = std::min(left, std::max<int64_t>(1, chunk(i, step)));
+      requests.push_back({states[i].get(), {prompts[i].data() + done, static_cast<size_t>(count)}});
+      which.push_back(i);
+      total += count;
+    }
+    if (requests.empty()) break;
+    std::vector<float> out(static_cast<size_t>(total * vocab));
+    std::vector<int64_t> starts;
+    for (auto& r : requests) starts.push_back(r.state->length());
+    f.model->forward(requests, TensorView::contiguous(out.data(), DType::kF32, {total, vocab}));
+    int64_t row = 0;
+    for (size_t j = 0; j < requests.size(); ++j) {
+      for (size_t t = 0; t < requests[j].tokens.size(); ++t, ++row) {
+        std::copy_n(out.data() + row * vocab, vocab,
+                    logits[which[j]].data() + (starts[j] + static_cast<int64_t>(t)) * vocab);
+      }
+    }
+  }
+  return logits;
+}
+
+double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 0, worst = 0;
+  for (float v : b) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+  return worst / scale;
+}
+
+class ModeInvarianceTest : public ::testing::TestWithParam<std::tuple<WeightFormat, Numerics>> {};
+
+TEST_P(ModeInvarianceTest, PrefillChunkedAndDecodeAgree) {
+  const auto [format, numerics] = GetParam();
+  Fixture f("{}", format, numerics);
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(41, f.config.vocab_size, 7),
+                                                     random_tokens(23, f.config.vocab_size, 8),
+                                                     random_tokens(30, f.config.vocab_size, 9)};
+  const auto prefill = run(f, prompts, [](size_t, int64_t) { return 1 << 20; });
+  const auto decode = run(f, prompts, [](size_t, int64_t) { return 1; });
+  // Chunk lengths that land mid compress-group, mid candidate block and across the window.
+  const auto chunked = run(f, prompts, [](size_t i, int64_t step) {
+    static const int64_t lengths[] = {5, 3, 1, 7, 2, 9, 4};
+    return lengths[(step + static_cast<int64_t>(i)) % 7];
+  });
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_LT(max_relative_difference(decode[i], prefill[i]), 1e-5) << "prompt " << i;
+    EXPECT_LT(max_relative_difference(chunked[i], prefill[i]), 1e-5) << "prompt " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Numerics, ModeInvarianceTest,
+    ::testing::Values(std::make_tuple(WeightFormat::kDense, Numerics::kDense),
+                      std::make_tuple(WeightFormat::kReleased, Numerics::kDense),
+                      std::make_tuple(WeightFormat::kReleased, Numerics::kReleased)));
+
+TEST(ForwardTest, ARequestsLogitsDoNotDependOnTheRestOfTheBatch) {
+  Fixture f("{}", WeightFormat::kDense, Numerics::kDense);
+  const auto a = random_tokens(19, f.config.vocab_size, 11);
+  const auto b = random_tokens(33, f.config.vocab_size, 12);
+  const auto alone = run(f, {a}, [](size_t, int64_t) { return 1 << 20; });
+  const auto together = run(f, {b, a}, [](size_t, int64_t) { return 1 << 20; });
+  EXPECT_EQ(alone[0], together[1]);  // bit-identical: batch invariance
+}
+
+TEST(ForwardTest, RollbackRestoresTheStateExactly) {
+  Fixture f("{}", WeightFormat::kDense, Numerics::kDense);
+  const int64_t vocab = f.config.vocab_size;
+  const auto prompt = random_tokens(21, vocab, 13);
+  const auto rejected = random_tokens(6, vocab, 14);
+  const auto accepted = random_tokens(5, vocab, 15);
+  auto logits_for = [&](RequestState& state, const std::vector<int32_t>& tokens) {
+    std::vector<float> out(tokens.size() * static_cast<size_t>(vocab));
+    ForwardRequest request{&state, tokens};
+    f.model->forward({&request, 1},
+                     TensorView::contiguous(out.data(), DType::kF32,
+                                            {static_cast<int64_t>(tokens.size()), vocab}));
+    return out;
+  };
+  RequestState speculative(f.config, f.limits());
+  logits_for(speculative, prompt);
+  logits_for(speculative, rejected);  // a verify pass whose drafts are all rejected
+  speculative.rollback(static_cast<int64_t>(rejected.size()));
+  EXPECT_EQ(speculative.length(), 21);
+  const auto after_rollback = logits_for(speculative, accepted);
+
+  RequestState plain(f.config, f.limits());
+  logits_for(plain, prompt);
+  const auto expected = logits_for(plain, accepted);
+  EXPECT_EQ(after_rollback, expected);
+  EXPECT_THROW(plain.rollback(9), Error);  // beyond max_rollback
+}
+
+TEST(ForwardTest, BadInputsFailClearly) {
+  Fixture f("{}", WeightFormat::kDense, Numerics::kDense);
+  RequestState state(f.config, {16, 0});
+  std::vector<int32_t> tokens = {1, 2, 300};
+  std::vector<float> out(3 * 300);
+  ForwardRequest request{&state, tokens};
+  EXPECT_THROW(
+      f.model->forward({&request, 1}, TensorView::contiguous(out.data(), DType::kF32, {3, 300})),
+      Error);
+  EXPECT_EQ(state.length(), 0);
+  std::vector<int32_t> long_prompt(17, 1);
+  std::vector<float> long_out(17 * 300);
+  ForwardRequest too_long{&state, long_prompt};
+  EXPECT_THROW(f.model->forward({&too_long, 1},
+                                TensorView::contiguous(long_out.data(), DType::kF32, {17, 300})),
+               Error);
+}
+
+}  // namespace
+}  // namespace deepinfer::deepseek_v41
