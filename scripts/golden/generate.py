@@ -452,6 +452,20 @@ def save_logits(path: Path, logits, oracle: str):
     )
 
 
+def compact_hf_checkpoint(path: Path):
+    """Store the HF checkpoint in BF16 except the tensors HF keeps in fp32: every value was drawn
+    on the FP8/FP4/BF16 grid, so BF16 holds it exactly (asserted) and the file halves."""
+    sd = load_file(str(path))
+    out = {}
+    for name, t in sd.items():
+        if t.dtype == torch.float32 and role_of(name) != "f32":
+            b = t.to(torch.bfloat16)
+            assert torch.equal(b.float(), t), f"{name} is not exactly representable in bf16"
+            t = b
+        out[name] = t.contiguous()
+    save_file(out, str(path), metadata={"format": "pt"})
+
+
 def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer):
     tf_version, cfg_mod, mdl_mod = hf
     ref_model, ref_kernel = ref
@@ -482,6 +496,7 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer)
     # (a) HF-layout checkpoint + logits
     hf_dir = out / "hf"
     model.save_pretrained(str(hf_dir), safe_serialization=True)
+    compact_hf_checkpoint(hf_dir / "model.safetensors")
     shutil.copy(tok_path, hf_dir / "tokenizer.json")
     # save_pretrained writes the flat text config; DeepseekV41ForCausalLM.from_pretrained expects
     # the composite one (a flat file silently builds the full-size default text config), so the
