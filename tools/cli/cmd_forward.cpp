@@ -1,8 +1,207 @@
 // `deepinfer forward`: runs token ids through the model and writes every position's logits.
+//
+//   deepinfer forward --model DIR --tokens FILE --mode prefill|chunked:N|decode --out FILE
+//                     [--numerics dense|released] [--engram-token-map FILE]
+//
+// FILE of tokens: one request per line, ids separated by spaces or commas. All requests run
+// together as one ragged batch per step: `prefill` runs each whole prompt in one step,
+// `chunked:N` feeds every request N tokens per step, `decode` one token per step. The output
+// safetensors holds `logits` F32 [total tokens, vocab] (request after request), `cu_seqlens` I64
+// [requests + 1] (row offsets) and `tokens` I32 -- the docs/GOLDEN.md format.
+#include <charconv>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "io/safetensors_writer.h"
+#include "model/deepseek_v41/loader.h"
+#include "model/deepseek_v41/model.h"
 
 namespace deepinfer::cli {
+namespace {
 
-void register_forward_command(CLI::App& /*app*/) {}
+using deepseek_v41::ForwardRequest;
+using deepseek_v41::Model;
+using deepseek_v41::Numerics;
+using deepseek_v41::RequestState;
+
+std::vector<std::vector<int32_t>> read_token_file(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) DI_THROW("cannot open token file ", path);
+  std::vector<std::vector<int32_t>> requests;
+  std::string line;
+  for (int line_number = 1; std::getline(file, line); ++line_number) {
+    for (char& c : line) {
+      if (c == ',' || c == '\t' || c == '\r') c = ' ';
+    }
+    std::istringstream words(line);
+    std::vector<int32_t> ids;
+    std::string word;
+    while (words >> word) {
+      int32_t id = 0;
+      const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), id);
+      if (error != std::errc() || end != word.data() + word.size()) {
+        DI_THROW(path, ":", line_number, ": '", word, "' is not a token id");
+      }
+      ids.push_back(id);
+    }
+    if (!ids.empty()) requests.push_back(std::move(ids));
+  }
+  if (requests.empty()) DI_THROW("token file ", path, " holds no requests");
+  return requests;
+}
+
+// Tokens per request per step: 0 = the whole prompt.
+int64_t parse_mode(const std::string& mode) {
+  if (mode == "prefill") return 0;
+  if (mode == "decode") return 1;
+  if (mode.rfind("chunked:", 0) == 0) {
+    int64_t n = 0;
+    const std::string number = mode.substr(8);
+    const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), n);
+    if (error == std::errc() && end == number.data() + number.size() && n > 0) return n;
+  }
+  DI_THROW("--mode must be prefill, decode or chunked:N with N > 0, got '", mode, "'");
+}
+
+std::vector<int32_t> read_token_map(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  if (!file) DI_THROW("cannot open engram token map ", path.string());
+  nlohmann::json json;
+  try {
+    file >> json;
+    return json.get<std::vector<int32_t>>();
+  } catch (const nlohmann::json::exception& error) {
+    DI_THROW(path.string(), ": an engram token map must be a JSON array of compressed ids (",
+             error.what(), ")");
+  }
+}
+
+void run_forward(const std::string& model_dir, const std::string& tokens_path,
+                 const std::string& mode, const std::string& out_path,
+                 const std::string& numerics_name, const std::string& token_map_path) {
+  const int64_t chunk = parse_mode(mode);
+  const Numerics numerics = numerics_name == "released" ? Numerics::kReleased : Numerics::kDense;
+  const auto prompts = read_token_file(tokens_path);
+  deepseek_v41::LoadedModel loaded = deepseek_v41::load_model(model_dir);
+  const deepseek_v41::DeepseekV41TextConfig& config = loaded.config.text;
+
+  std::shared_ptr<deepseek_v41::EngramHasher> hasher;
+  if (!config.engram_layer_ids.empty()) {
+    std::filesystem::path map_path = token_map_path;
+    if (map_path.empty()) map_path = std::filesystem::path(model_dir) / "engram_token_map.json";
+    if (!std::filesystem::exists(map_path)) {
+      DI_THROW(
+          "the model has engram layers, which hash tokenizer-normalized ids: pass "
+          "--engram-token-map FILE (a JSON array: compressed id of every token id) or put "
+          "engram_token_map.json in ",
+          model_dir);
+    }
+    hasher = std::make_shared<deepseek_v41::EngramHasher>(config, read_token_map(map_path));
+  }
+  Model model(config, *loaded.parameters, numerics, hasher);
+
+  const int64_t vocab = config.vocab_size;
+  int64_t longest = 0;
+  for (const auto& p : prompts)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  std::vector<std::unique_ptr<RequestState>> states;
+  std::vector<std::vector<float>> logits(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    states.push_back(std::make_unique<RequestState>(config, deepseek_v41::StateLimits{longest, 0}));
+    logits[i].resize(prompts[i].size() * static_cast<size_t>(vocab));
+  }
+  std::vector<float> step_logits;
+  for (int64_t step = 0;; ++step) {
+    std::vector<ForwardRequest> requests;
+    std::vector<size_t> which;
+    int64_t total = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t done = states[i]->length();
+      const int64_t left = static_cast<int64_t>(prompts[i].size()) - done;
+      if (left == 0) continue;
+      const int64_t count = chunk == 0 ? left : std::min(left, chunk);
+      requests.push_back({states[i].get(), {prompts[i].data() + done, static_cast<size_t>(count)}});
+      which.push_back(i);
+      total += count;
+    }
+    if (requests.empty()) break;
+    step_logits.resize(static_cast<size_t>(total * vocab));
+    std::vector<int64_t> starts;
+    for (const auto& r : requests) starts.push_back(r.state->length());
+    model.forward(requests,
+                  TensorView::contiguous(step_logits.data(), DType::kF32, {total, vocab}));
+    int64_t row = 0;
+    for (size_t j = 0; j < requests.size(); ++j) {
+      for (size_t t = 0; t < requests[j].tokens.size(); ++t, ++row) {
+        std::copy_n(step_logits.data() + row * vocab, vocab,
+                    logits[which[j]].data() + (starts[j] + static_cast<int64_t>(t)) * vocab);
+      }
+    }
+  }
+
+  // docs/GOLDEN.md format: every position of every request, request after request, plus the
+  // row offsets of the requests.
+  std::vector<float> all_logits;
+  std::vector<int64_t> cu_seqlens = {0};
+  std::vector<int32_t> all_tokens;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    all_logits.insert(all_logits.end(), logits[i].begin(), logits[i].end());
+    all_tokens.insert(all_tokens.end(), prompts[i].begin(), prompts[i].end());
+    cu_seqlens.push_back(cu_seqlens.back() + static_cast<int64_t>(prompts[i].size()));
+  }
+  const int64_t rows = cu_seqlens.back();
+  std::vector<SafetensorsEntry> entries = {
+      {"logits", DType::kF32, {rows, vocab}, std::as_bytes(std::span<const float>(all_logits))},
+      {"cu_seqlens",
+       DType::kI64,
+       {static_cast<int64_t>(cu_seqlens.size())},
+       std::as_bytes(std::span<const int64_t>(cu_seqlens))},
+      {"tokens", DType::kI32, {rows}, std::as_bytes(std::span<const int32_t>(all_tokens))}};
+  SafetensorsMetadata metadata;
+  metadata["mode"] = mode;
+  metadata["numerics"] = numerics_name;
+  metadata["model"] = model_dir;
+  write_safetensors(out_path, entries, metadata);
+  DI_LOG_INFO("wrote logits of ", prompts.size(), " requests to ", out_path);
+}
+
+}  // namespace
+
+void register_forward_command(CLI::App& app) {
+  auto* command = app.add_subcommand(
+      "forward", "Run token ids through the model and write every position's logits");
+  static std::string model_dir, tokens_path, mode = "prefill", out_path, numerics = "dense",
+                                             token_map;
+  command->add_option("--model", model_dir, "checkpoint directory (config.json + safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  command->add_option("--tokens", tokens_path, "token ids, one request per line")
+      ->required()
+      ->check(CLI::ExistingFile);
+  command->add_option("--mode", mode, "prefill | chunked:N | decode")
+      ->check([](const std::string& value) -> std::string {
+        try {
+          parse_mode(value);
+          return {};
+        } catch (const Error& error) {
+          return error.what();
+        }
+      });
+  command->add_option("--out", out_path, "output safetensors file")->required();
+  command->add_option("--numerics", numerics, "dense (HF) or released (DeepSeek reference)")
+      ->check(CLI::IsMember({"dense", "released"}));
+  command->add_option("--engram-token-map", token_map,
+                      "JSON array mapping token ids to engram compressed ids");
+  command->callback(
+      [] { run_forward(model_dir, tokens_path, mode, out_path, numerics, token_map); });
+}
 
 }  // namespace deepinfer::cli

@@ -1,0 +1,193 @@
+// Loading checkpoints: a random released-layout checkpoint (fp8 32x32 dense roles, fp4
+// experts, fp8 engram table) and the HF-layout checkpoint of its dequantized weights load and
+// give bit-identical logits under the dense numerics; the released numerics run on it; broken
+// checkpoints fail naming the tensor.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype_convert.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+#include "model/deepseek_v41/loader.h"
+#include "model/deepseek_v41/model.h"
+#include "model/deepseek_v41/random_weights.h"
+#include "random_model.h"
+
+namespace deepinfer::deepseek_v41 {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name)
+      : path(fs::temp_directory_path() /
+             ("deepinfer_loader_test_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// The tiny config as a composite config.json with the released quantization_config.
+nlohmann::json tiny_config_json(int64_t engram_rows) {
+  nlohmann::json text = nlohmann::json::parse(R"({
+    "model_type": "deepseek_v41_text",
+    "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 6, "num_attention_heads": 4,
+    "head_dim": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8, "o_groups": 2, "o_lora_rank": 32,
+    "rms_norm_eps": 1e-20, "max_position_embeddings": 4096,
+    "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+    "rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": 32, "beta_slow": 1,
+                     "original_max_position_embeddings": 64},
+    "sliding_window": 8, "compress_ratios": [0, 0, 2, 2, 1, 1],
+    "kv_source_layer_ids": [2, 4], "index_source_layer_ids": [2, 4, 5],
+    "candidate_source_layer_id": 4, "candidate_topk_blocks": 3, "candidate_block_size": 2,
+    "index_n_heads": 2, "index_head_dim": 32, "index_topk": 4,
+    "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1,
+    "num_experts_per_tok": 2, "scoring_func": "softmax", "norm_topk_prob": true,
+    "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "gate_temp": 1.0,
+    "hc_mult": 2, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
+    "engram_layer_ids": [1], "engram_vocab_size": 40,
+    "engram_max_ngram_size": 3, "engram_n_heads": 2, "engram_head_dim": 32, "engram_pad_id": 2,
+    "engram_compressed_vocab_size": 200, "num_nextn_predict_layers": 0
+  })");
+  text["engram_num_embeddings"] = {engram_rows};
+  nlohmann::json config;
+  config["architectures"] = {"DeepseekV41ForCausalLM"};
+  config["model_type"] = "deepseek_v41";
+  config["text_config"] = text;
+  config["quantization_config"] = nlohmann::json::parse(
+      R"({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
+          "scale_fmt": "ue8m0", "expert_dtype": "fp4"})");
+  return config;
+}
+
+std::vector<int32_t> token_map() {
+  std::vector<int32_t> map(300);
+  for (int32_t i = 0; i < 300; ++i) map[static_cast<size_t>(i)] = (i * 7) % 200;
+  return map;
+}
+
+int64_t engram_rows() {
+  nlohmann::json probe = tiny_config_json(0);
+  const DeepseekV41Config config = parse_config(probe, "probe");
+  return EngramHasher(config.text, token_map()).table_rows(0);
+}
+
+void write_config(const fs::path& directory, const nlohmann::json& config) {
+  std::ofstream(directory / "config.json") << config.dump(2);
+}
+
+// Writes a released checkpoint and the HF checkpoint of its exactly dequantized weights.
+void write_checkpoints(const fs::path& released, const fs::path& hf, bool drop_one = false) {
+  const nlohmann::json json = tiny_config_json(engram_rows());
+  const DeepseekV41Config config = parse_config(json, "test config");
+  const std::vector<WeightSpec> table = build_weight_table(config.text, WeightLayout::kReleased);
+  const std::vector<RandomTensor> tensors = make_random_weights(table, 0.3, 5);
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, const RandomTensor*> by_name;
+  for (const RandomTensor& t : tensors) {
+    by_name[t.spec->name] = &t;
+    if (drop_one && t.spec->name == "layers.3.attn.wq_b.weight") continue;
+    entries.push_back({t.spec->name, t.spec->dtype, t.spec->shape, t.bytes});
+  }
+  write_config(released, json);
+  write_safetensors(released / "model.safetensors", entries);
+
+  // HF layout: same values, dequantized to bf16 (exact), `model.` / `lm_head.` names.
+  std::vector<std::vector<std::byte>> storage;
+  std::vector<SafetensorsEntry> hf_entries;
+  for (const WeightSpec& spec : build_weight_table(config.text, WeightLayout::kHfDense)) {
+    std::string native = spec.name;
+    if (native == "lm_head.weight") native = "head.weight";
+    if (native.rfind("model.", 0) == 0) native = native.substr(6);
+    const RandomTensor& source = *by_name.at(native);
+    const WeightSpec& s = *source.spec;
+    std::vector<float> values;
+    const int64_t count = s.element_count();
+    const auto* bytes = reinterpret_cast<const void*>(source.bytes.data());
+    if (s.role == WeightRole::kFp8Block || s.role == WeightRole::kFp4Packed ||
+        (s.role == WeightRole::kEngramTable && s.dtype == DType::kF8E4M3)) {
+      const RandomTensor& scale = *by_name.at(s.scale_name);
+      const DType value_type = s.role == WeightRole::kFp4Packed ? DType::kF4E2M1x2 : s.dtype;
+      const std::vector<int64_t>& logical = s.logical_shape.empty() ? s.shape : s.logical_shape;
+      const TensorView weight =
+          TensorView::contiguous(const_cast<void*>(bytes), value_type, {logical[0], logical[1]});
+      const TensorView scale_view =
+          TensorView::contiguous(const_cast<std::byte*>(scale.bytes.data()), DType::kF8E8M0,
+                                 {scale.spec->shape[0], scale.spec->shape[1]});
+      values.resize(static_cast<size_t>(logical[0] * logical[1]));
+      ops::dequantize_weight(
+          {weight, scale_view},
+          TensorView::contiguous(values.data(), DType::kF32, {logical[0], logical[1]}));
+    } else {
+      values.resize(static_cast<size_t>(count));
+      convert_to_f32(s.dtype, bytes, values.data(), count);
+    }
+    storage.emplace_back(dtype_storage_bytes(spec.dtype, static_cast<int64_t>(values.size())));
+    convert_from_f32(values.data(), spec.dtype, storage.back().data(),
+                     static_cast<int64_t>(values.size()));
+    hf_entries.push_back({spec.name, spec.dtype, spec.shape, storage.back()});
+  }
+  write_config(hf, json);
+  write_safetensors(hf / "model.safetensors", hf_entries);
+}
+
+std::vector<float> run_prompt(const LoadedModel& loaded, Numerics numerics,
+                              const std::vector<int32_t>& prompt) {
+  auto hasher = std::make_shared<EngramHasher>(loaded.config.text, token_map());
+  Model model(loaded.config.text, *loaded.parameters, numerics, hasher);
+  RequestState state(loaded.config.text, {128, 0});
+  const int64_t vocab = loaded.config.text.vocab_size;
+  std::vector<float> logits(prompt.size() * static_cast<size_t>(vocab));
+  ForwardRequest request{&state, prompt};
+  model.forward({&request, 1},
+                TensorView::contiguous(logits.data(), DType::kF32,
+                                       {static_cast<int64_t>(prompt.size()), vocab}));
+  return logits;
+}
+
+TEST(LoaderTest, ReleasedAndHfLayoutsGiveIdenticalDenseLogits) {
+  TempDir released("released"), hf("hf");
+  write_checkpoints(released.path, hf.path);
+  const LoadedModel a = load_model(released.path);
+  const LoadedModel b = load_model(hf.path);
+  EXPECT_EQ(a.layout, WeightLayout::kReleased);
+  EXPECT_EQ(b.layout, WeightLayout::kHfDense);
+  std::vector<int32_t> prompt(29);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % 300);
+  const std::vector<float> dense_released = run_prompt(a, Numerics::kDense, prompt);
+  const std::vector<float> dense_hf = run_prompt(b, Numerics::kDense, prompt);
+  EXPECT_EQ(dense_released, dense_hf);
+  float spread = 0;
+  for (float v : dense_released) spread = std::max(spread, std::fabs(v));
+  EXPECT_GT(spread, 0.0f);
+  // The released numerics quantize activations: close to, but not the same as, dense.
+  const std::vector<float> quantized = run_prompt(a, Numerics::kReleased, prompt);
+  double worst = 0;
+  for (size_t i = 0; i < quantized.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(quantized[i]));
+    worst = std::max(worst, std::fabs(double(quantized[i]) - dense_released[i]));
+  }
+  EXPECT_GT(worst, 0.0);
+}
+
+TEST(LoaderTest, MissingTensorIsNamed) {
+  TempDir released("broken"), hf("broken_hf");
+  write_checkpoints(released.path, hf.path, /*drop_one=*/true);
+  try {
+    load_model(released.path);
+    FAIL() << "a checkpoint without layers.3.attn.wq_b.weight loaded";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("layers.3.attn.wq_b.weight"), std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::deepseek_v41
