@@ -1,0 +1,119 @@
+#include "engine/deepseek_runner.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "deepinfer/engine_args.h"
+
+namespace deepinfer::engine {
+
+namespace v41 = deepseek_v41;
+
+DeepseekRunner::DeepseekRunner(const v41::DeepseekV41TextConfig& config,
+                               const v41::ModelParameters& parameters, v41::Numerics numerics,
+                               std::shared_ptr<const v41::EngramHasher> engram,
+                               std::shared_ptr<void> keep_alive)
+    : keep_alive_(std::move(keep_alive)),
+      config_(config),
+      model_(config_, parameters, numerics, std::move(engram)) {}
+
+int64_t DeepseekRunner::vocab_size() const {
+  return config_.vocab_size;
+}
+
+std::vector<int32_t> DeepseekRunner::eos_token_ids() const {
+  std::vector<int32_t> ids;
+  for (int64_t id : config_.eos_token_ids) ids.push_back(static_cast<int32_t>(id));
+  return ids;
+}
+
+int64_t DeepseekRunner::max_model_len() const {
+  return config_.max_position_embeddings;
+}
+
+// What one more token of sequence costs: the compressed KV and indexer rows it adds per source
+// layer (windows and rings are fixed per slot), measured on a probe state.
+int64_t DeepseekRunner::state_bytes_per_token() const {
+  constexpr int64_t kProbeTokens = 1024;
+  v41::RequestState probe(config_, v41::StateLimits{kProbeTokens, 0});
+  int64_t bytes = 0;
+  for (int64_t layer : config_.kv_source_layer_ids) {
+    bytes += static_cast<int64_t>(probe.compressed_kv(layer).nbytes() +
+                                  probe.index_keys(layer).nbytes());
+  }
+  return std::max<int64_t>(1, bytes / kProbeTokens);
+}
+
+void DeepseekRunner::allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot) {
+  slots_.clear();
+  for (int32_t i = 0; i < num_slots; ++i) {
+    slots_.push_back(
+        std::make_unique<v41::RequestState>(config_, v41::StateLimits{max_tokens_per_slot, 0}));
+  }
+  requests_.reserve(static_cast<size_t>(num_slots));
+}
+
+void DeepseekRunner::reset_slot(int32_t slot) {
+  slots_.at(static_cast<size_t>(slot))->reset();
+}
+
+void DeepseekRunner::forward(std::span<const SlotTokens> batch, std::span<float> logits) {
+  requests_.clear();
+  int64_t total = 0;
+  for (const auto& item : batch) {
+    requests_.push_back({slots_.at(static_cast<size_t>(item.slot)).get(), item.tokens});
+    total += static_cast<int64_t>(item.tokens.size());
+  }
+  DI_CHECK(static_cast<int64_t>(logits.size()) == total * config_.vocab_size,
+           "logits buffer does not match the batch");
+  model_.forward(requests_,
+                 TensorView::contiguous(logits.data(), DType::kF32, {total, config_.vocab_size}));
+}
+
+namespace {
+
+std::vector<int32_t> read_token_map(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  if (!file) DI_THROW("cannot open engram token map ", path.string());
+  try {
+    nlohmann::json json;
+    file >> json;
+    return json.get<std::vector<int32_t>>();
+  } catch (const nlohmann::json::exception& error) {
+    DI_THROW(path.string(), ": an engram token map must be a JSON array of compressed ids (",
+             error.what(), ")");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args) {
+  if (args.model.empty()) {
+    DI_THROW("no model: set EngineArgs.model / --model or DEEPINFER_HF_MODEL_DIR");
+  }
+  if (args.accelerator == Accelerator::kNvidia) {
+    DI_THROW("accelerator 'nvidia' is not available to the engine yet; use cpu");
+  }
+  auto loaded = std::make_shared<v41::LoadedModel>(v41::load_model(args.model));
+  const auto& config = loaded->config.text;
+  std::shared_ptr<const v41::EngramHasher> hasher;
+  if (!config.engram_layer_ids.empty()) {
+    const auto map_path = std::filesystem::path(args.model) / "engram_token_map.json";
+    if (!std::filesystem::exists(map_path)) {
+      DI_THROW("the model in ", args.model,
+               " has engram layers, which need engram_token_map.json (compressed id of every "
+               "token id) next to config.json");
+    }
+    hasher = std::make_shared<v41::EngramHasher>(config, read_token_map(map_path));
+  }
+  const v41::ModelParameters& parameters = *loaded->parameters;
+  // The released checkpoint runs as DeepSeek's reference runs it; the HF layout as HF does.
+  const auto numerics = loaded->layout == v41::WeightLayout::kReleased ? v41::Numerics::kReleased
+                                                                       : v41::Numerics::kDense;
+  return std::make_unique<DeepseekRunner>(config, parameters, numerics, std::move(hasher), loaded);
+}
+
+}  // namespace deepinfer::engine

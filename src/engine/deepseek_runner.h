@@ -1,0 +1,38 @@
+// ModelRunner over the DeepSeek-V4.1 forward (src/model): a pool of RequestState slots made
+// at start-up, and Model::forward on the engine's ragged batch.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "model/deepseek_v41/loader.h"
+#include "model/deepseek_v41/model.h"
+
+namespace deepinfer::engine {
+
+class DeepseekRunner final : public ModelRunner {
+ public:
+  // `parameters` must outlive the runner; `keep_alive` (optional) owns what they point into.
+  DeepseekRunner(const deepseek_v41::DeepseekV41TextConfig& config,
+                 const deepseek_v41::ModelParameters& parameters, deepseek_v41::Numerics numerics,
+                 std::shared_ptr<const deepseek_v41::EngramHasher> engram,
+                 std::shared_ptr<void> keep_alive = nullptr);
+
+  int64_t vocab_size() const override;
+  std::vector<int32_t> eos_token_ids() const override;
+  int64_t max_model_len() const override;
+  int64_t state_bytes_per_token() const override;
+  void allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot) override;
+  void reset_slot(int32_t slot) override;
+  void forward(std::span<const SlotTokens> batch, std::span<float> logits) override;
+
+ private:
+  std::shared_ptr<void> keep_alive_;
+  deepseek_v41::DeepseekV41TextConfig config_;
+  deepseek_v41::Model model_;
+  std::vector<std::unique_ptr<deepseek_v41::RequestState>> slots_;
+  std::vector<deepseek_v41::ForwardRequest> requests_;
+};
+
+}  // namespace deepinfer::engine

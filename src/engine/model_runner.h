@@ -1,0 +1,49 @@
+// What the engine needs from a model: a fixed pool of per-request state slots and a ragged
+// forward over them. Keeping the engine behind this interface lets the scheduler, state
+// manager and async loop be tested on a cheap deterministic model, and the CUDA backend plug
+// in a runner of its own without touching the engine.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace deepinfer::engine {
+
+struct SlotTokens {
+  int32_t slot = -1;
+  // Placed at positions slot_length, slot_length + 1, ... of that slot's sequence.
+  std::span<const int32_t> tokens;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual int64_t vocab_size() const = 0;
+  virtual std::vector<int32_t> eos_token_ids() const = 0;
+  // Longest sequence the model supports.
+  virtual int64_t max_model_len() const = 0;
+  // Bytes of state one token of one request occupies (pool sizing from state_pool_bytes).
+  virtual int64_t state_bytes_per_token() const = 0;
+
+  // Creates every state slot once, at start-up; nothing is allocated per step afterwards.
+  virtual void allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot) = 0;
+  // Empties a slot for its next request (no memory is freed).
+  virtual void reset_slot(int32_t slot) = 0;
+  // Runs the batch and writes logits [total tokens, vocab] row-major, request after request;
+  // advances each slot by its token count.
+  virtual void forward(std::span<const SlotTokens> batch, std::span<float> logits) = 0;
+};
+
+}  // namespace deepinfer::engine
+
+namespace deepinfer {
+struct EngineArgs;
+}
+
+namespace deepinfer::engine {
+// The runner for args.model on args.accelerator (a resolved EngineArgs): loads the checkpoint.
+std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args);
+}  // namespace deepinfer::engine
