@@ -26,12 +26,14 @@ void check_accepted(const deepinfer::SafetensorsFile& file, const std::vector<st
   for (const deepinfer::SafetensorsTensor& tensor : file.tensors()) {
     require(tensor.bytes.data() >= image.data() + 8 + file.header_bytes());
     require(tensor.bytes.data() + tensor.bytes.size() <= image.data() + image.size());
-    require(tensor.bytes.size() == deepinfer::dtype_storage_bytes(tensor.dtype, tensor.element_count()));
+    require(tensor.bytes.size() ==
+            deepinfer::dtype_storage_bytes(tensor.dtype, tensor.element_count()));
     require(tensor.data_offset == covered);
     require(file.find(tensor.name) == &tensor);
     covered += tensor.bytes.size();
     if (!tensor.bytes.empty()) {  // touch both ends: ASan checks them against the exact-size copy
-      checksum += static_cast<unsigned>(tensor.bytes.front()) + static_cast<unsigned>(tensor.bytes.back());
+      checksum +=
+          static_cast<unsigned>(tensor.bytes.front()) + static_cast<unsigned>(tensor.bytes.back());
     }
     try {
       (void)tensor.view();
@@ -42,15 +44,18 @@ void check_accepted(const deepinfer::SafetensorsFile& file, const std::vector<st
   require(8 + file.header_bytes() + file.data_bytes() == image.size());
 
   std::vector<deepinfer::SafetensorsEntry> entries;
-  for (const auto& tensor : file.tensors()) entries.push_back({tensor.name, tensor.dtype, tensor.shape, tensor.bytes});
-  const std::vector<std::byte> rewritten = deepinfer::serialize_safetensors(entries, file.metadata());
+  for (const auto& tensor : file.tensors())
+    entries.push_back({tensor.name, tensor.dtype, tensor.shape, tensor.bytes});
+  const std::vector<std::byte> rewritten =
+      deepinfer::serialize_safetensors(entries, file.metadata());
   const auto again = deepinfer::SafetensorsFile::parse(rewritten, "rewritten");
   require(again.tensors().size() == file.tensors().size());
   require(again.metadata() == file.metadata());
   for (const auto& tensor : file.tensors()) {
     const auto& copy = again.at(tensor.name);
     require(copy.dtype == tensor.dtype && copy.shape == tensor.shape);
-    require(std::equal(copy.bytes.begin(), copy.bytes.end(), tensor.bytes.begin(), tensor.bytes.end()));
+    require(
+        std::equal(copy.bytes.begin(), copy.bytes.end(), tensor.bytes.begin(), tensor.bytes.end()));
   }
   // Keeps the loads above from being optimised away.
   asm volatile("" : : "r"(checksum));

@@ -2,6 +2,7 @@
 // and every malformation it must refuse with a message naming the file and the tensor.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,51 @@ TEST(SafetensorsReader, ReinterpretsI8AsPackedFp4) {
     EXPECT_NE(std::string(e.what()).find("'ckpt'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(reinterpret_as_packed_fp4(file.at("s")), Error);
+}
+
+TEST(SafetensorsReader, ViewsPointIntoTheMapping) {
+  ScratchDir dir;
+  const float values[] = {1.5f, -2.0f, 3.25f, 0.0f, 8.0f, -0.5f};
+  std::vector<uint8_t> data(sizeof(values));
+  std::memcpy(data.data(), values, sizeof(values));
+  data.push_back(0x21);  // one packed fp4 byte: values 1 (low nibble) and 2
+  // Header padded to 56 bytes, so the data section (and the F32 tensor) is 8-byte aligned.
+  std::string header =
+      R"({"f":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"p":{"dtype":"I8","shape":[1,1],"data_offsets":[24,25]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  testing::write_file(dir.path() / "v.safetensors", assemble_image(header, data));
+  const SafetensorsFile file = SafetensorsFile::open(dir.path() / "v.safetensors");
+  const TensorView f = file.at("f").view();
+  EXPECT_EQ(f.dtype(), DType::kF32);
+  EXPECT_EQ(f.shape(), (Shape{2, 3}));
+  EXPECT_TRUE(f.is_contiguous());
+  EXPECT_EQ(f.raw_data(), file.at("f").bytes.data());
+  EXPECT_EQ(f.at<float>(1, 0), 0.0f);
+  EXPECT_EQ(f.at<float>(0, 2), 3.25f);
+  const TensorView p = reinterpret_as_packed_fp4(file.at("p")).view();
+  EXPECT_EQ(p.dtype(), DType::kF4E2M1x2);
+  EXPECT_EQ(p.shape(), (Shape{1, 2}));
+  EXPECT_EQ(p.nbytes(), 1u);
+
+  // A header whose length is not a multiple of 8 misaligns the F32 data: view() refuses.
+  const auto odd =
+      assemble_image(R"({"f":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} )", iota_bytes(4));
+  std::vector<std::byte> aligned_copy(odd.size() + 8);
+  // Place the image at an 8-byte boundary so that only the header length decides alignment.
+  auto* base = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(aligned_copy.data()) + 7) &
+                                            ~uintptr_t{7});
+  std::memcpy(base, odd.data(), odd.size());
+  const SafetensorsFile misaligned =
+      SafetensorsFile::parse({base, odd.size()}, "legacy.safetensors");
+  ASSERT_NE(reinterpret_cast<uintptr_t>(misaligned.at("f").bytes.data()) % 4, 0u);
+  try {
+    (void)misaligned.at("f").view();
+    FAIL() << "misaligned view";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("legacy.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'f'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("aligned"), std::string::npos) << e.what();
+  }
 }
 
 TEST(SafetensorsReader, MissingTensorNamesFileAndTensor) {

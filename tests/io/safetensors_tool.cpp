@@ -6,8 +6,8 @@
 //   safetensors_tool write-sharded DIR MAX <- the same
 #include <cstdio>
 #include <iostream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
