@@ -1,10 +1,8 @@
 // Offline inference with the C++ API: a few token-id prompts, greedy and seeded sampling.
 //
-//   deepinfer make-checkpoint --config tests/data/configs/tiny_v41.json --seed 1 --out /tmp/tiny
-//   DEEPINFER_HF_MODEL_DIR=/tmp/tiny ./offline_inference
-//
-// (Not yet wired into CMake: the top-level CMakeLists has no examples/ directory. Build it
-// against libdeepinfer.a with -Iinclude -Isrc.)
+//   ./build/deepinfer make-checkpoint --config tests/data/configs/tiny_v41.json --seed 1 --out /tmp/tiny
+//   cp models/default/tokenizer*.json /tmp/tiny/
+//   DEEPINFER_HF_MODEL_DIR=/tmp/tiny ./build/examples/offline_inference
 #include <cstdio>
 #include <vector>
 

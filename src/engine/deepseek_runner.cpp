@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "deepinfer/engine_args.h"
+#include "tokenizer/engram_map.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer::engine {
 
@@ -101,13 +103,21 @@ std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args) {
   const auto& config = loaded->config.text;
   std::shared_ptr<const v41::EngramHasher> hasher;
   if (!config.engram_layer_ids.empty()) {
-    const auto map_path = std::filesystem::path(args.model) / "engram_token_map.json";
-    if (!std::filesystem::exists(map_path)) {
+    // The engram hashes tokenizer-normalized ids: derive them from the checkpoint's tokenizer,
+    // or read a precomputed map when the checkpoint ships one instead.
+    const auto model_dir = std::filesystem::path(args.model);
+    std::vector<int32_t> token_map;
+    if (std::filesystem::exists(model_dir / "tokenizer.json")) {
+      token_map =
+          tokenizer::build_compressed_token_map(tokenizer::Tokenizer::from_dir(model_dir)).lookup;
+    } else if (std::filesystem::exists(model_dir / "engram_token_map.json")) {
+      token_map = read_token_map(model_dir / "engram_token_map.json");
+    } else {
       DI_THROW("the model in ", args.model,
-               " has engram layers, which need engram_token_map.json (compressed id of every "
-               "token id) next to config.json");
+               " has engram layers, which need its tokenizer.json (or engram_token_map.json: the "
+               "compressed id of every token id) next to config.json");
     }
-    hasher = std::make_shared<v41::EngramHasher>(config, read_token_map(map_path));
+    hasher = std::make_shared<v41::EngramHasher>(config, std::move(token_map));
   }
   const v41::ModelParameters& parameters = *loaded->parameters;
   // The released checkpoint runs as DeepSeek's reference runs it; the HF layout as HF does.

@@ -5,6 +5,8 @@
 //                      [--max-num-seqs N] [--max-num-batched-tokens N] [--max-model-len N]
 //                      [--no-async] [--json]
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -15,6 +17,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "deepinfer/llm.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer::cli {
 namespace {
@@ -41,6 +44,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 struct Options {
   EngineArgs args;
   std::vector<std::string> prompt_ids;
+  std::vector<std::string> prompts;
   SamplingParams params;
   int32_t max_tokens = 16;
   uint64_t seed = 0;
@@ -57,6 +61,17 @@ void run_generate(const Options& options) {
   if (options.seeded) params.seq_seed = options.seed;
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& text : options.prompt_ids) prompts.push_back(parse_ids(text));
+  // Text prompts and text output need the checkpoint's tokenizer.json.
+  std::optional<tokenizer::Tokenizer> tokenizer;
+  const auto tokenizer_dir = std::filesystem::path(args.resolved().model);
+  if (std::filesystem::exists(tokenizer_dir / "tokenizer.json")) {
+    tokenizer = tokenizer::Tokenizer::from_dir(tokenizer_dir);
+  } else if (!options.prompts.empty()) {
+    DI_THROW("--prompt needs a tokenizer.json in ", tokenizer_dir.string(),
+             "; pass token ids with --prompt-ids instead");
+  }
+  for (const auto& text : options.prompts) prompts.push_back(tokenizer->encode(text, true));
+  if (prompts.empty()) DI_THROW("no prompt: pass --prompt TEXT or --prompt-ids IDS");
   LLM llm(args);
   const auto outputs = llm.generate(prompts, params);
   bool any_error = false;
@@ -69,6 +84,7 @@ void run_generate(const Options& options) {
                              {"prompt_token_ids", out.prompt_token_ids},
                              {"token_ids", completion.token_ids},
                              {"finish_reason", finish_reason_name(completion.finish_reason)}};
+      if (tokenizer) line["text"] = tokenizer->decode(completion.token_ids, true);
       if (out.error) line["error"] = *out.error;
       std::cout << line.dump() << "\n";
       continue;
@@ -78,8 +94,12 @@ void run_generate(const Options& options) {
       std::cout << "error: " << *out.error << "\n";
       continue;
     }
-    for (size_t t = 0; t < completion.token_ids.size(); ++t) {
-      std::cout << (t ? "," : "") << completion.token_ids[t];
+    if (tokenizer) {
+      std::cout << nlohmann::json(tokenizer->decode(completion.token_ids, true)).dump();
+    } else {
+      for (size_t t = 0; t < completion.token_ids.size(); ++t) {
+        std::cout << (t ? "," : "") << completion.token_ids[t];
+      }
     }
     std::cout << "  (" << finish_reason_name(completion.finish_reason) << ")\n";
   }
@@ -93,10 +113,10 @@ void register_generate_command(CLI::App& app) {
   auto* command = app.add_subcommand("generate", "Generate tokens with the engine");
   command->add_option("--model", options.args.model,
                       "checkpoint directory (default: DEEPINFER_HF_MODEL_DIR)");
-  command
-      ->add_option("--prompt-ids", options.prompt_ids,
-                   "a prompt as comma-separated token ids (repeat for more prompts)")
-      ->required();
+  command->add_option("--prompt", options.prompts,
+                      "a text prompt, encoded with the model's tokenizer (repeat for more)");
+  command->add_option("--prompt-ids", options.prompt_ids,
+                      "a prompt as comma-separated token ids (repeat for more prompts)");
   command->add_option("--max-tokens", options.max_tokens, "most tokens to generate per prompt");
   command->add_option("--temperature", options.params.temperature, "0: greedy");
   command->add_option("--top-k", options.params.top_k, "0: off");
