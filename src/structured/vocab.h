@@ -1,0 +1,44 @@
+// The vocabulary as the grammar engine sees it: each token id's bytes, plus which ids end the
+// sequence (allowed only when the document is complete) and which are special (never allowed).
+// VocabIndex sorts the tokens by bytes so mask computation walks shared prefixes once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace deepinfer::structured {
+
+struct TokenizerVocab {
+  std::vector<std::string> token_bytes;  // indexed by id; empty for ids without text
+  std::vector<int32_t> stop_token_ids;
+  std::vector<int32_t> special_token_ids;
+};
+
+class VocabIndex {
+ public:
+  explicit VocabIndex(TokenizerVocab vocab);
+
+  size_t vocab_size() const { return vocab_.token_bytes.size(); }
+  size_t mask_words() const { return (vocab_size() + 31) / 32; }
+  const std::string& bytes(int32_t id) const { return vocab_.token_bytes[static_cast<size_t>(id)]; }
+  // Ordinary (non-special, non-empty) token ids in lexicographic byte order.
+  const std::vector<int32_t>& sorted_ids() const { return sorted_ids_; }
+  // lcp()[i]: bytes shared by sorted_ids()[i-1] and sorted_ids()[i] (0 for i == 0).
+  const std::vector<uint32_t>& lcp() const { return lcp_; }
+  const std::vector<int32_t>& stop_ids() const { return vocab_.stop_token_ids; }
+  bool is_ordinary(int32_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < ordinary_.size() &&
+           ordinary_[static_cast<size_t>(id)];
+  }
+  bool is_stop(int32_t id) const;
+
+ private:
+  TokenizerVocab vocab_;
+  std::vector<int32_t> sorted_ids_;
+  std::vector<uint32_t> lcp_;
+  std::vector<uint8_t> ordinary_;
+};
+
+}  // namespace deepinfer::structured

@@ -1,0 +1,10 @@
+# Runs `deepinfer json-schema-suite SUITE`; exits 77 (skip) when the suite is not present.
+if(NOT EXISTS "${SUITE}")
+  message("JSON-Schema-Test-Suite not found at ${SUITE}; skipping")
+  cmake_language(EXIT 77)
+endif()
+execute_process(COMMAND "${CLI}" json-schema-suite "${SUITE}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "json-schema-suite exited with ${rc}")
+endif()
