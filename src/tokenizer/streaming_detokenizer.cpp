@@ -9,10 +9,8 @@ StreamingDetokenizer::StreamingDetokenizer(Tokenizer tokenizer, bool skip_specia
     : tokenizer_(std::move(tokenizer)), skip_special_tokens_(skip_special_tokens) {}
 
 std::string StreamingDetokenizer::push(int32_t id) {
-  if (id < 0 || id >= tokenizer_.vocab_size()) {
-    DI_THROW("streaming detokenizer: id ", id, " is outside the vocabulary [0, ",
-             tokenizer_.vocab_size(), ")");
-  }
+  if (id < 0) DI_THROW("streaming detokenizer: id ", id, " is negative");
+  if (id >= tokenizer_.vocab_size()) return {};  // a padded model row: decodes to nothing
   if (!(skip_special_tokens_ && tokenizer_.is_special(id))) pending_ += tokenizer_.token_bytes(id);
   return release();
 }

@@ -346,10 +346,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   std::string bytes;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
-    if (id < 0 || id >= impl_->vocab_size) {
-      DI_THROW("decode: id ", id, " at position ", i, " is outside the vocabulary [0, ",
-               impl_->vocab_size, ")");
-    }
+    if (id < 0) DI_THROW("decode: id ", id, " at position ", i, " is negative");
+    // Ids past the tokenizer's vocabulary decode to nothing, as in HF tokenizers: models pad
+    // their embedding rows (DeepSeek-V4.1: 129,280 rows for 128,815 tokens) and can sample them.
+    if (id >= impl_->vocab_size) continue;
     if (skip_special_tokens &&
         (impl_->flags[static_cast<std::size_t>(id)] & TokenizerImpl::kSpecial)) {
       continue;
