@@ -9,7 +9,7 @@ namespace deepinfer::structured {
 
 GrammarMatcher::GrammarMatcher(CompiledGrammar grammar)
     : grammar_(std::move(grammar)),
-      pool_(grammar_.automaton(), grammar_.limits(), /*dense_transitions=*/false) {
+      pool_(grammar_.automaton(), grammar_.limits(), /*dense_transitions=*/true) {
   reset();
 }
 

@@ -1108,6 +1108,14 @@ class SchemaCompiler {
 
   ExprPtr compile_object(const FlatSchema& flat);
 
+  // String content in canonical escaping: the key space that exclusions are computed in.
+  static const ByteDfa& canonical_content_dfa() {
+    static const ByteDfa kDfa = dfa_from_expr(
+        *star_expr(code_point_set_expr(CodePointSet::all(), TextEncoding::kJsonString)),
+        default_limits());
+    return kDfa;
+  }
+
   const Json& root_;
   JsonSchemaOptions options_;
   const GrammarLimits& limits_;
@@ -1176,8 +1184,7 @@ ExprPtr SchemaCompiler::compile_object(const FlatSchema& flat) {
          }()) {
       if (auto f = merge(conj, flat.where + "/propertyNames")) alternatives.push_back(*f);
     }
-    ByteDfa any_content = dfa_from_expr(
-        *star_expr(code_point_set_expr(CodePointSet::all(), TextEncoding::kJsonString)), limits_);
+    ByteDfa any_content = canonical_content_dfa();
     std::optional<ByteDfa> united;
     for (const auto& alt : alternatives) {
       if (!(alt.types & kString)) continue;
@@ -1272,9 +1279,8 @@ ExprPtr SchemaCompiler::compile_object(const FlatSchema& flat) {
     unsupported("patternProperties", flat.where, "more than 4 patterns in one object");
 
   std::vector<ExprPtr> extra_members;  // key ":" value for undeclared keys
-  {
-    ByteDfa key_space = dfa_from_expr(
-        *star_expr(code_point_set_expr(CodePointSet::all(), TextEncoding::kJsonString)), limits_);
+  if (!(additional_forbidden && patterns.empty())) {
+    ByteDfa key_space = canonical_content_dfa();
     if (!names.empty()) {
       std::vector<ExprPtr> literals;
       for (const auto& name : names) literals.push_back(bytes_expr(content(name)));
