@@ -1,6 +1,6 @@
 // Offline inference with the C++ API: a few token-id prompts, greedy and seeded sampling.
 //
-//   ./build/deepinfer make-checkpoint --config tests/data/configs/tiny_v41.json --seed 1 --out /tmp/tiny
+//   ./build/deepinfer make-checkpoint --config models/default/config.json --seed 1 --out /tmp/tiny
 //   cp models/default/tokenizer*.json /tmp/tiny/
 //   DEEPINFER_HF_MODEL_DIR=/tmp/tiny ./build/examples/offline_inference
 #include <cstdio>
