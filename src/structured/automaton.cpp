@@ -98,6 +98,70 @@ bool determinize(const Nfa& nfa, uint32_t entry, uint32_t exit, size_t limit,
   return !too_big;
 }
 
+// Moore partition refinement: merges equivalent DFA states (e.g. "just after the opening quote"
+// and "after a character" of a string), so the token mask cache analyses each position once.
+void minimize(std::vector<LocalNode>& nodes) {
+  const size_t n = nodes.size();
+  if (n < 2) return;
+  std::vector<uint32_t> cls(n);
+  for (size_t s = 0; s < n; ++s) cls[s] = nodes[s].final ? 1 : 0;
+  size_t num_classes = 0;
+  while (true) {
+    std::map<std::vector<int64_t>, uint32_t> ids;
+    std::vector<uint32_t> next(n);
+    for (size_t s = 0; s < n; ++s) {
+      std::vector<int64_t> signature = {cls[s]};
+      for (const auto& e : nodes[s].bytes) {
+        signature.push_back(e.lo);
+        signature.push_back(e.hi);
+        signature.push_back(cls[e.target]);
+      }
+      signature.push_back(-1);
+      std::vector<std::pair<uint32_t, uint32_t>> calls;
+      for (const auto& c : nodes[s].calls) calls.emplace_back(c.rule, cls[c.target]);
+      std::sort(calls.begin(), calls.end());
+      for (auto [rule, target] : calls) {
+        signature.push_back(rule);
+        signature.push_back(target);
+      }
+      next[s] = ids.emplace(std::move(signature), static_cast<uint32_t>(ids.size())).first->second;
+    }
+    cls = std::move(next);
+    if (ids.size() == num_classes) break;
+    num_classes = ids.size();
+  }
+  if (num_classes == n) return;
+  // Renumber so the start state stays 0, then merge adjacent ranges with equal targets.
+  std::vector<uint32_t> order(num_classes, UINT32_MAX);
+  uint32_t used = 0;
+  for (size_t s = 0; s < n; ++s) {
+    if (order[cls[s]] == UINT32_MAX) order[cls[s]] = used++;
+  }
+  std::vector<LocalNode> out(num_classes);
+  std::vector<uint8_t> filled(num_classes, 0);
+  for (size_t s = 0; s < n; ++s) {
+    uint32_t c = order[cls[s]];
+    if (filled[c]) continue;
+    filled[c] = 1;
+    LocalNode node;
+    node.final = nodes[s].final;
+    node.deterministic = true;
+    for (const auto& e : nodes[s].bytes) {
+      uint32_t target = order[cls[e.target]];
+      if (!node.bytes.empty() && node.bytes.back().hi + 1 == e.lo &&
+          node.bytes.back().target == target) {
+        node.bytes.back().hi = e.hi;
+      } else {
+        node.bytes.push_back({e.lo, e.hi, target});
+      }
+    }
+    for (const auto& call : nodes[s].calls)
+      node.calls.push_back({call.rule, order[cls[call.target]]});
+    out[c] = std::move(node);
+  }
+  nodes = std::move(out);
+}
+
 // Each NFA state reached by a consuming edge becomes a node carrying its epsilon closure's edges.
 void epsilon_free(const Nfa& nfa, uint32_t entry, uint32_t exit, std::vector<LocalNode>& out) {
   out.clear();
@@ -165,7 +229,9 @@ Automaton build_automaton(const Grammar& grammar, const GrammarLimits& limits) {
     if (!reachable[r]) continue;
     Nfa nfa(limits);
     auto [entry, exit] = nfa.build(*grammar.rules[r].body);
-    if (!determinize(nfa, entry, exit, limits.max_dfa_states_per_rule, local[r])) {
+    if (determinize(nfa, entry, exit, limits.max_dfa_states_per_rule, local[r])) {
+      minimize(local[r]);
+    } else {
       epsilon_free(nfa, entry, exit, local[r]);
     }
     total_states += local[r].size();

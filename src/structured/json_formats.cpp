@@ -30,7 +30,17 @@ namespace {
 #define LABEL "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 #define HOSTNAME LABEL "(\\." LABEL ")*"
 #define ATEXT "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
-#define URI_CHAR "([A-Za-z0-9\\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})"
+// RFC 3986 section 3 structure.
+#define URI_UNRESERVED_SUB "[A-Za-z0-9\\-._~!$&'()*+,;=]"
+#define URI_PCT "%[0-9A-Fa-f]{2}"
+#define URI_PCHAR "(" URI_UNRESERVED_SUB "|" URI_PCT "|[:@])"
+#define URI_HOST                                                                                   \
+  "(\\[(" IPV6 "|v[0-9A-Fa-f]+\\.(" URI_UNRESERVED_SUB "|:)+)\\]|(" URI_UNRESERVED_SUB "|" URI_PCT \
+  ")*)"
+#define URI_AUTHORITY "((" URI_UNRESERVED_SUB "|" URI_PCT "|:)*@)?" URI_HOST "(:[0-9]*)?"
+#define URI_HIER                                                                           \
+  "(//" URI_AUTHORITY "(/" URI_PCHAR "*)*|/(" URI_PCHAR "+(/" URI_PCHAR "*)*)?|" URI_PCHAR \
+  "+(/" URI_PCHAR "*)*|)"
 
 const std::map<std::string, const char*>& formats() {
   static const std::map<std::string, const char*> kFormats = {
@@ -43,7 +53,8 @@ const std::map<std::string, const char*>& formats() {
        "0-9]+S))?|T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)|[0-9]+W)"},
       {"email", ATEXT "+(\\." ATEXT "+)*@(" HOSTNAME "|\\[" IPV4 "\\]|\\[IPv6:" IPV6 "\\])"},
       {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
-      {"uri", "[A-Za-z][A-Za-z0-9+\\-.]*:" URI_CHAR "*(#" URI_CHAR "*)?"},
+      {"uri", "[A-Za-z][A-Za-z0-9+\\-.]*:" URI_HIER "(\\?(" URI_PCHAR "|[/?])*)?(#(" URI_PCHAR
+              "|[/?])*)?"},
       {"ipv4", IPV4},
       {"ipv6", IPV6},
       {"hostname", HOSTNAME},

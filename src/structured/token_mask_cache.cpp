@@ -46,10 +46,11 @@ NodeTokenMask analyse_node(uint32_t node, StackPool& pool, const VocabIndex& voc
     valid_depth = dead_at;
     bool uncertain = past_end[dead_at] || (pool.flags(sets[dead_at]) & kHitSentinel);
     // Every following token that shares the failing byte fails the same way.
-    do {
-      if (uncertain) mask.uncertain_ids.push_back(sorted[i]);
-      ++i;
-    } while (i < sorted.size() && lcp[i] > dead_at);
+    size_t end = vocab.subtree_end(i, dead_at);
+    if (uncertain) {
+      for (; i < end; ++i) mask.uncertain_ids.push_back(sorted[i]);
+    }
+    i = end;
   }
   if (accepted.size() * 32 > vocab.vocab_size()) {
     mask.accepted_bits.assign(vocab.mask_words(), 0);

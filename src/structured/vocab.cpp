@@ -35,6 +35,22 @@ VocabIndex::VocabIndex(TokenizerVocab vocab) : vocab_(std::move(vocab)) {
     while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
     lcp_[i] = k;
   }
+  // next[d]: the nearest later index whose lcp with its predecessor is <= d.
+  size_t max_length = 0;
+  for (int32_t id : sorted_ids_) max_length = std::max(max_length, bytes(id).size());
+  const auto count = static_cast<uint32_t>(sorted_ids_.size());
+  std::vector<uint32_t> next(max_length + 1, count);
+  subtree_offset_.assign(sorted_ids_.size() + 1, 0);
+  for (size_t i = 0; i < sorted_ids_.size(); ++i) {
+    subtree_offset_[i + 1] =
+        subtree_offset_[i] + static_cast<uint32_t>(bytes(sorted_ids_[i]).size());
+  }
+  subtree_end_.assign(subtree_offset_.back(), count);
+  for (size_t i = sorted_ids_.size(); i-- > 0;) {
+    size_t length = bytes(sorted_ids_[i]).size();
+    for (size_t d = 0; d < length; ++d) subtree_end_[subtree_offset_[i] + d] = next[d];
+    for (size_t d = lcp_[i]; d <= max_length; ++d) next[d] = static_cast<uint32_t>(i);
+  }
 }
 
 bool VocabIndex::is_stop(int32_t id) const {

@@ -27,6 +27,11 @@ class VocabIndex {
   const std::vector<int32_t>& sorted_ids() const { return sorted_ids_; }
   // lcp()[i]: bytes shared by sorted_ids()[i-1] and sorted_ids()[i] (0 for i == 0).
   const std::vector<uint32_t>& lcp() const { return lcp_; }
+  // The first sorted index after i whose token does not share the first depth + 1 bytes of
+  // token i (the end of i's trie subtree at that depth); depth < length of token i.
+  uint32_t subtree_end(size_t i, size_t depth) const {
+    return subtree_end_[subtree_offset_[i] + depth];
+  }
   const std::vector<int32_t>& stop_ids() const { return vocab_.stop_token_ids; }
   bool is_ordinary(int32_t id) const {
     return id >= 0 && static_cast<size_t>(id) < ordinary_.size() &&
@@ -39,6 +44,8 @@ class VocabIndex {
   std::vector<int32_t> sorted_ids_;
   std::vector<uint32_t> lcp_;
   std::vector<uint8_t> ordinary_;
+  std::vector<uint32_t> subtree_offset_;
+  std::vector<uint32_t> subtree_end_;
 };
 
 }  // namespace deepinfer::structured

@@ -24,7 +24,7 @@ void register_structured_commands(CLI::App& app) {
     if (trimmed.size() >= 6 && trimmed.compare(trimmed.size() - 6, 6, "format") == 0)
       options.enforce_format = true;
     auto summary = structured::run_json_schema_suite(directory, options, std::cout);
-    if (summary.failed > 0) throw CLI::RuntimeError(1);
+    if (summary.failed > 0) DI_THROW(summary.failed, " test cases failed (listed above)");
   });
 }
 
