@@ -25,6 +25,6 @@ fi
 
 if command -v nvcc >/dev/null && [[ "${DEEPINFER_SKIP_CUDA_BUILD:-0}" != "1" ]]; then
   echo "== CUDA build (compile only unless a GPU is present)"
-  BUILD_DIR=build-cuda ./scripts/build.sh -DDEEPINFER_CUDA=ON -DDEEPINFER_BUILD_TESTS=OFF
+  BUILD_DIR=build-cuda BUILD_TARGET=deepinfer ./scripts/build.sh -DDEEPINFER_CUDA=ON -DDEEPINFER_BUILD_TESTS=OFF
 fi
 echo "== all tests passed"
