@@ -83,7 +83,7 @@ TEST(Ebnf, RecursiveGrammarAgreesWithBracketChecker) {
     }
     return stack.empty();
   };
-  for (const auto& s : strings_over("()[]", 8))
+  for (const auto& s : strings_over("()[]", 7))
     ASSERT_EQ(accepts(automaton, s), balanced(s)) << "'" << s << "'";
 }
 

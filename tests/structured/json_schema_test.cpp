@@ -55,7 +55,7 @@ std::string decimal(long hundredths) {
 }
 
 TEST(JsonSchemaNumbers, BoundsAgreeWithExactComparison) {
-  const long bounds[] = {-250, -100, -5, 0, 3, 100, 150, 275, 500};
+  const long bounds[] = {-250, -5, 0, 3, 150, 500};
   for (long lo : bounds) {
     for (long hi : bounds) {
       for (int kind = 0; kind < 4; ++kind) {
