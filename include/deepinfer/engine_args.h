@@ -11,8 +11,12 @@ enum class Accelerator { kCpu, kNvidia };
 
 struct EngineArgs {
   // Checkpoint directory (config.json, safetensors, tokenizer). Empty: DEEPINFER_HF_MODEL_DIR,
-  // else the embedded tiny default model.
+  // else the embedded tiny default model (models/default, random weights from a fixed seed
+  // made in memory; see docs/ENGINE.md for how its files are found after install).
   std::string model;
+  // Directory of tokenizer.json (+ tokenizer_config.json). Empty: the model's directory. Text
+  // prompts, chat, stop strings, structured outputs and CompletionOutput::text need one.
+  std::string tokenizer;
   // Empty: DEEPINFER_ACCELERATOR ("cpu" | "nvidia"), else cpu.
   std::optional<Accelerator> accelerator;
   // Longest prompt + output a request may reach; 0: min(model's maximum, 4096), because every
@@ -31,6 +35,10 @@ struct EngineArgs {
   uint64_t seed = 0;
   // Plan step N+1 while step N runs. DEEPINFER_ASYNC_SCHEDULING=0 turns it off.
   bool async_scheduling = true;
+  // Every reduction in a fixed order whatever the batch holds. Unset: DEEPINFER_BATCH_INVARIANT
+  // ("0" | "1"), else true. The CPU backend is batch-invariant by construction, so it is true
+  // there whatever is asked.
+  std::optional<bool> batch_invariant;
   // CPU kernel threads; 0: DEEPINFER_NUM_THREADS, else all cores.
   int32_t num_threads = 0;
 

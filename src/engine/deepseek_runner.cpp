@@ -2,11 +2,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "deepinfer/engine_args.h"
+#include "model/deepseek_v41/random_weights.h"
+#include "model/deepseek_v41/weights.h"
 #include "tokenizer/engram_map.h"
 #include "tokenizer/tokenizer.h"
 
@@ -90,35 +93,80 @@ std::vector<int32_t> read_token_map(const std::filesystem::path& path) {
   }
 }
 
+// The engram hashes tokenizer-normalized ids: derive them from the model's tokenizer, or read
+// a precomputed map when the checkpoint ships one instead.
+std::shared_ptr<const v41::EngramHasher> make_engram_hasher(
+    const v41::DeepseekV41TextConfig& config, const std::filesystem::path& model_dir) {
+  if (config.engram_layer_ids.empty()) return nullptr;
+  std::vector<int32_t> token_map;
+  if (std::filesystem::exists(model_dir / "tokenizer.json")) {
+    token_map =
+        tokenizer::build_compressed_token_map(tokenizer::Tokenizer::from_dir(model_dir)).lookup;
+  } else if (std::filesystem::exists(model_dir / "engram_token_map.json")) {
+    token_map = read_token_map(model_dir / "engram_token_map.json");
+  } else {
+    DI_THROW("the model in ", model_dir.string(),
+             " has engram layers, which need its tokenizer.json (or engram_token_map.json: the "
+             "compressed id of every token id) next to config.json");
+  }
+  return std::make_shared<v41::EngramHasher>(config, std::move(token_map));
+}
+
+// The default model's weights, made in memory, and the parameters that view them.
+struct DefaultModel {
+  std::vector<v41::RandomTensor> tensors;
+  std::unique_ptr<v41::ModelParameters> parameters;
+};
+
+std::unique_ptr<ModelRunner> make_default_model_runner() {
+  const std::filesystem::path dir = default_model_dir();
+  const v41::DeepseekV41Config config = v41::load_config(dir / "config.json");
+  constexpr uint64_t kDefaultModelSeed = 0;
+  const auto layout = v41::WeightLayout::kReleased;
+  auto model = std::make_shared<DefaultModel>();
+  const std::vector<v41::WeightSpec> table = v41::build_weight_table(config.text, layout);
+  model->tensors =
+      v41::make_random_weights(table, config.text.initializer_range, kDefaultModelSeed);
+  std::map<std::string, v41::RandomTensor*> by_name;
+  for (auto& tensor : model->tensors) by_name[tensor.spec->name] = &tensor;
+  model->parameters = v41::build_parameters(config.text, layout, [&](const std::string& name) {
+    auto it = by_name.find(name);
+    DI_CHECK(it != by_name.end(), "default model: no random tensor named ", name);
+    v41::RandomTensor& tensor = *it->second;
+    return TensorView::contiguous(tensor.bytes.data(), tensor.spec->dtype,
+                                  Shape(std::span<const int64_t>(tensor.spec->shape)));
+  });
+  return std::make_unique<DeepseekRunner>(config.text, *model->parameters, v41::Numerics::kReleased,
+                                          make_engram_hasher(config.text, dir), model);
+}
+
 }  // namespace
 
+std::string default_model_dir() {
+  for (const char* candidate : {DEEPINFER_INSTALLED_MODEL_DIR, DEEPINFER_SOURCE_MODEL_DIR}) {
+    if (std::filesystem::exists(std::filesystem::path(candidate) / "config.json")) {
+      return candidate;
+    }
+  }
+  DI_THROW("the embedded default model is missing: neither ", DEEPINFER_INSTALLED_MODEL_DIR,
+           " nor ", DEEPINFER_SOURCE_MODEL_DIR,
+           " holds config.json; set EngineArgs.model / --model or DEEPINFER_HF_MODEL_DIR");
+}
+
 std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args) {
-  if (args.model.empty()) {
-    DI_THROW("no model: set EngineArgs.model / --model or DEEPINFER_HF_MODEL_DIR");
-  }
   if (args.accelerator == Accelerator::kNvidia) {
-    DI_THROW("accelerator 'nvidia' is not available to the engine yet; use cpu");
+#ifdef DEEPINFER_HAS_CUDA
+    DI_THROW("DEEPINFER_ACCELERATOR=nvidia: the CUDA backend does not run the engine yet; use cpu");
+#else
+    DI_THROW(
+        "DEEPINFER_ACCELERATOR=nvidia: this build of deepinfer was not built with CUDA "
+        "(configure with -DDEEPINFER_CUDA=ON); use cpu");
+#endif
   }
+  if (args.model.empty()) return make_default_model_runner();
   auto loaded = std::make_shared<v41::LoadedModel>(v41::load_model(args.model));
   const auto& config = loaded->config.text;
-  std::shared_ptr<const v41::EngramHasher> hasher;
-  if (!config.engram_layer_ids.empty()) {
-    // The engram hashes tokenizer-normalized ids: derive them from the checkpoint's tokenizer,
-    // or read a precomputed map when the checkpoint ships one instead.
-    const auto model_dir = std::filesystem::path(args.model);
-    std::vector<int32_t> token_map;
-    if (std::filesystem::exists(model_dir / "tokenizer.json")) {
-      token_map =
-          tokenizer::build_compressed_token_map(tokenizer::Tokenizer::from_dir(model_dir)).lookup;
-    } else if (std::filesystem::exists(model_dir / "engram_token_map.json")) {
-      token_map = read_token_map(model_dir / "engram_token_map.json");
-    } else {
-      DI_THROW("the model in ", args.model,
-               " has engram layers, which need its tokenizer.json (or engram_token_map.json: the "
-               "compressed id of every token id) next to config.json");
-    }
-    hasher = std::make_shared<v41::EngramHasher>(config, std::move(token_map));
-  }
+  auto hasher = make_engram_hasher(config, args.model);
   const v41::ModelParameters& parameters = *loaded->parameters;
   // The released checkpoint runs as DeepSeek's reference runs it; the HF layout as HF does.
   const auto numerics = loaded->layout == v41::WeightLayout::kReleased ? v41::Numerics::kReleased

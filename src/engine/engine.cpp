@@ -4,12 +4,14 @@
 #include <chrono>
 #include <future>
 #include <map>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/state_manager.h"
+#include "engine/structured_outputs.h"
 #include "sampling/sampler.h"
 
 namespace deepinfer::engine {
@@ -37,6 +39,17 @@ struct PreparedStep {
   std::vector<Request*> row_request;
   std::vector<sampling::SampledToken> results;
   std::string error;  // the forward failed: every request of the step fails with it
+  // Async: the engine thread computes the structured-output masks while the worker runs the
+  // forward; the worker waits for them before sampling.
+  std::shared_future<void> masks_ready;
+};
+
+// More completions than this in one request is a mistake, not a workload.
+constexpr int32_t kMaxCompletions = 256;
+
+// A user request: its n sequences (one per completion).
+struct RequestGroup {
+  std::vector<std::unique_ptr<Request>> sequences;
 };
 
 }  // namespace
@@ -50,18 +63,38 @@ struct Engine::Impl {
   std::unique_ptr<StateManager> states;
   std::unique_ptr<Scheduler> scheduler;
   sampling::Sampler sampler;
-  std::map<std::string, std::unique_ptr<Request>> requests;
+  std::optional<tokenizer::Tokenizer> tokenizer;
+  std::shared_ptr<const structured::VocabIndex> vocab_index;  // built on first so_args
+  std::map<std::string, RequestGroup> requests;
   int64_t next_arrival = 0;
+  int64_t plans_made = 0;
   std::vector<float> logits;
+  std::vector<float> sample_logits;
   std::optional<StepPlan> planned;  // async: the step planned while the previous one ran
   EngineStats stats;
+  StepObserver observer;
+
+  void notify(StepEvent event, int64_t index) const {
+    if (observer) observer(event, index);
+  }
+
+  StepPlan schedule_next() {
+    StepPlan plan = scheduler->schedule();
+    plan.index = plans_made++;
+    notify(StepEvent::kPlanned, plan.index);
+    return plan;
+  }
 
   void fail(Request& request, std::string message) {
     request.error = std::move(message);
     finish(request, FinishReason::kError);
   }
 
-  void finish(Request& request, FinishReason reason) {
+  // `flush_text`: release the detokenizer's pending bytes into the text (not when a stop
+  // string has just cut the text).
+  void finish(Request& request, FinishReason reason, bool flush_text = true) {
+    if (request.finished()) return;
+    if (flush_text && request.detokenizer) request.text += request.detokenizer->finish();
     request.finish_reason = reason;
     request.status = RequestStatus::kFinished;
     request.timings.finished_s = now_seconds();
@@ -86,12 +119,45 @@ struct Engine::Impl {
     } catch (const Error& error) {
       return std::string(error.what());
     }
-    if (params.n != 1) return concat("n = ", params.n, " is not supported yet; use n = 1");
-    if (!params.stop.empty()) {
-      return std::string("stop strings need a tokenizer, which this engine does not load yet");
+    if (params.n > kMaxCompletions) {
+      return concat("invalid sampling params: n must be <= ", kMaxCompletions, ", got ", params.n);
     }
-    if (params.so_args) return std::string("structured outputs (so_args) are not wired in yet");
+    if (!params.stop.empty() && !tokenizer) {
+      return std::string(
+          "stop strings need a tokenizer; this engine has none (EngineArgs.tokenizer)");
+    }
+    if (params.so_args && !tokenizer) {
+      return std::string(
+          "structured outputs (so_args) need a tokenizer; this engine has none "
+          "(EngineArgs.tokenizer)");
+    }
     return std::nullopt;
+  }
+
+  // Compiles the request's grammar (cached); an error fails the request alone.
+  std::optional<structured::CompiledGrammar> compile(const StructuredOutputArgs& so_args,
+                                                     std::string& error) {
+    try {
+      if (!vocab_index) vocab_index = vocab_index_for(*tokenizer, vocab, eos);
+      return compile_structured_output(so_args, vocab_index);
+    } catch (const std::exception& failure) {
+      error = concat("so_args (schema_type '", so_args.schema_type, "'): ", failure.what());
+      return std::nullopt;
+    }
+  }
+
+  // Fills the masks of the rows that have a grammar (engine thread; overlaps the forward in
+  // async mode). A failure marks that request alone; update() fails it.
+  void compute_masks(PreparedStep& step) {
+    for (Request* request : step.row_request) {
+      if (!request->matcher) continue;
+      try {
+        request->matcher->fill_next_token_bitmask(request->allowed_mask);
+      } catch (const std::exception& failure) {
+        request->mask_error = concat("structured output mask failed: ", failure.what());
+      }
+    }
+    notify(StepEvent::kMasksReady, step.plan.index);
   }
 
   PreparedStep prepare(StepPlan plan) {
@@ -121,6 +187,8 @@ struct Engine::Impl {
       sampling::SamplerRow row;
       row.params = &request.params;
       row.seed = request.seed;
+      row.sample_index = request.sample_index;
+      if (request.matcher) row.allowed_token_bitmask = request.allowed_mask;
       row.prompt_token_ids = request.prompt;
       row.output_token_ids = request.output;
       row.eos_token_ids = eos;
@@ -140,10 +208,13 @@ struct Engine::Impl {
       if (logits.size() < total * static_cast<size_t>(vocab)) {
         logits.resize(total * static_cast<size_t>(vocab));
       }
+      notify(StepEvent::kForwardBegin, step.plan.index);
       runner->forward(step.batch,
                       std::span<float>(logits).first(total * static_cast<size_t>(vocab)));
+      notify(StepEvent::kForwardEnd, step.plan.index);
+      if (step.masks_ready.valid()) step.masks_ready.wait();
       // Gather the sampled rows so the sampler sees a dense [rows, vocab] block.
-      std::vector<float> sample_logits(step.rows.size() * static_cast<size_t>(vocab));
+      sample_logits.resize(step.rows.size() * static_cast<size_t>(vocab));
       for (size_t r = 0; r < step.rows.size(); ++r) {
         std::copy_n(logits.begin() + step.row_of_logits[r] * vocab, vocab,
                     sample_logits.begin() + static_cast<int64_t>(r) * vocab);
@@ -155,18 +226,54 @@ struct Engine::Impl {
     }
   }
 
+  // The earliest stop string in the text that `added` bytes just extended, if any: only
+  // matches that end in the new bytes are new (the rest were checked before). Returns the
+  // match position and sets `which`.
+  static std::optional<size_t> find_stop_string(const Request& request, size_t added,
+                                                const std::string*& which) {
+    std::optional<size_t> best;
+    const std::string& text = request.text;
+    for (const std::string& stop : request.params.stop) {
+      const size_t old_size = text.size() - added;
+      const size_t from = old_size >= stop.size() - 1 ? old_size - (stop.size() - 1) : 0;
+      const size_t at = text.find(stop, from);
+      if (at != std::string::npos && (!best || at < *best)) {
+        best = at;
+        which = &stop;
+      }
+    }
+    return best;
+  }
+
   void check_stop(Request& request, int32_t token) {
     const auto& params = request.params;
     if (!params.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
-      finish(request, FinishReason::kStop);
-    } else if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
-               params.stop_token_ids.end()) {
+      finish(request, FinishReason::kStop);  // the EOS token's text is not part of the output
+      return;
+    }
+    if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
+        params.stop_token_ids.end()) {
       request.stop_reason = std::to_string(token);
       finish(request, FinishReason::kStop);
-    } else if ((params.max_tokens &&
-                static_cast<int64_t>(request.output.size()) >= *params.max_tokens) ||
-               static_cast<int64_t>(request.prompt.size() + request.output.size()) >=
-                   max_model_len) {
+      return;
+    }
+    if (request.detokenizer) {
+      const std::string fresh = request.detokenizer->push(token);
+      request.text += fresh;
+      // As vLLM: stop strings count once the output is longer than min_tokens.
+      if (!fresh.empty() && !params.stop.empty() &&
+          static_cast<int64_t>(request.output.size()) > params.min_tokens) {
+        const std::string* which = nullptr;
+        if (auto at = find_stop_string(request, fresh.size(), which)) {
+          request.text.resize(*at);  // the stop string and anything after it are cut
+          request.stop_reason = *which;
+          finish(request, FinishReason::kStop, /*flush_text=*/false);
+          return;
+        }
+      }
+    }
+    if ((params.max_tokens && static_cast<int64_t>(request.output.size()) >= *params.max_tokens) ||
+        static_cast<int64_t>(request.prompt.size() + request.output.size()) >= max_model_len) {
       finish(request, FinishReason::kLength);
     }
   }
@@ -191,8 +298,17 @@ struct Engine::Impl {
         continue;
       }
       const auto& result = step.results[r];
+      if (!request.mask_error.empty()) {
+        fail(request, request.mask_error);
+        continue;
+      }
       if (!result.ok()) {
         fail(request, result.error);
+        continue;
+      }
+      if (request.matcher && !request.matcher->accept_token(result.token_id)) {
+        fail(request, concat("structured output: the grammar rejected sampled token ",
+                             result.token_id, " (an internal error: the mask allowed it)"));
         continue;
       }
       if (request.output.empty()) request.timings.first_token_s = now;
@@ -216,23 +332,29 @@ struct Engine::Impl {
   }
 
   void step_sync() {
-    PreparedStep step = prepare(scheduler->schedule());
+    PreparedStep step = prepare(schedule_next());
     if (step.plan.empty()) return;
+    compute_masks(step);
     execute(step);
     update(step);
   }
 
   void step_async() {
-    if (!planned) planned = scheduler->schedule();
+    if (!planned) planned = schedule_next();
     PreparedStep current = prepare(std::move(*planned));
     planned.reset();
     if (current.plan.empty()) return;
+    std::promise<void> masks;
+    current.masks_ready = masks.get_future().share();
     auto done = std::async(std::launch::async, [&] { execute(current); });
-    // Overlap: plan step N+1 while step N runs. Its decode tokens are read at prepare time,
-    // after step N's samples have landed.
+    // Overlap: while step N's forward runs, compute its grammar masks (they need every token
+    // up to N-1, which update N-1 has accepted) and plan step N+1. N+1's decode tokens are
+    // read at prepare time, after step N's samples have landed.
+    compute_masks(current);
+    masks.set_value();
     std::optional<StepPlan> next;
     try {
-      next = scheduler->schedule();
+      next = schedule_next();
     } catch (...) {
       done.wait();
       throw;
@@ -241,13 +363,90 @@ struct Engine::Impl {
     update(current);
     planned = std::move(next);
   }
+
+  Request& new_sequence(RequestGroup& group, const std::string& id, int32_t index,
+                        const SamplingParams& params, uint64_t seed,
+                        const std::vector<int32_t>& prompt) {
+    auto request = std::make_unique<Request>();
+    request->arrival_order = next_arrival++;
+    request->id = index == 0 ? id : concat(id, "#", index);
+    request->params = params;
+    request->seed = seed;
+    request->sample_index = static_cast<uint32_t>(index);
+    request->prompt = prompt;
+    request->timings.arrival_s = now_seconds();
+    group.sequences.push_back(std::move(request));
+    return *group.sequences.back();
+  }
+
+  // Output of one sequence: everything, or (delta) what is new since the previous delta.
+  CompletionOutput completion_of(Request& request, bool delta) {
+    CompletionOutput out;
+    out.index = static_cast<int32_t>(request.sample_index);
+    size_t first_token = 0;
+    size_t first_byte = 0;
+    size_t text_end = request.text.size();
+    if (delta) {
+      first_token = request.delivered_tokens;
+      first_byte = request.delivered_text;
+      if (!request.finished()) {
+        // Hold back what a stop string may still claim; never go back before what was sent.
+        text_end =
+            std::max(first_byte, text_end > request.stop_holdback ? text_end - request.stop_holdback
+                                                                  : size_t{0});
+      }
+      request.delivered_tokens = request.output.size();
+      request.delivered_text = text_end;
+      request.delivered_final = request.finished();
+    }
+    out.text = request.text.substr(first_byte, text_end - first_byte);
+    out.token_ids.assign(request.output.begin() + static_cast<std::ptrdiff_t>(first_token),
+                         request.output.end());
+    if (request.params.logprobs) {
+      out.logprobs.emplace(request.logprobs.begin() + static_cast<std::ptrdiff_t>(first_token),
+                           request.logprobs.end());
+    }
+    out.finish_reason = request.finish_reason;
+    out.stop_reason = request.stop_reason;
+    return out;
+  }
+
+  RequestOutput output_of(const std::string& id, RequestGroup& group, bool delta) {
+    RequestOutput out;
+    out.request_id = id;
+    const Request& first = *group.sequences.front();
+    out.prompt_token_ids = first.prompt;
+    out.finished = true;
+    out.timings.arrival_s = first.timings.arrival_s;
+    for (auto& sequence : group.sequences) {
+      Request& request = *sequence;
+      out.finished = out.finished && request.finished();
+      if (request.error && !out.error) out.error = request.error;
+      const RequestTimings& t = request.timings;
+      if (t.first_token_s > 0 &&
+          (out.timings.first_token_s == 0 || t.first_token_s < out.timings.first_token_s)) {
+        out.timings.first_token_s = t.first_token_s;
+      }
+      out.timings.finished_s = std::max(out.timings.finished_s, t.finished_s);
+      out.timings.num_preemptions += t.num_preemptions;
+      if (delta) {
+        const bool has_news = request.output.size() > request.delivered_tokens ||
+                              (request.finished() && !request.delivered_final);
+        if (!has_news) continue;
+      }
+      out.outputs.push_back(completion_of(request, delta));
+    }
+    return out;
+  }
 };
 
-Engine::Engine(const EngineArgs& args, std::unique_ptr<ModelRunner> runner)
+Engine::Engine(const EngineArgs& args, std::unique_ptr<ModelRunner> runner,
+               std::optional<tokenizer::Tokenizer> tokenizer)
     : impl_(std::make_unique<Impl>()) {
   DI_CHECK(runner != nullptr, "engine without a model runner");
   Impl& s = *impl_;
   s.args = args;
+  s.tokenizer = std::move(tokenizer);
   s.runner = std::move(runner);
   s.vocab = s.runner->vocab_size();
   s.eos = s.runner->eos_token_ids();
@@ -288,30 +487,65 @@ Engine::~Engine() = default;
 std::string Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
                                 std::optional<std::string> request_id) {
   Impl& s = *impl_;
-  auto request = std::make_unique<Request>();
-  request->arrival_order = s.next_arrival++;
-  request->id = request_id ? *request_id : std::to_string(request->arrival_order);
-  if (s.requests.count(request->id)) DI_THROW("request id '", request->id, "' is already in use");
-  request->params = params;
-  request->seed = params.seq_seed
-                      ? *params.seq_seed
-                      : mix_seed(s.args.seed ^ static_cast<uint64_t>(request->arrival_order));
-  request->timings.arrival_s = now_seconds();
-  auto error = s.validate(prompt, params);
-  request->prompt = std::move(prompt);
-  Request* raw = request.get();
-  s.requests.emplace(raw->id, std::move(request));
-  s.scheduler->add(raw);
-  if (error) s.fail(*raw, "request '" + raw->id + "': " + *error);
-  return raw->id;
+  const std::string id = request_id ? *request_id : std::to_string(s.next_arrival);
+  if (s.requests.count(id)) DI_THROW("request id '", id, "' is already in use");
+  RequestGroup& group = s.requests[id];
+  const uint64_t seed = params.seq_seed
+                            ? *params.seq_seed
+                            : mix_seed(s.args.seed ^ static_cast<uint64_t>(s.next_arrival));
+  std::optional<std::string> error = s.validate(prompt, params);
+  std::optional<structured::CompiledGrammar> grammar;
+  if (!error && params.so_args) {
+    std::string compile_error;
+    grammar = s.compile(*params.so_args, compile_error);
+    if (!grammar) error = std::move(compile_error);
+  }
+  // An invalid request is one sequence that fails at once, whatever n says.
+  const int32_t count = error ? 1 : params.n;
+  size_t stop_holdback = 0;
+  for (const auto& stop : params.stop) stop_holdback = std::max(stop_holdback, stop.size() - 1);
+  for (int32_t index = 0; index < count; ++index) {
+    Request& request = s.new_sequence(group, id, index, params, seed, prompt);
+    s.scheduler->add(&request);
+    if (error) {
+      s.fail(request, "request '" + id + "': " + *error);
+      continue;
+    }
+    if (s.tokenizer) {
+      request.detokenizer.emplace(*s.tokenizer, params.skip_special_tokens);
+      request.stop_holdback = stop_holdback;
+    }
+    if (grammar) {
+      request.matcher = std::make_unique<structured::GrammarMatcher>(*grammar);
+      request.allowed_mask.assign(grammar->vocab().mask_words(), 0);
+    }
+  }
+  return id;
+}
+
+std::string Engine::add_failed_request(std::vector<int32_t> prompt, const std::string& error,
+                                       std::optional<std::string> request_id) {
+  Impl& s = *impl_;
+  const std::string id = request_id ? *request_id : std::to_string(s.next_arrival);
+  if (s.requests.count(id)) DI_THROW("request id '", id, "' is already in use");
+  RequestGroup& group = s.requests[id];
+  Request& request = s.new_sequence(group, id, 0, SamplingParams{}, 0, prompt);
+  s.scheduler->add(&request);
+  s.fail(request, "request '" + id + "': " + error);
+  return id;
 }
 
 bool Engine::abort(const std::string& request_id) {
   Impl& s = *impl_;
   auto it = s.requests.find(request_id);
-  if (it == s.requests.end() || it->second->finished()) return false;
-  s.finish(*it->second, FinishReason::kAbort);
-  return true;
+  if (it == s.requests.end()) return false;
+  bool aborted = false;
+  for (auto& request : it->second.sequences) {
+    if (request->finished()) continue;
+    s.finish(*request, FinishReason::kAbort);
+    aborted = true;
+  }
+  return aborted;
 }
 
 void Engine::step() {
@@ -343,25 +577,24 @@ void Engine::run_to_completion() {
 RequestOutput Engine::output(const std::string& request_id) const {
   auto it = impl_->requests.find(request_id);
   if (it == impl_->requests.end()) DI_THROW("unknown request id '", request_id, "'");
-  const Request& request = *it->second;
-  RequestOutput out;
-  out.request_id = request.id;
-  out.prompt_token_ids = request.prompt;
-  out.finished = request.finished();
-  out.error = request.error;
-  out.timings = request.timings;
-  CompletionOutput completion;
-  completion.token_ids = request.output;
-  completion.finish_reason = request.finish_reason;
-  completion.stop_reason = request.stop_reason;
-  if (request.params.logprobs) completion.logprobs = request.logprobs;
-  out.outputs.push_back(std::move(completion));
+  return impl_->output_of(request_id, it->second, /*delta=*/false);
+}
+
+std::optional<RequestOutput> Engine::take_delta(const std::string& request_id) {
+  auto it = impl_->requests.find(request_id);
+  if (it == impl_->requests.end()) DI_THROW("unknown request id '", request_id, "'");
+  RequestOutput out = impl_->output_of(request_id, it->second, /*delta=*/true);
+  if (out.outputs.empty()) return std::nullopt;
   return out;
 }
 
 void Engine::release(const std::string& request_id) {
   auto it = impl_->requests.find(request_id);
-  if (it != impl_->requests.end() && it->second->finished()) impl_->requests.erase(it);
+  if (it == impl_->requests.end()) return;
+  for (const auto& request : it->second.sequences) {
+    if (!request->finished()) return;
+  }
+  impl_->requests.erase(it);
 }
 
 const EngineStats& Engine::stats() const {
@@ -381,6 +614,12 @@ int32_t Engine::num_state_slots() const {
 }
 int64_t Engine::max_model_len() const {
   return impl_->max_model_len;
+}
+const std::optional<tokenizer::Tokenizer>& Engine::tokenizer() const {
+  return impl_->tokenizer;
+}
+void Engine::set_step_observer(StepObserver observer) {
+  impl_->observer = std::move(observer);
 }
 
 }  // namespace deepinfer::engine

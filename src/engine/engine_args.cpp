@@ -39,6 +39,15 @@ EngineArgs EngineArgs::resolved() const {
       DI_THROW("DEEPINFER_ASYNC_SCHEDULING='", *value, "' must be 0 or 1");
     }
   }
+  if (!out.batch_invariant) {
+    const std::string value = env("DEEPINFER_BATCH_INVARIANT").value_or("1");
+    if (value != "0" && value != "1") {
+      DI_THROW("DEEPINFER_BATCH_INVARIANT='", value, "' must be 0 or 1");
+    }
+    out.batch_invariant = value == "1";
+  }
+  // The CPU backend has one fixed reduction order per output element whatever the batch.
+  if (out.accelerator == Accelerator::kCpu) out.batch_invariant = true;
   if (out.max_model_len < 0)
     DI_THROW("EngineArgs.max_model_len must be >= 0, got ", out.max_model_len);
   if (out.max_num_seqs <= 0)

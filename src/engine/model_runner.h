@@ -44,6 +44,15 @@ struct EngineArgs;
 }
 
 namespace deepinfer::engine {
-// The runner for args.model on args.accelerator (a resolved EngineArgs): loads the checkpoint.
+// The runner for args.model on args.accelerator (a resolved EngineArgs): loads the checkpoint,
+// or, when args.model is empty, builds the embedded default model (default_model_dir()'s
+// config with random weights of seed 0, made in memory: the model `deepinfer make-checkpoint
+// --config models/default/config.json --seed 0` writes).
 std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args);
+
+// Where the default model's config.json and tokenizer files are: the installed copy
+// (<prefix>/share/deepinfer/models/default) when it exists, else the source tree's
+// models/default (both paths fixed at compile time). Throws Error naming both when neither
+// exists.
+std::string default_model_dir();
 }  // namespace deepinfer::engine

@@ -1,13 +1,18 @@
-// One request as the engine tracks it: inputs, generated tokens and scheduling counters.
+// One sequence as the engine schedules it: inputs, generated tokens and scheduling counters.
+// A request with n completions is n sequences sharing the prompt and seed, told apart by
+// sample_index (their random streams differ).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "deepinfer/outputs.h"
 #include "deepinfer/sampling_params.h"
+#include "structured/grammar_matcher.h"
+#include "tokenizer/streaming_detokenizer.h"
 
 namespace deepinfer::engine {
 
@@ -18,7 +23,23 @@ struct Request {
   int64_t arrival_order = 0;  // admission and preemption priority: lower is older
   std::vector<int32_t> prompt;
   SamplingParams params;
-  uint64_t seed = 0;  // resolved: params.seq_seed or derived from the engine seed
+  uint64_t seed = 0;          // resolved: params.seq_seed or derived from the engine seed
+  uint32_t sample_index = 0;  // which of the request's n completions
+
+  // ---- output text (when the engine has a tokenizer) ----
+  std::optional<tokenizer::StreamingDetokenizer> detokenizer;
+  std::string text;
+  // Stop strings are matched in `text`; a suffix this long may still become one, so streaming
+  // holds it back until the request finishes.
+  size_t stop_holdback = 0;
+  // ---- structured output ----
+  std::unique_ptr<structured::GrammarMatcher> matcher;
+  std::vector<uint32_t> allowed_mask;  // filled for the step that samples next
+  std::string mask_error;
+  // ---- streaming: what earlier deltas delivered ----
+  size_t delivered_tokens = 0;
+  size_t delivered_text = 0;
+  bool delivered_final = false;
 
   std::vector<int32_t> output;
   std::vector<PositionLogprobs> logprobs;

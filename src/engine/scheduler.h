@@ -23,6 +23,7 @@ struct ScheduledChunk {
 };
 
 struct StepPlan {
+  int64_t index = 0;  // set by the engine: plans are numbered in the order they are made
   std::vector<ScheduledChunk> chunks;
   std::vector<Request*> preempted;
   int64_t num_tokens() const;
