@@ -57,46 +57,12 @@ void GrammarMatcher::rollback(size_t count) {
   history_.resize(history_.size() - count);
 }
 
-void GrammarMatcher::check_uncertain(uint32_t elem, const NodeTokenMask& mask,
-                                     std::span<uint32_t> bitmask) {
-  const VocabIndex& vocab = grammar_.vocab();
-  walk_sets_.assign(1, pool_.single_set_of_elem(elem));
-  size_t valid_depth = 0;
-  const std::string* previous = nullptr;
-  const auto& ids = mask.uncertain_ids;
-  for (size_t i = 0; i < ids.size();) {
-    const std::string& bytes = vocab.bytes(ids[i]);
-    size_t shared = 0;
-    if (previous) {
-      size_t limit = std::min({previous->size(), bytes.size(), valid_depth});
-      while (shared < limit && (*previous)[shared] == bytes[shared]) ++shared;
-    }
-    previous = &bytes;
-    if (walk_sets_.size() <= bytes.size()) walk_sets_.resize(bytes.size() + 1);
-    size_t depth = shared;
-    bool dead = false;
-    for (; depth < bytes.size(); ++depth) {
-      int32_t next = pool_.step(walk_sets_[depth], static_cast<uint8_t>(bytes[depth]));
-      if (next == kDeadSet) {
-        dead = true;
-        break;
-      }
-      walk_sets_[depth + 1] = next;
-    }
-    valid_depth = depth;
-    if (!dead) bitmask[static_cast<size_t>(ids[i]) / 32] |= 1u << (ids[i] % 32);
-    ++i;
-    if (dead) {
-      // Skip the following tokens that share the failing byte.
-      while (i < ids.size()) {
-        const std::string& next_bytes = vocab.bytes(ids[i]);
-        if (next_bytes.size() <= depth ||
-            std::memcmp(next_bytes.data(), bytes.data(), depth + 1) != 0)
-          break;
-        ++i;
-      }
-    }
-  }
+void GrammarMatcher::parse_tokens(uint32_t elem, std::span<const int32_t> ids,
+                                  std::span<uint32_t> bitmask) {
+  parsed_accepted_.clear();
+  classifier_.run(pool_, pool_.single_set_of_elem(elem), ids, grammar_.vocab(), parsed_accepted_,
+                  nullptr);
+  for (int32_t id : parsed_accepted_) bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
 }
 
 void GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> bitmask) {
@@ -105,31 +71,54 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> bitmask) {
     DI_THROW("token bitmask has ", bitmask.size(), " words; the vocabulary needs ",
              vocab.mask_words());
   }
-  std::fill(bitmask.begin(), bitmask.end(), 0u);
   int32_t set = history_.back().set;
-  if (is_terminated() || set == kDeadSet) return;
-  const auto& cache = grammar_.mask_cache();
-  auto elems = pool_.elems(set);
-  // Context-independent part: one OR per distinct node.
-  std::vector<uint32_t> nodes;
-  nodes.reserve(elems.size());
-  for (uint32_t e : elems) nodes.push_back(pool_.elem(e).node);
-  std::sort(nodes.begin(), nodes.end());
-  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-  for (uint32_t node : nodes) {
-    const NodeTokenMask& mask = cache[node];
-    if (!mask.accepted_bits.empty()) {
-      for (size_t w = 0; w < mask.accepted_bits.size(); ++w) bitmask[w] |= mask.accepted_bits[w];
-    } else {
-      for (int32_t id : mask.accepted_ids) bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
-    }
+  if (is_terminated() || set == kDeadSet) {
+    std::fill(bitmask.begin(), bitmask.end(), 0u);
+    return;
   }
-  // Context-dependent part: parse those tokens with the real stack.
-  // Copy the element ids: checking tokens may grow the pool's storage.
-  std::vector<uint32_t> elem_ids(elems.begin(), elems.end());
-  for (uint32_t e : elem_ids) {
-    const NodeTokenMask& mask = cache[pool_.elem(e).node];
-    if (!mask.uncertain_ids.empty()) check_uncertain(e, mask, bitmask);
+  const auto& cache = grammar_.mask_cache();
+  // Copy the element ids: parsing tokens below may grow the pool's storage.
+  auto elems = pool_.elems(set);
+  step_elems_.assign(elems.begin(), elems.end());
+  // Context-independent part: one OR per distinct node. The first full bitmask is copied rather
+  // than ORed into a cleared mask, saving a pass over the vocabulary.
+  step_nodes_.clear();
+  for (uint32_t e : step_elems_) step_nodes_.push_back(pool_.elem(e).node);
+  std::sort(step_nodes_.begin(), step_nodes_.end());
+  step_nodes_.erase(std::unique(step_nodes_.begin(), step_nodes_.end()), step_nodes_.end());
+  auto first_bits = std::find_if(step_nodes_.begin(), step_nodes_.end(),
+                                 [&](uint32_t node) { return !cache[node].accepted.bits.empty(); });
+  if (first_bits != step_nodes_.end()) {
+    const auto& bits = cache[*first_bits].accepted.bits;
+    std::copy(bits.begin(), bits.end(), bitmask.begin());
+    std::fill(bitmask.begin() + static_cast<ptrdiff_t>(bits.size()), bitmask.end(), 0u);
+  } else {
+    std::fill(bitmask.begin(), bitmask.end(), 0u);
+  }
+  for (auto it = step_nodes_.begin(); it != step_nodes_.end(); ++it) {
+    if (it != first_bits) cache[*it].accepted.or_into(bitmask);
+  }
+  // Context-dependent part: decided per (node, return node) at compile time where analysed; the
+  // tokens that run past the caller's rule too are parsed with the real stack.
+  step_contexts_.clear();
+  for (uint32_t e : step_elems_) {
+    const StackElem elem = pool_.elem(e);
+    const NodeTokenMask& mask = cache[elem.node];
+    if (mask.uncertain_ids.empty()) continue;
+    uint32_t return_node = elem.parent == kRootParent
+                               ? kRootReturn
+                               : pool_.elem(static_cast<uint32_t>(elem.parent)).node;
+    const ReturnContextMask* context = mask.find_return(return_node);
+    if (!context) {
+      parse_tokens(e, mask.uncertain_ids, bitmask);
+      continue;
+    }
+    std::pair<uint32_t, uint32_t> key{elem.node, return_node};
+    if (std::find(step_contexts_.begin(), step_contexts_.end(), key) == step_contexts_.end()) {
+      step_contexts_.push_back(key);
+      context->accepted.or_into(bitmask);
+    }
+    if (!context->uncertain.empty()) parse_tokens(e, context->uncertain, bitmask);
   }
   if (pool_.flags(set) & kCanFinish) {
     for (int32_t id : vocab.stop_ids()) bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);

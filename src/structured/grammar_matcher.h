@@ -37,12 +37,18 @@ class GrammarMatcher {
     int32_t set;
     bool stop;
   };
-  void check_uncertain(uint32_t elem, const NodeTokenMask& mask, std::span<uint32_t> bitmask);
+  // Parses `ids` from the stack element alone and sets the bits of those that are accepted.
+  void parse_tokens(uint32_t elem, std::span<const int32_t> ids, std::span<uint32_t> bitmask);
 
   CompiledGrammar grammar_;
   StackPool pool_;
   std::vector<Step> history_;
-  std::vector<int32_t> walk_sets_;
+  // Scratch reused across steps.
+  SortedTokenClassifier classifier_;
+  std::vector<int32_t> parsed_accepted_;
+  std::vector<uint32_t> step_elems_;
+  std::vector<uint32_t> step_nodes_;
+  std::vector<std::pair<uint32_t, uint32_t>> step_contexts_;
 };
 
 }  // namespace deepinfer::structured

@@ -40,7 +40,8 @@ const StackPool::Closure& StackPool::closure(uint32_t start) {
   if (closures_[start].computed) return closures_[start];
   // Depth-first over epsilon moves: calls push, completions pop.
   ++stamp_;
-  std::vector<uint32_t> ready;
+  std::vector<uint32_t>& ready = closure_ready_;
+  ready.clear();
   uint8_t flags = 0;
   todo_.clear();
   todo_.push_back(start);
@@ -145,11 +146,12 @@ int32_t StackPool::step(int32_t set, uint8_t byte) {
     auto it = sparse_transitions_.find(sparse_key);
     if (it != sparse_transitions_.end()) return it->second;
   }
-  std::vector<uint32_t> next;
+  std::vector<uint32_t>& next = step_next_;
+  next.clear();
   uint8_t flags = 0;
   // Copy: interning below may grow set_storage_.
-  std::vector<uint32_t> ready(set_storage_.begin() + info->begin,
-                              set_storage_.begin() + info->begin + info->size);
+  std::vector<uint32_t>& ready = step_ready_;
+  ready.assign(set_storage_.begin() + info->begin, set_storage_.begin() + info->begin + info->size);
   for (uint32_t e : ready) {
     const StackElem elem = elems_[e];
     const AutomatonNode& node = automaton_.nodes[elem.node];

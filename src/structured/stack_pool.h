@@ -33,6 +33,9 @@ class StackPool {
   StackPool(const Automaton& automaton, const GrammarLimits& limits, bool dense_transitions);
 
   int32_t initial_set();
+  // The interned stack element (node, parent); parent is an element id or kRootParent /
+  // kSentinelParent.
+  uint32_t element(uint32_t node, int32_t parent) { return intern_elem(node, parent); }
   // The set holding exactly one element (node, parent); node must have byte edges.
   int32_t single_set(uint32_t node, int32_t parent);
   int32_t single_set_of_elem(uint32_t elem);
@@ -82,7 +85,9 @@ class StackPool {
   // Scratch for closure and step.
   std::vector<uint32_t> visit_stamp_;
   uint32_t stamp_ = 0;
-  std::vector<uint32_t> scratch_ready_;
+  std::vector<uint32_t> closure_ready_;
+  std::vector<uint32_t> step_ready_;
+  std::vector<uint32_t> step_next_;
   std::vector<uint32_t> todo_;
 };
 
