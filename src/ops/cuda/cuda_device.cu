@@ -4,6 +4,11 @@
 #include "ops/cuda/cuda_device.h"
 
 namespace deepinfer::cuda {
+namespace {
+// Only here so that its presence in the binary can be asked: it has machine code for the GPU
+// exactly when every kernel of this build does.
+__global__ void probe_kernel() {}
+}  // namespace
 
 DeviceInfo require_supported_device(int ordinal) {
   int count = 0;
@@ -17,9 +22,23 @@ DeviceInfo require_supported_device(int ordinal) {
   if (cudaError_t status = cudaGetDeviceProperties(&prop, ordinal); status != cudaSuccess) {
     DI_THROW("cannot query CUDA device ", ordinal, ": ", cudaGetErrorString(status));
   }
-  if (prop.major < 9) {
-    DI_THROW("CUDA device ", ordinal, " (", prop.name, ") has compute capability ", prop.major,
-             ".", prop.minor, "; deepinfer's CUDA backend needs Hopper (9.0) or newer");
+  if (prop.major != 9 && prop.major != 10) {
+    DI_THROW("CUDA device ", ordinal, " (", prop.name, ") has compute capability ", prop.major, ".",
+             prop.minor,
+             "; deepinfer's CUDA backend supports Hopper (9.0) and Blackwell (10.x) GPUs");
+  }
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(ordinal);
+  cudaFuncAttributes attributes{};
+  const cudaError_t status = cudaFuncGetAttributes(&attributes, probe_kernel);
+  cudaSetDevice(previous);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls are not blamed for it
+    DI_THROW("CUDA device ", ordinal, " (", prop.name, ", compute capability ", prop.major, ".",
+             prop.minor, ") has no code in this build (", cudaGetErrorString(status),
+             "); rebuild with CMAKE_CUDA_ARCHITECTURES including ", prop.major, prop.minor,
+             prop.major >= 9 ? "a" : "");
   }
   return DeviceInfo{ordinal, prop.name, prop.major, prop.minor, prop.totalGlobalMem};
 }

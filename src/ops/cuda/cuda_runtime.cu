@@ -1,0 +1,192 @@
+// Device allocator, streams, copies and the kernel error word.
+#include <cuda_runtime.h>
+
+#include <array>
+#include <memory>
+#include <mutex>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_runtime.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+thread_local StreamHandle t_current_stream = nullptr;
+
+// Host-side description of a view as `rows` rows of `row_bytes` bytes, `pitch` bytes apart.
+struct RowLayout {
+  size_t rows = 0;
+  size_t row_bytes = 0;
+  size_t pitch = 0;
+};
+
+RowLayout row_layout(const TensorView& view, const char* what) {
+  RowLayout layout;
+  if (view.is_contiguous() || view.rank() <= 1) {
+    DI_CHECK(view.is_contiguous(), what, " must be contiguous: ", view.to_string());
+    layout.rows = 1;
+    layout.row_bytes = view.nbytes();
+    layout.pitch = layout.row_bytes;
+    return layout;
+  }
+  int64_t inner = 1;
+  for (int d = view.rank() - 1; d >= 1; --d) {
+    if (view.size(d) != 1 && view.stride(d) != inner) {
+      DI_THROW(what, " must be contiguous or dense rows to be copied: ", view.to_string());
+    }
+    inner *= view.size(d);
+  }
+  layout.rows = static_cast<size_t>(view.size(0));
+  layout.row_bytes = dtype_storage_bytes(view.dtype(), inner);
+  layout.pitch = dtype_storage_bytes(view.dtype(), view.stride(0));
+  return layout;
+}
+
+}  // namespace
+
+void* DeviceAllocator::allocate(size_t bytes, size_t alignment) {
+  if (bytes == 0) return nullptr;
+  if (alignment > kArenaAlignment) {
+    DI_THROW("device allocations are ", kArenaAlignment, "-byte aligned; ", alignment,
+             " was requested");
+  }
+  int previous = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&previous));
+  DI_CUDA_CHECK(cudaSetDevice(ordinal_));
+  void* ptr = nullptr;
+  const cudaError_t status = cudaMalloc(&ptr, bytes);
+  DI_CUDA_CHECK(cudaSetDevice(previous));
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    DI_THROW("cannot allocate ", bytes, " bytes on cuda:", ordinal_, " (", free_bytes, " free of ",
+             total_bytes, "): ", cudaGetErrorString(status));
+  }
+  return ptr;
+}
+
+void DeviceAllocator::deallocate(void* ptr, size_t, size_t) {
+  if (ptr != nullptr) cudaFree(ptr);  // never throws: called from destructors
+}
+
+Allocator& device_allocator(int ordinal) {
+  constexpr int kMaxDevices = 16;
+  static std::array<std::unique_ptr<DeviceAllocator>, kMaxDevices> allocators;
+  static std::mutex mutex;
+  DI_CHECK(ordinal >= 0 && ordinal < kMaxDevices, "CUDA ordinal ", ordinal);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!allocators[static_cast<size_t>(ordinal)]) {
+    require_supported_device(ordinal);
+    allocators[static_cast<size_t>(ordinal)] = std::make_unique<DeviceAllocator>(ordinal);
+  }
+  return *allocators[static_cast<size_t>(ordinal)];
+}
+
+Stream::Stream() {
+  cudaStream_t stream = nullptr;
+  DI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  handle_ = stream;
+}
+
+Stream::~Stream() {
+  if (handle_ != nullptr) cudaStreamDestroy(handle_);
+}
+
+void Stream::synchronize() const {
+  DI_CUDA_CHECK(cudaStreamSynchronize(handle_));
+}
+
+StreamHandle current_stream() {
+  return t_current_stream;
+}
+
+StreamScope::StreamScope(const Stream& stream) : previous_(t_current_stream) {
+  t_current_stream = stream.handle();
+}
+
+StreamScope::~StreamScope() {
+  t_current_stream = previous_;
+}
+
+void copy(const TensorView& src, const TensorView& dst) {
+  if (src.dtype() != dst.dtype() || !(src.shape() == dst.shape())) {
+    DI_THROW("cuda::copy needs equal dtype and shape: ", src.to_string(), " -> ", dst.to_string());
+  }
+  if (src.numel() == 0) return;
+  const RowLayout from = row_layout(src, "copy source");
+  const RowLayout to = row_layout(dst, "copy destination");
+  DI_CHECK(from.rows * from.row_bytes == to.rows * to.row_bytes, "copy layouts disagree");
+  if (from.rows == 1 && to.rows == 1) {
+    DI_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), from.row_bytes, cudaMemcpyDefault,
+                                  current_stream()));
+    return;
+  }
+  // One side may be a single contiguous run: describe it with the other side's rows.
+  const size_t rows = std::max(from.rows, to.rows);
+  const size_t row_bytes = std::min(from.row_bytes, to.row_bytes);
+  const size_t src_pitch = from.rows == 1 ? row_bytes : from.pitch;
+  const size_t dst_pitch = to.rows == 1 ? row_bytes : to.pitch;
+  DI_CUDA_CHECK(cudaMemcpy2DAsync(dst.raw_data(), dst_pitch, src.raw_data(), src_pitch, row_bytes,
+                                  rows, cudaMemcpyDefault, current_stream()));
+}
+
+Tensor to_device(const TensorView& host, int ordinal) {
+  Tensor result = Tensor::empty(host.dtype(), host.shape(), device_allocator(ordinal));
+  copy(host, result.view());
+  return result;
+}
+
+Tensor to_host(const TensorView& device_view) {
+  Tensor result = Tensor::empty(device_view.dtype(), device_view.shape());
+  copy(device_view, result.view());
+  DI_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  return result;
+}
+
+void fill_bytes(const TensorView& view, uint8_t byte) {
+  DI_CHECK(view.device().is_cuda() && view.is_contiguous(), "fill_bytes needs a contiguous device ",
+           "view: ", view.to_string());
+  if (view.numel() == 0) return;
+  DI_CUDA_CHECK(cudaMemsetAsync(view.raw_data(), byte, view.nbytes(), current_stream()));
+}
+
+int* kernel_error_word() {
+  static int* word = [] {
+    int* ptr = nullptr;
+    DI_CUDA_CHECK(cudaMalloc(&ptr, sizeof(int)));
+    DI_CUDA_CHECK(cudaMemset(ptr, 0, sizeof(int)));
+    return ptr;
+  }();
+  return word;
+}
+
+void synchronize() {
+  DI_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  int code = 0;
+  DI_CUDA_CHECK(cudaMemcpy(&code, kernel_error_word(), sizeof(int), cudaMemcpyDeviceToHost));
+  if (code == kKernelOk) return;
+  DI_CUDA_CHECK(cudaMemset(kernel_error_word(), 0, sizeof(int)));
+  switch (code) {
+    case kWindowRangeOutOfBounds:
+      DI_THROW("sink_attention: a window range lies outside the window cache");
+    case kCompressedIndexOutOfBounds:
+      DI_THROW("sink_attention: a compressed index is past the compressed cache");
+    case kEngramIdOutOfBounds:
+      DI_THROW("engram_gather: a hash id is outside the engram table");
+    default:
+      DI_THROW("a CUDA kernel reported error code ", code);
+  }
+}
+
+StreamBuffer::StreamBuffer(size_t bytes) : stream_(current_stream()) {
+  if (bytes == 0) return;
+  DI_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream_));
+}
+
+StreamBuffer::~StreamBuffer() {
+  if (data_ != nullptr) cudaFreeAsync(data_, stream_);
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,228 @@
+// linear and dequantize_weight. Weights stay in their storage format in device memory and are
+// dequantized while a tile is staged in shared memory; each output element accumulates K in
+// ascending order inside one thread, so a row's result never depends on how many rows are in
+// the call (batch invariance). Part 2 replaces the FMA tile loop with wgmma.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_ops.h"
+
+namespace deepinfer::ops::cuda {
+namespace {
+
+using deepinfer::cuda::DeviceRows;
+
+enum class WeightKind : int { kF32, kBF16, kF8, kF4 };
+
+struct DeviceWeight {
+  WeightKind kind = WeightKind::kF32;
+  const uint8_t* bytes = nullptr;
+  int64_t out = 0;
+  int64_t in = 0;
+  int64_t row_bytes = 0;
+  const uint8_t* scale = nullptr;
+  int64_t scale_cols = 0;
+  int64_t block_out = 1;
+  int64_t block_in = 1;
+};
+
+// Block edge for `blocks` scale entries over `extent` values, preferring the checkpoints'
+// powers of two when several edges give the same grid (the CPU reference's rule).
+int64_t scale_block_edge(int64_t extent, int64_t blocks) {
+  if (blocks <= 0) return 0;
+  for (int64_t edge : {32, 128, 64, 16}) {
+    if ((extent + edge - 1) / edge == blocks) return edge;
+  }
+  for (int64_t edge = 1; edge <= extent; ++edge) {
+    if ((extent + edge - 1) / edge == blocks) return edge;
+  }
+  return 0;
+}
+
+DeviceWeight describe(const LinearWeight& weight) {
+  const TensorView& w = weight.weight;
+  DI_CHECK(w.rank() == 2 && w.device().is_cuda() && w.is_contiguous(),
+           "linear weight must be a contiguous device matrix: ", w.to_string());
+  DeviceWeight d;
+  d.out = w.size(0);
+  d.in = w.size(1);
+  d.bytes = static_cast<const uint8_t*>(w.raw_data());
+  d.row_bytes = static_cast<int64_t>(dtype_storage_bytes(w.dtype(), d.in));
+  switch (w.dtype()) {
+    case DType::kF32:
+      d.kind = WeightKind::kF32;
+      return d;
+    case DType::kBF16:
+      d.kind = WeightKind::kBF16;
+      return d;
+    case DType::kF8E4M3:
+    case DType::kF4E2M1x2:
+      break;
+    default:
+      DI_THROW("linear weights of dtype ", dtype_name(w.dtype()), " are not supported");
+  }
+  const TensorView& s = weight.scale;
+  if (s.numel() == 0 || s.rank() != 2 || s.dtype() != DType::kF8E8M0 || !s.is_contiguous() ||
+      !s.device().is_cuda()) {
+    DI_THROW("a ", dtype_name(w.dtype()), " linear weight ", w.to_string(),
+             " needs a contiguous 2-D ue8m0 device scale, got ", s.to_string());
+  }
+  d.scale = static_cast<const uint8_t*>(s.raw_data());
+  d.scale_cols = s.size(1);
+  if (w.dtype() == DType::kF4E2M1x2) {
+    if (s.size(0) != d.out || d.in % s.size(1) != 0) {
+      DI_THROW("fp4 weight ", w.to_string(), " has scale ", s.to_string(),
+               "; expected [out, in / block]");
+    }
+    d.kind = WeightKind::kF4;
+    d.block_out = 1;
+    d.block_in = d.in / s.size(1);
+    return d;
+  }
+  d.kind = WeightKind::kF8;
+  d.block_out = scale_block_edge(d.out, s.size(0));
+  d.block_in = scale_block_edge(d.in, s.size(1));
+  if (d.block_out == 0 || d.block_in == 0) {
+    DI_THROW("fp8 weight ", w.to_string(), " has scale grid ", s.to_string(),
+             " that matches no block shape");
+  }
+  return d;
+}
+
+__device__ __forceinline__ float weight_value(const DeviceWeight& w, int64_t n, int64_t k) {
+  const uint8_t* row = w.bytes + n * w.row_bytes;
+  switch (w.kind) {
+    case WeightKind::kF32:
+      return reinterpret_cast<const float*>(row)[k];
+    case WeightKind::kBF16:
+      return deepinfer::cuda::bf16_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
+    case WeightKind::kF8:
+      return deepinfer::cuda::e4m3_to_float(row[k]) *
+             deepinfer::cuda::e8m0_to_float(
+                 w.scale[(n / w.block_out) * w.scale_cols + k / w.block_in]);
+    case WeightKind::kF4: {
+      const uint8_t byte = row[k >> 1];
+      const uint8_t code = (k & 1) ? (byte >> 4) : (byte & 0xF);
+      return deepinfer::cuda::e2m1_to_float(code) *
+             deepinfer::cuda::e8m0_to_float(w.scale[n * w.scale_cols + k / w.block_in]);
+    }
+  }
+  return 0.0f;
+}
+
+constexpr int kTileM = 64;
+constexpr int kTileN = 64;
+constexpr int kTileK = 32;
+constexpr int kGemmThreads = 256;  // 16 x 16 threads, 4 x 4 outputs each
+
+__global__ void __launch_bounds__(kGemmThreads)
+    linear_kernel(DeviceRows<const float> x, DeviceWeight w, DeviceRows<float> out) {
+  __shared__ float x_tile[kTileK][kTileM + 4];
+  __shared__ float w_tile[kTileK][kTileN + 4];
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int tx = threadIdx.x % 16;
+  const int ty = threadIdx.x / 16;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < w.in; k0 += kTileK) {
+    for (int idx = threadIdx.x; idx < kTileM * kTileK; idx += kGemmThreads) {
+      const int r = idx / kTileK;
+      const int kk = idx % kTileK;
+      const int64_t m = m0 + r;
+      const int64_t k = k0 + kk;
+      x_tile[kk][r] = (m < x.rows && k < w.in) ? x.row(m)[k] : 0.0f;
+      const int64_t n = n0 + r;
+      w_tile[kk][r] = (n < w.out && k < w.in) ? weight_value(w, n, k) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = x_tile[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = w_tile[kk][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t m = m0 + ty * 4 + i;
+    if (m >= out.rows) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx * 4 + j;
+      if (n < out.cols) out.row(m)[n] = acc[i][j];
+    }
+  }
+}
+
+// The released numerics' activation quantizer: blocks of 32 along each row, a short last block
+// where the row length is not a multiple of 32. One warp per block.
+__global__ void quantize_activation_kernel(DeviceRows<const float> x, float* out,
+                                           int64_t blocks_per_row) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (warp >= x.rows * blocks_per_row) return;
+  const int64_t m = warp / blocks_per_row;
+  const int64_t start = (warp % blocks_per_row) * 32;
+  const int64_t length = deepinfer::cuda::min64(32, x.cols - start);
+  deepinfer::cuda::warp_fake_quant_fp8_block(x.row(m) + start, out + m * x.cols + start, length);
+}
+
+__global__ void dequantize_kernel(DeviceWeight w, DeviceRows<float> out) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= w.out * w.in) return;
+  const int64_t n = index / w.in;
+  const int64_t k = index % w.in;
+  out.row(n)[k] = weight_value(w, n, k);
+}
+
+}  // namespace
+
+void dequantize_weight(const LinearWeight& weight, const TensorView& out) {
+  const DeviceWeight w = describe(weight);
+  const DeviceRows<float> o = deepinfer::cuda::device_rows<float>(out, "dequantize_weight output");
+  DI_CHECK(o.rows == w.out && o.cols == w.in, "dequantize_weight output shape ", out.to_string(),
+           " for weight ", weight.weight.to_string());
+  if (w.out * w.in == 0) return;
+  constexpr int kThreads = 256;
+  dequantize_kernel<<<deepinfer::cuda::blocks_for(w.out * w.in, kThreads), kThreads, 0,
+                      deepinfer::cuda::current_stream()>>>(w, o);
+  DI_CUDA_LAUNCHED(dequantize_kernel);
+}
+
+void linear(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+            ActivationQuant activation_quant) {
+  const DeviceWeight w = describe(weight);
+  DeviceRows<const float> in = deepinfer::cuda::device_rows<const float>(x, "linear input");
+  const DeviceRows<float> o = deepinfer::cuda::device_rows<float>(out, "linear output");
+  if (in.cols != w.in || o.cols != w.out || o.rows != in.rows) {
+    DI_THROW("linear shapes do not match: x ", x.to_string(), ", weight ",
+             weight.weight.to_string(), ", out ", out.to_string());
+  }
+  if (in.rows == 0 || w.out == 0) return;
+  const auto stream = deepinfer::cuda::current_stream();
+  deepinfer::cuda::StreamBuffer quantized(activation_quant == ActivationQuant::kFp8PerBlock32
+                                              ? static_cast<size_t>(in.rows * in.cols) *
+                                                    sizeof(float)
+                                              : 0);
+  if (activation_quant == ActivationQuant::kFp8PerBlock32) {
+    const int64_t blocks_per_row = (in.cols + 31) / 32;
+    constexpr int kThreads = 256;
+    quantize_activation_kernel<<<deepinfer::cuda::blocks_for(in.rows * blocks_per_row * 32,
+                                                             kThreads),
+                                 kThreads, 0, stream>>>(in, quantized.as<float>(), blocks_per_row);
+    DI_CUDA_LAUNCHED(quantize_activation_kernel);
+    in = DeviceRows<const float>{quantized.as<float>(), in.rows, in.cols, in.cols};
+  }
+  const dim3 grid(deepinfer::cuda::blocks_for(w.out, kTileN),
+                  deepinfer::cuda::blocks_for(in.rows, kTileM));
+  DI_CHECK(grid.y <= 65535, "linear: ", in.rows, " rows exceed one launch");
+  linear_kernel<<<grid, kGemmThreads, 0, stream>>>(in, w, o);
+  DI_CUDA_LAUNCHED(linear_kernel);
+}
+
+}  // namespace deepinfer::ops::cuda

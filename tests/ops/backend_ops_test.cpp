@@ -1,0 +1,755 @@
+// Backend ops test (as llama.cpp's test-backend-ops): every op of ops/ops.h runs on the CPU
+// reference and on the CUDA backend over the same random inputs, at the tiny test model's
+// shapes and at the real DeepSeek-V4.1-Flash shapes (both read from tests/data/configs), and
+// the results are compared with a tolerance stated per op. Every GPU output starts as a NaN
+// (or out-of-range) sentinel, so an element the kernel never wrote fails the comparison.
+// Real-shape cases use a few rows only, to keep the CPU side fast. Skips without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype_convert.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace deepinfer::ops {
+namespace {
+
+namespace rt = deepinfer::cuda;  // the runtime: memory, copies, streams
+using testing::random_values;
+
+// The model dimensions the ops see, from a config.json's text_config.
+struct ModelShapes {
+  std::string name;
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int rope_dim = 0;
+  int64_t q_lora = 0;
+  int64_t moe_intermediate = 0;
+  int64_t experts = 0;
+  int top_k = 0;
+  int hc = 0;
+  int sinkhorn_iters = 0;
+  int64_t index_heads = 0;
+  int64_t index_dim = 0;
+  int index_topk = 0;
+  int candidate_topk_blocks = 0;
+  int candidate_block_size = 0;
+  int64_t window = 0;
+  int64_t engram_heads = 0;
+  int64_t engram_dim = 0;
+  int64_t engram_columns = 0;
+  double rope_theta = 0;
+  YarnParams yarn;
+  int64_t rows = 0;  // activation rows per case: few at real shapes (the CPU side must be fast)
+};
+
+// The checkout's root: DEEPINFER_SOURCE_DIR in the environment (the test binary is built here
+// and run on the GPU machine, where the checkout lives elsewhere), else the build's source.
+std::string source_dir() {
+  const char* from_environment = std::getenv("DEEPINFER_SOURCE_DIR");
+  return from_environment != nullptr ? from_environment : DEEPINFER_SOURCE_DIR;
+}
+
+ModelShapes load_shapes(const std::string& file, const std::string& name, int64_t rows) {
+  std::ifstream in(source_dir() + "/tests/data/configs/" + file);
+  EXPECT_TRUE(in.good()) << file;
+  const nlohmann::json c = nlohmann::json::parse(in)["text_config"];
+  ModelShapes s;
+  s.name = name;
+  s.hidden = c["hidden_size"];
+  s.heads = c["num_attention_heads"];
+  s.head_dim = c["head_dim"];
+  s.rope_dim = c["qk_rope_head_dim"];
+  s.q_lora = c["q_lora_rank"];
+  s.moe_intermediate = c["moe_intermediate_size"];
+  s.experts = c["n_routed_experts"];
+  s.top_k = c["num_experts_per_tok"];
+  s.hc = c["hc_mult"];
+  s.sinkhorn_iters = c["hc_sinkhorn_iters"];
+  s.index_heads = c["index_n_heads"];
+  s.index_dim = c["index_head_dim"];
+  s.index_topk = c["index_topk"];
+  s.candidate_topk_blocks = c["candidate_topk_blocks"];
+  s.candidate_block_size = c["candidate_block_size"];
+  s.window = c["sliding_window"];
+  s.engram_heads = c["engram_n_heads"];
+  s.engram_dim = c["engram_head_dim"];
+  s.engram_columns = s.engram_heads * (static_cast<int64_t>(c["engram_max_ngram_size"]) - 1);
+  s.rope_theta = c["rope_theta"];
+  s.yarn.factor = c["rope_scaling"]["factor"];
+  s.yarn.original_max_position = c["rope_scaling"]["original_max_position_embeddings"];
+  s.yarn.beta_fast = c["rope_scaling"]["beta_fast"];
+  s.yarn.beta_slow = c["rope_scaling"]["beta_slow"];
+  s.rows = rows;
+  return s;
+}
+
+// BACKEND_OPS_TINY_ONLY=1 keeps the tiny shapes only (the compute-sanitizer runs, which slow
+// every kernel down a hundredfold).
+std::vector<ModelShapes> all_shapes() {
+  std::vector<ModelShapes> shapes = {load_shapes("tiny_v41.json", "tiny", 5)};
+  const char* tiny_only = std::getenv("BACKEND_OPS_TINY_ONLY");
+  if (tiny_only == nullptr || std::string(tiny_only) != "1") {
+    shapes.push_back(load_shapes("deepseek_v41_flash_config.json", "v41-flash", 3));
+  }
+  return shapes;
+}
+
+// ---- host tensors ---------------------------------------------------------------------------
+
+Tensor host_f32(Shape shape, uint32_t seed, float scale = 1.0f) {
+  Tensor t = Tensor::empty(DType::kF32, shape);
+  const std::vector<float> values = random_values(static_cast<size_t>(t.numel()), seed, scale);
+  std::copy(values.begin(), values.end(), t.data<float>());
+  return t;
+}
+
+Tensor host_i32(Shape shape, std::vector<int32_t> values) {
+  Tensor t = Tensor::empty(DType::kI32, shape);
+  EXPECT_EQ(static_cast<int64_t>(values.size()), t.numel());
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
+}
+
+// Random bytes for quantized storage; `avoid_e4m3_nan` skips the e4m3 NaN codes.
+Tensor host_bytes(DType dtype, Shape shape, uint32_t seed, int lo = 0, int hi = 255,
+                  bool avoid_e4m3_nan = false) {
+  Tensor t = Tensor::empty(dtype, shape);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(lo, hi);
+  auto* bytes = static_cast<uint8_t*>(t.view().raw_data());
+  for (size_t i = 0; i < t.view().nbytes(); ++i) {
+    uint8_t b = static_cast<uint8_t>(byte(rng));
+    if (avoid_e4m3_nan && (b & 0x7F) == 0x7F) b ^= 1;
+    bytes[i] = b;
+  }
+  return t;
+}
+
+Tensor host_bf16(Shape shape, uint32_t seed, float scale = 1.0f) {
+  Tensor f = host_f32(shape, seed, scale);
+  Tensor t = Tensor::empty(DType::kBF16, shape);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<BFloat16>()[i].bits = float_to_bf16(f.data<float>()[i]);
+  return t;
+}
+
+Tensor copy_of(const TensorView& v) {
+  Tensor t = Tensor::empty(v.dtype(), v.shape());
+  std::memcpy(t.view().raw_data(), v.raw_data(), v.nbytes());
+  return t;
+}
+
+// ---- device tensors -------------------------------------------------------------------------
+
+Tensor gpu(const TensorView& host) {
+  return rt::to_device(host);
+}
+
+// A device output whose every byte is a sentinel: NaN for f32 (0xFF bytes), 0x7F7F7F7F for
+// i32 and 127 for i8 -- values no op writes for these inputs.
+Tensor gpu_output(DType dtype, Shape shape) {
+  Tensor t = Tensor::empty(dtype, shape, rt::device_allocator());
+  rt::fill_bytes(t.view(), dtype == DType::kF32 ? 0xFF : 0x7F);
+  return t;
+}
+
+// Compares a device result with the CPU reference. Elements must agree in kind (NaN, +-inf,
+// finite); finite ones within abs_tol + rel_tol * max|reference| (the scale of the output).
+void expect_close(const TensorView& want, const TensorView& got_device, double rel_tol,
+                  const std::string& what) {
+  rt::synchronize();
+  Tensor got = rt::to_host(got_device);
+  ASSERT_EQ(want.numel(), got.numel()) << what;
+  const float* w = want.data<float>();
+  const float* g = got.data<float>();
+  double scale = 1e-30;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (std::isfinite(w[i])) scale = std::max(scale, std::abs(static_cast<double>(w[i])));
+  }
+  double worst = 0.0;
+  int64_t worst_index = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (std::isnan(g[i]) != std::isnan(w[i])) {
+      FAIL() << what << ": element " << i << " is " << g[i] << " (NaN = never written?), want "
+             << w[i];
+    }
+    if (std::isinf(w[i]) || std::isinf(g[i])) {
+      ASSERT_EQ(g[i], w[i]) << what << ": element " << i;
+      continue;
+    }
+    if (std::isnan(w[i])) continue;
+    const double error = std::abs(static_cast<double>(g[i]) - w[i]) / scale;
+    if (error > worst) {
+      worst = error;
+      worst_index = i;
+    }
+  }
+  EXPECT_LE(worst, rel_tol) << what << ": worst relative error at element " << worst_index
+                            << ": got " << g[worst_index] << ", want " << w[worst_index];
+}
+
+// Bit-for-bit equality (integer outputs, gathers, quantizers).
+void expect_equal(const TensorView& want, const TensorView& got_device, const std::string& what) {
+  rt::synchronize();
+  Tensor got = rt::to_host(got_device);
+  ASSERT_EQ(want.nbytes(), got.view().nbytes()) << what;
+  const auto* w = static_cast<const uint8_t*>(want.raw_data());
+  const auto* g = static_cast<const uint8_t*>(got.view().raw_data());
+  const size_t width = std::max<size_t>(1, static_cast<size_t>(dtype_bits(want.dtype()) / 8));
+  for (size_t i = 0; i < want.nbytes(); i += width) {
+    if (std::memcmp(w + i, g + i, width) != 0) {
+      if (want.dtype() == DType::kF32) {
+        float a, b;
+        std::memcpy(&a, w + i, 4);
+        std::memcpy(&b, g + i, 4);
+        FAIL() << what << ": element " << i / width << " is " << b << ", want " << a;
+      }
+      if (want.dtype() == DType::kI32) {
+        int32_t a, b;
+        std::memcpy(&a, w + i, 4);
+        std::memcpy(&b, g + i, 4);
+        FAIL() << what << ": element " << i / width << " is " << b << ", want " << a;
+      }
+      FAIL() << what << ": byte " << i << " is " << int(g[i]) << ", want " << int(w[i]);
+    }
+  }
+}
+
+class BackendOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    try {
+      rt::require_supported_device(0);
+    } catch (const Error& e) {
+      GTEST_SKIP() << "no usable GPU: " << e.what();
+    }
+  }
+};
+
+// ---- linear -----------------------------------------------------------------------------------
+
+struct WeightCase {
+  const char* name;
+  Tensor weight;
+  Tensor scale;
+};
+
+std::vector<WeightCase> weight_cases(int64_t out, int64_t in, uint32_t seed) {
+  std::vector<WeightCase> cases;
+  cases.push_back({"f32", host_f32({out, in}, seed, 0.05f), Tensor()});
+  cases.push_back({"bf16", host_bf16({out, in}, seed + 1, 0.05f), Tensor()});
+  // ue8m0 scales near 2^-8 (codes 117..121): realistic weight magnitudes.
+  cases.push_back(
+      {"fp8", host_bytes(DType::kF8E4M3, {out, in}, seed + 2, 0, 255, true),
+       host_bytes(DType::kF8E8M0, {(out + 31) / 32, (in + 31) / 32}, seed + 3, 117, 121)});
+  cases.push_back({"fp4", host_bytes(DType::kF4E2M1x2, {out, in}, seed + 4),
+                   host_bytes(DType::kF8E8M0, {out, in / 32}, seed + 5, 117, 121)});
+  return cases;
+}
+
+// Summation order differs (CPU: 8 interleaved lanes; GPU: one ascending FMA chain per output),
+// so results differ by rounding only: a few ulp of the sum of |terms| over K <= 5120.
+constexpr double kLinearTolerance = 2e-5;
+
+TEST_F(BackendOpsTest, LinearAllFormatsAndActivationQuant) {
+  for (const ModelShapes& s : all_shapes()) {
+    // q_a projection shape (hidden -> q_lora) and an expert's up projection.
+    for (auto [out, in] :
+         {std::pair{s.q_lora, s.hidden}, std::pair{s.moe_intermediate, s.hidden}}) {
+      for (WeightCase& w : weight_cases(out, in, 11)) {
+        Tensor x = host_f32({s.rows, in}, 3);
+        Tensor dw = gpu(w.weight), ds = w.scale.numel() ? gpu(w.scale) : Tensor();
+        for (ActivationQuant quant : {ActivationQuant::kNone, ActivationQuant::kFp8PerBlock32}) {
+          const std::string what = s.name + " linear " + w.name + " [" + std::to_string(out) + "x" +
+                                   std::to_string(in) + "]" +
+                                   (quant == ActivationQuant::kNone ? "" : " fp8-act");
+          Tensor want = Tensor::empty(DType::kF32, {s.rows, out});
+          linear(x, LinearWeight{w.weight, w.scale.view()}, want, quant);
+          Tensor dx = gpu(x);
+          Tensor got = gpu_output(DType::kF32, {s.rows, out});
+          cuda::linear(dx, LinearWeight{dw, ds.view()}, got, quant);
+          expect_close(want, got, kLinearTolerance, what);
+        }
+        // Dequantization is exact in every format.
+        Tensor want = Tensor::empty(DType::kF32, {out, in});
+        dequantize_weight(LinearWeight{w.weight, w.scale.view()}, want);
+        Tensor got = gpu_output(DType::kF32, {out, in});
+        cuda::dequantize_weight(LinearWeight{dw, ds.view()}, got);
+        expect_equal(want, got, s.name + " dequantize " + w.name);
+      }
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, LinearIsBatchInvariantAndTakesStridedRows) {
+  // 130 rows span three row tiles; each row must equal the same row computed alone.
+  const int64_t rows = 130, in = 96, out = 72;
+  Tensor x = host_f32({rows, in}, 5);
+  Tensor w = host_f32({out, in}, 6, 0.1f);
+  Tensor dx = gpu(x), dw = gpu(w);
+  Tensor all = gpu_output(DType::kF32, {rows, out});
+  cuda::linear(dx, LinearWeight{dw, TensorView()}, all);
+  Tensor want = Tensor::empty(DType::kF32, {rows, out});
+  linear(x, LinearWeight{w, TensorView()}, want);
+  expect_close(want, all, kLinearTolerance, "linear 130 rows");
+  Tensor all_host = rt::to_host(all);
+  for (int64_t r : {0, 63, 64, 129}) {
+    Tensor one = gpu_output(DType::kF32, {1, out});
+    cuda::linear(dx.view().narrow(0, r, 1), LinearWeight{dw, TensorView()}, one);
+    Tensor one_host = rt::to_host(one);
+    EXPECT_EQ(0, std::memcmp(one_host.data<float>(), all_host.data<float>() + r * out, out * 4))
+        << "row " << r << " differs when computed alone";
+  }
+  // A column slice of a wider activation matrix (row stride > row length).
+  Tensor wide = host_f32({4, 2 * in}, 7);
+  Tensor dwide = gpu(wide);
+  Tensor got = gpu_output(DType::kF32, {4, out});
+  cuda::linear(dwide.view().narrow(1, in, in), LinearWeight{dw, TensorView()}, got);
+  Tensor want_slice = Tensor::empty(DType::kF32, {4, out});
+  linear(wide.view().narrow(1, in, in), LinearWeight{w, TensorView()}, want_slice);
+  expect_close(want_slice, got, kLinearTolerance, "linear on a column slice");
+}
+
+// ---- elementwise ------------------------------------------------------------------------------
+
+TEST_F(BackendOpsTest, EmbeddingGathersExactRows) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int64_t vocab = 1000;  // the real 129280 rows add nothing but memory
+    for (bool bf16 : {false, true}) {
+      Tensor table = bf16 ? host_bf16({vocab, s.hidden}, 1) : host_f32({vocab, s.hidden}, 1);
+      std::vector<int32_t> ids = {0, 999, 17, 17, 512, 3, 8};
+      ids.resize(static_cast<size_t>(s.rows));
+      Tensor want = Tensor::empty(DType::kF32, {s.rows, s.hidden});
+      embedding(table, ids, want);
+      Tensor dtable = gpu(table);
+      Tensor got = gpu_output(DType::kF32, {s.rows, s.hidden});
+      cuda::embedding(dtable, ids, got);
+      expect_equal(want, got, s.name + (bf16 ? " embedding bf16" : " embedding f32"));
+      std::vector<int32_t> bad = {1, static_cast<int32_t>(vocab)};
+      Tensor two = gpu_output(DType::kF32, {2, s.hidden});
+      EXPECT_THROW(cuda::embedding(dtable, bad, two), Error);
+    }
+  }
+}
+
+// rmsnorm, softmax, rope, swiglu, engram_mix, hc ops: one reduction per row in a different
+// order (a tree of 256 partial sums vs. the CPU's 8 lanes) and CUDA's expf/sqrtf (<= 2 ulp):
+// differences of a few ulp of the output scale.
+constexpr double kRowReductionTolerance = 1e-5;
+
+TEST_F(BackendOpsTest, RmsnormWeightedUnweightedAndInPlace) {
+  for (const ModelShapes& s : all_shapes()) {
+    for (int64_t dim : {s.hidden, s.hidden * s.hc}) {
+      Tensor x = host_f32({s.rows, dim}, 2, 3.0f);
+      for (int kind = 0; kind < 3; ++kind) {
+        Tensor weight = kind == 0 ? Tensor() : kind == 1 ? host_f32({dim}, 4) : host_bf16({dim}, 4);
+        Tensor want = Tensor::empty(DType::kF32, {s.rows, dim});
+        rmsnorm(x, weight.view(), 1e-6f, want);
+        Tensor dx = gpu(x);
+        Tensor dweight = weight.numel() ? gpu(weight) : Tensor();
+        Tensor got = gpu_output(DType::kF32, {s.rows, dim});
+        cuda::rmsnorm(dx, dweight.view(), 1e-6f, got);
+        expect_close(want, got, kRowReductionTolerance, s.name + " rmsnorm");
+        cuda::rmsnorm(dx, dweight.view(), 1e-6f, dx);  // out aliases x
+        expect_close(want, dx, kRowReductionTolerance, s.name + " rmsnorm in place");
+      }
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, RopeForwardAndInverse) {
+  for (const ModelShapes& s : all_shapes()) {
+    const RopeTable table = make_rope_table(s.rope_dim, s.rope_theta, s.yarn);
+    std::vector<int32_t> positions = {0, 1, 65535, 1048575, 77};
+    positions.resize(static_cast<size_t>(s.rows));
+    for (bool inverse : {false, true}) {
+      Tensor x = host_f32({s.rows, s.heads, s.head_dim}, 9);
+      Tensor dx = gpu(x);
+      rope(x, positions, table, inverse);
+      cuda::rope(dx, positions, table, inverse);
+      // Same f32 angle and double-precision cos/sin on both sides; only the final products can
+      // round differently (FMA contraction on the GPU).
+      expect_close(x, dx, 1e-6, s.name + (inverse ? " rope inverse" : " rope"));
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, SoftmaxRows) {
+  for (const ModelShapes& s : all_shapes()) {
+    for (int64_t n : {s.hc * int64_t{1}, s.experts, s.window + s.index_topk}) {
+      Tensor x = host_f32({s.rows, n}, 10, 4.0f);
+      Tensor dx = gpu(x);
+      softmax_rows(x);
+      cuda::softmax_rows(dx);
+      expect_close(x, dx, kRowReductionTolerance, s.name + " softmax n=" + std::to_string(n));
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, FakeQuantizersAreBitExact) {
+  for (const ModelShapes& s : all_shapes()) {
+    // Values over many binades, zeros and exact ties of the fp4 grid.
+    Tensor x = host_f32({s.rows, s.head_dim}, 12, 2.0f);
+    for (int64_t i = 0; i < x.numel(); i += 7) x.data<float>()[i] *= 1e-3f;
+    for (int64_t i = 3; i < x.numel(); i += 11) x.data<float>()[i] = 0.0f;
+    for (int64_t i = 5; i < x.numel(); i += 13) x.data<float>()[i] = 0.25f * (i % 9);
+    Tensor a = copy_of(x);
+    Tensor da = gpu(x);
+    fake_quant_fp8(a, 32);
+    cuda::fake_quant_fp8(da, 32);
+    expect_equal(a, da, s.name + " fake_quant_fp8");
+    for (Fp4ScaleFormat format : {Fp4ScaleFormat::kUe8m0, Fp4ScaleFormat::kE4m3}) {
+      Tensor b = copy_of(x);
+      Tensor db = gpu(x);
+      fake_quant_fp4(b, 32, format);
+      cuda::fake_quant_fp4(db, 32, format);
+      expect_equal(b, db, s.name + " fake_quant_fp4");
+    }
+  }
+  // Rows that are not a multiple of the block stay as they are.
+  Tensor odd = host_f32({2, 40}, 13);
+  Tensor dodd = gpu(odd);
+  cuda::fake_quant_fp8(dodd, 32);
+  expect_equal(odd, dodd, "fake_quant_fp8 unblockable");
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+TEST_F(BackendOpsTest, SinkAttentionWindowAndCompressed) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int64_t t = s.rows;
+    const int64_t window_rows = s.window + t;
+    const int64_t compressed_rows = 3 * s.index_topk / 2;
+    const int64_t selected = s.index_topk;
+    Tensor q = host_f32({t, s.heads, s.head_dim}, 20);
+    Tensor window = host_f32({window_rows, s.head_dim}, 21, 0.5f);
+    Tensor compressed = host_f32({compressed_rows, s.head_dim}, 22, 0.5f);
+    Tensor sink = host_f32({s.heads}, 23);
+    std::vector<int32_t> ranges, idx;
+    std::mt19937 rng(24);
+    for (int64_t i = 0; i < t; ++i) {
+      // Token i sees the window ending at its position; one token sees an empty window.
+      const int32_t hi = static_cast<int32_t>(s.window + i);
+      ranges.push_back(i == 1 ? hi : static_cast<int32_t>(std::max<int64_t>(0, hi - s.window + 1)));
+      ranges.push_back(hi);
+      for (int64_t k = 0; k < selected; ++k) {
+        const int32_t j = static_cast<int32_t>(rng() % compressed_rows);
+        idx.push_back(k % 5 == 4 ? -1 : j);
+      }
+    }
+    Tensor range = host_i32({t, 2}, ranges);
+    Tensor index = host_i32({t, selected}, idx);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    for (bool with_compressed : {false, true}) {
+      Tensor want = Tensor::empty(DType::kF32, {t, s.heads, s.head_dim});
+      const TensorView no_index = TensorView::contiguous(nullptr, DType::kI32, {t, 0});
+      sink_attention(q, window, range, compressed, with_compressed ? index.view() : no_index, sink,
+                     scale, want);
+      Tensor dq = gpu(q), dwindow = gpu(window), dcompressed = gpu(compressed), dsink = gpu(sink);
+      Tensor drange = gpu(range), dindex = gpu(index);
+      const TensorView dno_index =
+          TensorView::contiguous(nullptr, DType::kI32, {t, 0}, Device::cuda(0));
+      Tensor got = gpu_output(DType::kF32, {t, s.heads, s.head_dim});
+      cuda::sink_attention(dq, dwindow, drange, dcompressed,
+                           with_compressed ? dindex.view() : dno_index, dsink, scale, got);
+      // Online softmax (running max rescaled per chunk of 4 keys) vs. max-first, and expf:
+      // a few ulp of the output scale.
+      expect_close(want, got, kRowReductionTolerance,
+                   s.name + (with_compressed ? " sink_attention window+compressed"
+                                             : " sink_attention window"));
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, BadDeviceIndicesAreReportedAtSynchronize) {
+  Tensor q = gpu(host_f32({1, 2, 32}, 1));
+  Tensor window = gpu(host_f32({4, 32}, 2));
+  Tensor sink = gpu(host_f32({2}, 3));
+  Tensor range = gpu(host_i32({1, 2}, {0, 5}));  // past the 4 window rows
+  Tensor out = gpu_output(DType::kF32, {1, 2, 32});
+  cuda::sink_attention(q, window, range, window,
+                       TensorView::contiguous(nullptr, DType::kI32, {1, 0}, Device::cuda(0)), sink,
+                       1.0f, out);
+  EXPECT_THROW(rt::synchronize(), Error);
+  Tensor table = gpu(host_f32({10, 8}, 4));
+  Tensor ids = gpu(host_i32({1, 2}, {3, 10}));
+  Tensor gathered = gpu_output(DType::kF32, {1, 16});
+  cuda::engram_gather(table, TensorView(), ids, gathered);
+  EXPECT_THROW(rt::synchronize(), Error);
+  rt::synchronize();  // the error was reported once and cleared
+}
+
+// ---- compressed branch ------------------------------------------------------------------------
+
+TEST_F(BackendOpsTest, CompressPool) {
+  for (const ModelShapes& s : all_shapes()) {
+    for (int ratio : {1, 2, 4}) {
+      const int64_t groups = s.rows + 1;
+      Tensor kv = host_f32({groups * ratio, s.head_dim}, 30);
+      Tensor gate = host_f32({groups * ratio, s.head_dim}, 31, 3.0f);
+      Tensor want = Tensor::empty(DType::kF32, {groups, s.head_dim});
+      compress_pool(kv, gate, ratio, want);
+      Tensor got = gpu_output(DType::kF32, {groups, s.head_dim});
+      cuda::compress_pool(gpu(kv), gpu(gate), ratio, got);
+      expect_close(want, got, kRowReductionTolerance, s.name + " compress_pool");
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, IndexerScores) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int64_t keys = s.name == "tiny" ? 9 : 2000;
+    Tensor q = host_f32({s.rows, s.index_heads, s.index_dim}, 40);
+    Tensor k = host_f32({keys, s.index_dim}, 41);
+    Tensor w = host_f32({s.rows, s.index_heads}, 42);
+    std::vector<int32_t> visible = {static_cast<int32_t>(keys), 0, static_cast<int32_t>(keys / 2),
+                                    static_cast<int32_t>(keys + 5), 1};
+    visible.resize(static_cast<size_t>(s.rows));
+    Tensor vis = host_i32({s.rows}, visible);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.index_dim));
+    Tensor want = Tensor::empty(DType::kF32, {s.rows, keys});
+    indexer_scores(q, k, w, vis, scale, want);
+    Tensor got = gpu_output(DType::kF32, {s.rows, keys});
+    cuda::indexer_scores(gpu(q), gpu(k), gpu(w), gpu(vis), scale, got);
+    // Per-head dots reduced across a warp instead of 8 lanes; heads summed in the same order.
+    expect_close(want, got, kRowReductionTolerance, s.name + " indexer_scores");
+  }
+}
+
+// Scores with ties (values on a coarse grid) and -inf tails, for the selections.
+Tensor selection_scores(int64_t rows, int64_t cols, uint32_t seed,
+                        const std::vector<int32_t>& visible) {
+  Tensor t = host_f32({rows, cols}, seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      float& v = t.data<float>()[r * cols + j];
+      v = std::round(v * 8.0f) / 8.0f;  // many exact ties
+      if (j % 97 == 5) v = -0.0f;
+      if (j >= visible[static_cast<size_t>(r)]) v = -INFINITY;
+    }
+  }
+  return t;
+}
+
+TEST_F(BackendOpsTest, CandidateBlocksMaskScoresAndTopK) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int64_t cols = s.name == "tiny" ? 9 : 20000;
+    std::vector<int32_t> visible = {static_cast<int32_t>(cols), static_cast<int32_t>(cols / 3), 0,
+                                    static_cast<int32_t>(s.index_topk / 2), 7};
+    visible.resize(static_cast<size_t>(s.rows));
+    Tensor scores = selection_scores(s.rows, cols, 50, visible);
+    Tensor vis = host_i32({s.rows}, visible);
+    Tensor dscores = gpu(scores), dvis = gpu(vis);
+
+    Tensor mask = Tensor::empty(DType::kI8, {s.rows, cols});
+    candidate_blocks(scores, vis, s.candidate_topk_blocks, s.candidate_block_size, mask);
+    Tensor dmask = gpu_output(DType::kI8, {s.rows, cols});
+    cuda::candidate_blocks(dscores, dvis, s.candidate_topk_blocks, s.candidate_block_size, dmask);
+    expect_equal(mask, dmask, s.name + " candidate_blocks");
+
+    mask_scores(scores, mask);
+    cuda::mask_scores(dscores, dmask);
+    expect_equal(scores, dscores, s.name + " mask_scores");
+
+    for (int k : {s.index_topk, 1}) {
+      Tensor idx = Tensor::empty(DType::kI32, {s.rows, k});
+      topk_indices(scores, k, idx);
+      Tensor didx = gpu_output(DType::kI32, {s.rows, k});
+      cuda::topk_indices(dscores, k, didx);
+      expect_equal(idx, didx, s.name + " topk_indices k=" + std::to_string(k));
+    }
+  }
+}
+
+// ---- hyper-connections ------------------------------------------------------------------------
+
+TEST_F(BackendOpsTest, HyperConnectionMixesCollapseExpand) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int hc = s.hc;
+    const int64_t mixes = static_cast<int64_t>(2 + hc) * hc;
+    Tensor x = host_f32({s.rows, hc, s.hidden}, 60);
+    Tensor fn = host_f32({mixes, hc * s.hidden}, 61, 0.02f);
+    Tensor scale = host_f32({3}, 62);
+    Tensor base = host_f32({mixes}, 63);
+    const HcParams params{hc, s.sinkhorn_iters, 1e-6f, 1e-6f};
+    Tensor pre = Tensor::empty(DType::kF32, {s.rows, hc});
+    Tensor post = Tensor::empty(DType::kF32, {s.rows, hc});
+    Tensor comb = Tensor::empty(DType::kF32, {s.rows, hc, hc});
+    hc_mixes(x, fn, scale, base, params, pre, post, comb);
+    Tensor dx = gpu(x);
+    Tensor dpre = gpu_output(DType::kF32, {s.rows, hc});
+    Tensor dpost = gpu_output(DType::kF32, {s.rows, hc});
+    Tensor dcomb = gpu_output(DType::kF32, {s.rows, hc, hc});
+    cuda::hc_mixes(dx, gpu(fn), gpu(scale), gpu(base), params, dpre, dpost, dcomb);
+    expect_close(pre, dpre, kRowReductionTolerance, s.name + " hc_mixes pre");
+    expect_close(post, dpost, kRowReductionTolerance, s.name + " hc_mixes post");
+    // Twenty Sinkhorn passes divide by sums of the mixes' rounding differences again and
+    // again: the comb matrix keeps ~1e-5 of its scale.
+    expect_close(comb, dcomb, 5e-5, s.name + " hc_mixes comb");
+
+    // Collapse and expand take the CPU's mixes, so they are tested on their own.
+    Tensor dpre_exact = gpu(pre), dpost_exact = gpu(post), dcomb_exact = gpu(comb);
+    Tensor collapsed = Tensor::empty(DType::kF32, {s.rows, s.hidden});
+    hc_collapse(x, pre, collapsed);
+    Tensor dcollapsed = gpu_output(DType::kF32, {s.rows, s.hidden});
+    cuda::hc_collapse(dx, dpre_exact, dcollapsed);
+    expect_close(collapsed, dcollapsed, 1e-6, s.name + " hc_collapse");
+
+    Tensor y = host_f32({s.rows, s.hidden}, 64);
+    Tensor expanded = Tensor::empty(DType::kF32, {s.rows, hc, s.hidden});
+    hc_expand(y, x, post, comb, expanded);
+    Tensor dy = gpu(y);
+    Tensor dexpanded = gpu_output(DType::kF32, {s.rows, hc, s.hidden});
+    cuda::hc_expand(dy, dx, dpost_exact, dcomb_exact, dexpanded);
+    expect_close(expanded, dexpanded, 1e-6, s.name + " hc_expand");
+    cuda::hc_expand(dy, dx, dpost_exact, dcomb_exact, dx);  // out aliases the residual
+    expect_close(expanded, dx, 1e-6, s.name + " hc_expand in place");
+  }
+}
+
+// ---- mixture of experts -----------------------------------------------------------------------
+
+TEST_F(BackendOpsTest, RouteAllScoreFunctions) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int64_t rows = s.rows + 2;
+    Tensor x = host_f32({rows, s.hidden}, 70);
+    Tensor gate = host_bf16({s.experts, s.hidden}, 71, 0.03f);
+    Tensor bias = host_f32({s.experts}, 72, 0.1f);
+    for (ScoreFunction f :
+         {ScoreFunction::kSqrtSoftplus, ScoreFunction::kSigmoid, ScoreFunction::kSoftmax}) {
+      for (bool with_bias : {true, false}) {
+        RouterParams params;
+        params.score_function = f;
+        params.top_k = s.top_k;
+        params.routed_scale = 1.5f;
+        Tensor weights = Tensor::empty(DType::kF32, {rows, s.top_k});
+        Tensor experts = Tensor::empty(DType::kI32, {rows, s.top_k});
+        route(x, gate, with_bias ? bias.view() : TensorView(), params, weights, experts);
+        Tensor dbias = gpu(bias);
+        Tensor dweights = gpu_output(DType::kF32, {rows, s.top_k});
+        Tensor dexperts = gpu_output(DType::kI32, {rows, s.top_k});
+        cuda::route(gpu(x), gpu(gate), with_bias ? dbias.view() : TensorView(), params, dweights,
+                    dexperts);
+        const std::string what = s.name + " route f=" + std::to_string(static_cast<int>(f)) +
+                                 (with_bias ? " biased" : "");
+        // The logits come from linear (kLinearTolerance); the chosen experts must be identical
+        // (random gates leave no near-ties at the top for these seeds).
+        expect_equal(experts, dexperts, what + " experts");
+        expect_close(weights, dweights, kLinearTolerance, what + " weights");
+      }
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, SwigluClampedWeightedInPlace) {
+  for (const ModelShapes& s : all_shapes()) {
+    Tensor g = host_f32({s.rows, s.moe_intermediate}, 80, 8.0f);
+    Tensor u = host_f32({s.rows, s.moe_intermediate}, 81, 8.0f);
+    Tensor rw = host_f32({s.rows}, 82);
+    for (float limit : {0.0f, 10.0f}) {
+      for (bool weighted : {false, true}) {
+        Tensor want = Tensor::empty(DType::kF32, {s.rows, s.moe_intermediate});
+        swiglu(g, u, limit, weighted ? rw.view() : TensorView(), want);
+        Tensor dg = gpu(g), du = gpu(u), drw = gpu(rw);
+        cuda::swiglu(dg, du, limit, weighted ? drw.view() : TensorView(), dg);  // out aliases gate
+        // expf differs by <= 2 ulp; nothing is summed.
+        expect_close(want, dg, 1e-6, s.name + " swiglu");
+      }
+    }
+  }
+}
+
+// ---- engram -------------------------------------------------------------------------------------
+
+TEST_F(BackendOpsTest, EngramGatherAllTableFormats) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int64_t table_rows = 4096;
+    const int64_t dim = s.engram_dim;
+    std::vector<int32_t> ids;
+    std::mt19937 rng(90);
+    for (int64_t i = 0; i < s.rows * s.engram_columns; ++i)
+      ids.push_back(static_cast<int32_t>(rng() % table_rows));
+    Tensor ids32 = host_i32({s.rows, s.engram_columns}, ids);
+    Tensor ids64 = Tensor::empty(DType::kI64, {s.rows, s.engram_columns});
+    for (size_t i = 0; i < ids.size(); ++i) ids64.data<int64_t>()[i] = ids[i];
+    struct Table {
+      Tensor values, scale;
+    };
+    std::vector<Table> tables;
+    tables.push_back({host_f32({table_rows, dim}, 91), Tensor()});
+    tables.push_back({host_bf16({table_rows, dim}, 92), Tensor()});
+    tables.push_back({host_bytes(DType::kF8E4M3, {table_rows, dim}, 93, 0, 255, true),
+                      host_bytes(DType::kF8E8M0, {table_rows, dim / 32}, 94, 120, 130)});
+    for (Table& table : tables) {
+      Tensor dtable = gpu(table.values);
+      Tensor dscale = table.scale.numel() ? gpu(table.scale) : Tensor();
+      for (const Tensor* id : {&ids32, &ids64}) {
+        Tensor want = Tensor::empty(DType::kF32, {s.rows, s.engram_columns * dim});
+        engram_gather(table.values, table.scale.view(), *id, want);
+        Tensor got = gpu_output(DType::kF32, {s.rows, s.engram_columns * dim});
+        cuda::engram_gather(dtable, dscale.view(), gpu(*id), got);
+        expect_equal(want, got,
+                     s.name + " engram_gather " + std::string(dtype_name(table.values.dtype())));
+      }
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, EngramMixInPlace) {
+  for (const ModelShapes& s : all_shapes()) {
+    Tensor x = host_f32({s.rows, s.hc, s.hidden}, 100);
+    Tensor key = host_f32({s.rows, s.hc, s.hidden}, 101);
+    Tensor value = host_f32({s.rows, s.hidden}, 102);
+    Tensor qk = host_f32({s.hc, s.hidden}, 103);
+    Tensor want = Tensor::empty(DType::kF32, {s.rows, s.hc, s.hidden});
+    engram_mix(x, key, value, qk, 1e-6f, want);
+    Tensor dx = gpu(x);
+    cuda::engram_mix(dx, gpu(key), gpu(value), gpu(qk), 1e-6f, dx);
+    expect_close(want, dx, kRowReductionTolerance, s.name + " engram_mix");
+  }
+}
+
+TEST_F(BackendOpsTest, CopiesRoundTripStridedRowsAndStreams) {
+  Tensor x = host_f32({6, 10}, 110);
+  Tensor dx = gpu(x);
+  rt::Stream stream;
+  rt::StreamScope scope(stream);
+  // A column slice of a device matrix into a dense host tensor and back into a slice.
+  Tensor slice = rt::to_host(dx.view().narrow(1, 2, 5));
+  for (int64_t r = 0; r < 6; ++r) {
+    for (int64_t c = 0; c < 5; ++c) EXPECT_EQ(slice.at<float>(r, c), x.at<float>(r, 2 + c));
+  }
+  Tensor other = gpu_output(DType::kF32, {6, 10});
+  rt::copy(dx, other);
+  rt::copy(slice, other.view().narrow(1, 0, 5));
+  Tensor back = rt::to_host(other);
+  for (int64_t r = 0; r < 6; ++r) {
+    for (int64_t c = 0; c < 10; ++c) {
+      EXPECT_EQ(back.at<float>(r, c), c < 5 ? x.at<float>(r, 2 + c) : x.at<float>(r, c));
+    }
+  }
+  EXPECT_THROW(rt::copy(x, gpu_output(DType::kF32, {6, 9})), Error);
+  // Arena over device memory: the per-step activation scratch.
+  Arena arena(rt::device_allocator(), 1 << 20, "device scratch");
+  TensorView a = arena_tensor(arena, DType::kF32, {16, 16});
+  EXPECT_TRUE(a.device().is_cuda());
+  rt::copy(host_f32({16, 16}, 111), a);
+  rt::synchronize();
+}
+
+}  // namespace
+}  // namespace deepinfer::ops
