@@ -77,10 +77,11 @@ struct LLM::Impl {
       try {
         token_ids = encode(prompts[i], chat_options);
       } catch (const Error& error) {
-        ids.push_back(engine->add_failed_request({}, concat("prompt ", i, ": ", error.what())));
+        ids.push_back(engine->add_failed_request({}, concat("prompt ", i, ": ", error.what()),
+                                                 std::to_string(i)));
         continue;
       }
-      ids.push_back(engine->add_request(std::move(token_ids), params[i]));
+      ids.push_back(engine->add_request(std::move(token_ids), params[i], std::to_string(i)));
     }
     return ids;
   }

@@ -13,8 +13,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "sampling/sampler.h"
-#include "toy_runner.h"
+#include "reference.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -25,45 +24,11 @@ constexpr int64_t kVocab = 48;
 constexpr int32_t kEos = 3;
 constexpr int64_t kMaxLen = 96;
 
-struct Expected {
-  std::vector<int32_t> tokens;
-  FinishReason reason = FinishReason::kNone;
-};
+using testing::Expected;
 
 Expected reference(const std::vector<int32_t>& prompt, const SamplingParams& params,
                    int64_t max_model_len) {
-  sampling::Sampler sampler;
-  const std::vector<int32_t> eos{kEos};
-  Expected out;
-  std::vector<float> logits(static_cast<size_t>(kVocab));
-  while (true) {
-    uint64_t hash = 0;
-    for (int32_t t : prompt) hash = testing::toy_extend(hash, t);
-    for (int32_t t : out.tokens) hash = testing::toy_extend(hash, t);
-    testing::toy_logits(hash, logits);
-    sampling::SamplerRow row;
-    row.params = &params;
-    row.seed = *params.seq_seed;
-    row.prompt_token_ids = prompt;
-    row.output_token_ids = out.tokens;
-    row.eos_token_ids = eos;
-    const auto sampled = sampler.sample(logits, kVocab, std::span(&row, 1));
-    EXPECT_TRUE(sampled[0].ok()) << sampled[0].error;
-    const int32_t token = sampled[0].token_id;
-    out.tokens.push_back(token);
-    const auto length = static_cast<int64_t>(out.tokens.size());
-    bool stop_token = false;
-    for (int32_t s : params.stop_token_ids) stop_token = stop_token || s == token;
-    if ((!params.ignore_eos && token == kEos) || stop_token) {
-      out.reason = FinishReason::kStop;
-      return out;
-    }
-    if (length >= *params.max_tokens ||
-        static_cast<int64_t>(prompt.size()) + length >= max_model_len) {
-      out.reason = FinishReason::kLength;
-      return out;
-    }
-  }
+  return testing::reference({kVocab, {kEos}, max_model_len, nullptr}, prompt, params);
 }
 
 struct Case {
@@ -179,8 +144,8 @@ TEST_P(EngineModes, BadRequestsFailAloneWithClearErrors) {
   nan_temperature.temperature = std::numeric_limits<float>::quiet_NaN();
   SamplingParams negative_top_p;
   negative_top_p.top_p = -0.5f;
-  SamplingParams two_samples;
-  two_samples.n = 2;
+  SamplingParams too_many_samples;
+  too_many_samples.n = 100000;
   struct Bad {
     std::vector<int32_t> prompt;
     SamplingParams params;
@@ -192,7 +157,7 @@ TEST_P(EngineModes, BadRequestsFailAloneWithClearErrors) {
       {{1, 2, static_cast<int32_t>(kVocab)}, SamplingParams{}, "outside the vocabulary"},
       {{1, 2}, nan_temperature, "temperature"},
       {{1, 2}, negative_top_p, "top_p"},
-      {{1, 2}, two_samples, "n = 2"},
+      {{1, 2}, too_many_samples, "n must be <= 256"},
   };
   std::vector<std::string> bad_ids;
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -12,5 +12,6 @@ void register_structured_commands(CLI::App& app);
 void register_model_commands(CLI::App& app);
 void register_forward_command(CLI::App& app);
 void register_generate_command(CLI::App& app);
+void register_bench_command(CLI::App& app);
 
 }  // namespace deepinfer::cli

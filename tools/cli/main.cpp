@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   deepinfer::cli::register_model_commands(app);
   deepinfer::cli::register_forward_command(app);
   deepinfer::cli::register_generate_command(app);
+  deepinfer::cli::register_bench_command(app);
 
   try {
     app.parse(argc, argv);
