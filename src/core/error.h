@@ -21,7 +21,11 @@ class InternalError : public std::logic_error {
   explicit InternalError(const std::string& message) : std::logic_error(message) {}
 };
 
+// Constrained to printable parts so that unqualified concat() calls in other libraries
+// (nanobind builds signatures with one) that find this one by argument-dependent lookup do not
+// pick it for their own types.
 template <typename... Parts>
+  requires requires(std::ostream& stream, Parts&&... parts) { (stream << ... << parts); }
 std::string concat(Parts&&... parts) {
   std::ostringstream stream;
   (stream << ... << std::forward<Parts>(parts));
