@@ -28,7 +28,7 @@ int main() {
   deepinfer::SamplingParams constrained = seeded;
   constrained.n = 1;
   constrained.max_tokens = 32;
-  constrained.so_args = deepinfer::StructuredOutputArgs{"regex", "[A-Z][a-z]+ [0-9]{2}"};
+  constrained.so_args = deepinfer::StructuredOutputArgs{"regex", "[A-Z][a-z]{2,8} [0-9]{2}"};
 
   const std::vector<deepinfer::Prompt> prompts = {
       std::string("The capital of France is"),

@@ -96,10 +96,13 @@ std::vector<int32_t> read_token_map(const std::filesystem::path& path) {
 // The engram hashes tokenizer-normalized ids: derive them from the model's tokenizer, or read
 // a precomputed map when the checkpoint ships one instead.
 std::shared_ptr<const v41::EngramHasher> make_engram_hasher(
-    const v41::DeepseekV41TextConfig& config, const std::filesystem::path& model_dir) {
+    const v41::DeepseekV41TextConfig& config, const std::filesystem::path& model_dir,
+    const tokenizer::Tokenizer* tokenizer) {
   if (config.engram_layer_ids.empty()) return nullptr;
   std::vector<int32_t> token_map;
-  if (std::filesystem::exists(model_dir / "tokenizer.json")) {
+  if (tokenizer != nullptr) {
+    token_map = tokenizer::build_compressed_token_map(*tokenizer).lookup;
+  } else if (std::filesystem::exists(model_dir / "tokenizer.json")) {
     token_map =
         tokenizer::build_compressed_token_map(tokenizer::Tokenizer::from_dir(model_dir)).lookup;
   } else if (std::filesystem::exists(model_dir / "engram_token_map.json")) {
@@ -118,7 +121,7 @@ struct DefaultModel {
   std::unique_ptr<v41::ModelParameters> parameters;
 };
 
-std::unique_ptr<ModelRunner> make_default_model_runner() {
+std::unique_ptr<ModelRunner> make_default_model_runner(const tokenizer::Tokenizer* tokenizer) {
   const std::filesystem::path dir = default_model_dir();
   const v41::DeepseekV41Config config = v41::load_config(dir / "config.json");
   constexpr uint64_t kDefaultModelSeed = 0;
@@ -137,7 +140,7 @@ std::unique_ptr<ModelRunner> make_default_model_runner() {
                                   Shape(std::span<const int64_t>(tensor.spec->shape)));
   });
   return std::make_unique<DeepseekRunner>(config.text, *model->parameters, v41::Numerics::kReleased,
-                                          make_engram_hasher(config.text, dir), model);
+                                          make_engram_hasher(config.text, dir, tokenizer), model);
 }
 
 }  // namespace
@@ -153,7 +156,8 @@ std::string default_model_dir() {
            " holds config.json; set EngineArgs.model / --model or DEEPINFER_HF_MODEL_DIR");
 }
 
-std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args) {
+std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args,
+                                               const tokenizer::Tokenizer* tokenizer) {
   if (args.accelerator == Accelerator::kNvidia) {
 #ifdef DEEPINFER_HAS_CUDA
     DI_THROW("DEEPINFER_ACCELERATOR=nvidia: the CUDA backend does not run the engine yet; use cpu");
@@ -163,10 +167,10 @@ std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args) {
         "(configure with -DDEEPINFER_CUDA=ON); use cpu");
 #endif
   }
-  if (args.model.empty()) return make_default_model_runner();
+  if (args.model.empty()) return make_default_model_runner(tokenizer);
   auto loaded = std::make_shared<v41::LoadedModel>(v41::load_model(args.model));
   const auto& config = loaded->config.text;
-  auto hasher = make_engram_hasher(config, args.model);
+  auto hasher = make_engram_hasher(config, args.model, tokenizer);
   const v41::ModelParameters& parameters = *loaded->parameters;
   // The released checkpoint runs as DeepSeek's reference runs it; the HF layout as HF does.
   const auto numerics = loaded->layout == v41::WeightLayout::kReleased ? v41::Numerics::kReleased

@@ -104,8 +104,11 @@ struct LLM::Impl {
 LLM::LLM(const EngineArgs& args) : impl_(std::make_unique<Impl>()) {
   impl_->args = args.resolved();
   auto tokenizer = load_tokenizer(impl_->args, impl_->args.model.empty());
-  impl_->engine = std::make_unique<engine::Engine>(
-      impl_->args, engine::make_model_runner(impl_->args), std::move(tokenizer));
+  // The engram map comes from the model's own tokenizer: share it only when it is that one.
+  const bool own_tokenizer = impl_->args.tokenizer.empty() && tokenizer.has_value();
+  auto runner = engine::make_model_runner(impl_->args, own_tokenizer ? &*tokenizer : nullptr);
+  impl_->engine =
+      std::make_unique<engine::Engine>(impl_->args, std::move(runner), std::move(tokenizer));
 }
 
 LLM::LLM(const EngineArgs& args, std::unique_ptr<engine::ModelRunner> runner)

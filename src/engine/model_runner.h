@@ -42,13 +42,18 @@ class ModelRunner {
 namespace deepinfer {
 struct EngineArgs;
 }
+namespace deepinfer::tokenizer {
+class Tokenizer;
+}
 
 namespace deepinfer::engine {
 // The runner for args.model on args.accelerator (a resolved EngineArgs): loads the checkpoint,
 // or, when args.model is empty, builds the embedded default model (default_model_dir()'s
 // config with random weights of seed 0, made in memory: the model `deepinfer make-checkpoint
-// --config models/default/config.json --seed 0` writes).
-std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args);
+// --config models/default/config.json --seed 0` writes). `tokenizer`, when given, is the
+// model's (its engram map is derived from it instead of loading tokenizer.json again).
+std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args,
+                                               const tokenizer::Tokenizer* tokenizer = nullptr);
 
 // Where the default model's config.json and tokenizer files are: the installed copy
 // (<prefix>/share/deepinfer/models/default) when it exists, else the source tree's
