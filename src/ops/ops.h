@@ -204,3 +204,13 @@ void engram_mix(const TensorView& x, const TensorView& key, const TensorView& va
                 const TensorView& qk, float eps, const TensorView& out);
 
 }  // namespace deepinfer::ops
+
+// ---- backends ------------------------------------------------------------------------------
+// Every function above dispatches on the device of its first tensor argument
+// (src/ops/dispatch.cpp): host views run ops::cpu, the reference (src/ops/cpu); CUDA views run
+// ops::cuda (src/ops/cuda/cuda_ops.h, built with DEEPINFER_CUDA). All of a call's tensors must
+// be on the same device.
+namespace deepinfer::ops::cpu {
+#include "ops/backend_ops.inc"
+RopeTable make_rope_table(int rope_dim, double theta, const YarnParams& yarn = {});
+}  // namespace deepinfer::ops::cpu

@@ -723,6 +723,31 @@ TEST_F(BackendOpsTest, EngramMixInPlace) {
   }
 }
 
+TEST_F(BackendOpsTest, PublicOpsRunTheBackendOfTheirTensors) {
+  // ops::linear / ops::route on device views run the CUDA kernels (same bits as calling them
+  // directly); on host views they run the CPU reference.
+  Tensor x = host_f32({3, 64}, 120);
+  Tensor w = host_bf16({8, 64}, 121);
+  Tensor dx = gpu(x), dw = gpu(w);
+  Tensor direct = gpu_output(DType::kF32, {3, 8});
+  Tensor dispatched = gpu_output(DType::kF32, {3, 8});
+  cuda::linear(dx, LinearWeight{dw, TensorView()}, direct);
+  ops::linear(dx, LinearWeight{dw, TensorView()}, dispatched);
+  expect_equal(rt::to_host(direct), dispatched, "dispatched linear");
+  Tensor host_out = Tensor::empty(DType::kF32, {3, 8});
+  ops::linear(x, LinearWeight{w, TensorView()}, host_out);
+  expect_close(host_out, dispatched, kLinearTolerance, "host linear vs device");
+  Tensor weights = gpu_output(DType::kF32, {3, 2});
+  Tensor experts = gpu_output(DType::kI32, {3, 2});
+  RouterParams params;
+  params.top_k = 2;
+  ops::route(dx, dw, TensorView(), params, weights, experts);
+  Tensor cpu_weights = Tensor::empty(DType::kF32, {3, 2});
+  Tensor cpu_experts = Tensor::empty(DType::kI32, {3, 2});
+  ops::route(x, w, TensorView(), params, cpu_weights, cpu_experts);
+  expect_equal(cpu_experts, experts, "dispatched route experts");
+}
+
 TEST_F(BackendOpsTest, CopiesRoundTripStridedRowsAndStreams) {
   Tensor x = host_f32({6, 10}, 110);
   Tensor dx = gpu(x);

@@ -10,7 +10,7 @@
 #include "ops/cpu/rows.h"
 #include "ops/ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::ops::cpu {
 
 void sink_attention(const TensorView& q, const TensorView& window_kv,
                     const TensorView& window_range, const TensorView& compressed_kv,
@@ -85,4 +85,4 @@ void sink_attention(const TensorView& q, const TensorView& window_kv,
   });
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::ops::cpu

@@ -11,7 +11,7 @@
 #include "ops/cpu/rows.h"
 #include "ops/ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::ops::cpu {
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 }
@@ -160,4 +160,4 @@ void topk_indices(const TensorView& scores, int k, const TensorView& idx_out) {
   });
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::ops::cpu

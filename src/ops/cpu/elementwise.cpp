@@ -9,7 +9,7 @@
 #include "ops/cpu/rows.h"
 #include "ops/ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::ops::cpu {
 namespace {
 
 using cpu::Rows;
@@ -204,4 +204,4 @@ void fake_quant_fp4(const TensorView& x, int block, Fp4ScaleFormat scale_format)
   });
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::ops::cpu

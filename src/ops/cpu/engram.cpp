@@ -8,7 +8,7 @@
 #include "ops/cpu/rows.h"
 #include "ops/ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::ops::cpu {
 
 void engram_gather(const TensorView& table, const TensorView& scale, const TensorView& ids,
                    const TensorView& out) {
@@ -100,4 +100,4 @@ void engram_mix(const TensorView& x, const TensorView& key, const TensorView& va
   });
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::ops::cpu

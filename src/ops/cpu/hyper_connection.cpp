@@ -9,7 +9,7 @@
 #include "ops/cpu/rows.h"
 #include "ops/ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::ops::cpu {
 namespace {
 float sigmoid(float v) {
   return 1.0f / (1.0f + std::exp(-v));
@@ -145,4 +145,4 @@ void hc_expand(const TensorView& y, const TensorView& residual, const TensorView
   });
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::ops::cpu

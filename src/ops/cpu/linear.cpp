@@ -8,7 +8,7 @@
 #include "ops/cpu/rows.h"
 #include "ops/ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::ops::cpu {
 namespace {
 
 using cpu::Rows;
@@ -208,4 +208,4 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
   });
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::ops::cpu

@@ -9,7 +9,7 @@
 #include "ops/cpu/rows.h"
 #include "ops/ops.h"
 
-namespace deepinfer::ops {
+namespace deepinfer::ops::cpu {
 
 void route(const TensorView& x, const TensorView& gate, const TensorView& bias,
            const RouterParams& params, const TensorView& weights_out,
@@ -27,8 +27,8 @@ void route(const TensorView& x, const TensorView& gate, const TensorView& bias,
   DI_CHECK(!has_bias || bias.numel() == experts, "router bias ", bias.to_string());
 
   std::vector<float> logits(static_cast<size_t>(in.rows * experts));
-  linear(x, LinearWeight{gate, TensorView()},
-         TensorView::contiguous(logits.data(), DType::kF32, {in.rows, experts}));
+  cpu::linear(x, LinearWeight{gate, TensorView()},
+              TensorView::contiguous(logits.data(), DType::kF32, {in.rows, experts}));
   cpu::parallel_for(in.rows, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(experts));
     std::vector<float> biased(static_cast<size_t>(experts));
@@ -99,4 +99,4 @@ void swiglu(const TensorView& gate, const TensorView& up, float limit, const Ten
   });
 }
 
-}  // namespace deepinfer::ops
+}  // namespace deepinfer::ops::cpu

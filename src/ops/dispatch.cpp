@@ -1,0 +1,135 @@
+// The public op layer: each function runs the backend of its first tensor argument's device.
+#include "core/error.h"
+#include "ops/ops.h"
+#ifdef DEEPINFER_HAS_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
+
+namespace deepinfer::ops {
+namespace {
+
+// True for a CUDA view (and only in a CUDA build); a CUDA view without the backend is an error.
+bool on_gpu(const TensorView& view) {
+  if (!view.device().is_cuda()) return false;
+#ifndef DEEPINFER_HAS_CUDA
+  DI_THROW("a tensor is on ", view.device().to_string(),
+           " but this deepinfer was built without the CUDA backend (-DDEEPINFER_CUDA=ON)");
+#endif
+  return true;
+}
+
+}  // namespace
+
+#ifdef DEEPINFER_HAS_CUDA
+#define DI_DISPATCH(view, call) (on_gpu(view) ? cuda::call : cpu::call)
+#else
+#define DI_DISPATCH(view, call) (on_gpu(view), cpu::call)
+#endif
+
+void linear(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+            ActivationQuant activation_quant) {
+  DI_DISPATCH(x, linear(x, weight, out, activation_quant));
+}
+
+void dequantize_weight(const LinearWeight& weight, const TensorView& out) {
+  DI_DISPATCH(weight.weight, dequantize_weight(weight, out));
+}
+
+void embedding(const TensorView& table, std::span<const int32_t> ids, const TensorView& out) {
+  DI_DISPATCH(table, embedding(table, ids, out));
+}
+
+void rmsnorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  DI_DISPATCH(x, rmsnorm(x, weight, eps, out));
+}
+
+RopeTable make_rope_table(int rope_dim, double theta, const YarnParams& yarn) {
+  return cpu::make_rope_table(rope_dim, theta, yarn);  // host math for every backend
+}
+
+void rope(const TensorView& x, std::span<const int32_t> positions, const RopeTable& table,
+          bool inverse) {
+  DI_DISPATCH(x, rope(x, positions, table, inverse));
+}
+
+void softmax_rows(const TensorView& x) {
+  DI_DISPATCH(x, softmax_rows(x));
+}
+
+void fake_quant_fp8(const TensorView& x, int block) {
+  DI_DISPATCH(x, fake_quant_fp8(x, block));
+}
+
+void fake_quant_fp4(const TensorView& x, int block, Fp4ScaleFormat scale_format) {
+  DI_DISPATCH(x, fake_quant_fp4(x, block, scale_format));
+}
+
+void sink_attention(const TensorView& q, const TensorView& window_kv,
+                    const TensorView& window_range, const TensorView& compressed_kv,
+                    const TensorView& compressed_idx, const TensorView& sink, float scale,
+                    const TensorView& out) {
+  DI_DISPATCH(q, sink_attention(q, window_kv, window_range, compressed_kv, compressed_idx, sink,
+                                scale, out));
+}
+
+void compress_pool(const TensorView& kv, const TensorView& gate, int ratio, const TensorView& out) {
+  DI_DISPATCH(kv, compress_pool(kv, gate, ratio, out));
+}
+
+void indexer_scores(const TensorView& q, const TensorView& keys, const TensorView& weights,
+                    const TensorView& visible, float scale, const TensorView& out) {
+  DI_DISPATCH(q, indexer_scores(q, keys, weights, visible, scale, out));
+}
+
+void candidate_blocks(const TensorView& scores, const TensorView& visible, int topk_blocks,
+                      int block_size, const TensorView& mask_out) {
+  DI_DISPATCH(scores, candidate_blocks(scores, visible, topk_blocks, block_size, mask_out));
+}
+
+void mask_scores(const TensorView& scores, const TensorView& mask) {
+  DI_DISPATCH(scores, mask_scores(scores, mask));
+}
+
+void topk_indices(const TensorView& scores, int k, const TensorView& idx_out) {
+  DI_DISPATCH(scores, topk_indices(scores, k, idx_out));
+}
+
+void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale,
+              const TensorView& base, const HcParams& params, const TensorView& pre,
+              const TensorView& post, const TensorView& comb) {
+  DI_DISPATCH(x, hc_mixes(x, fn, scale, base, params, pre, post, comb));
+}
+
+void hc_collapse(const TensorView& x, const TensorView& pre, const TensorView& out) {
+  DI_DISPATCH(x, hc_collapse(x, pre, out));
+}
+
+void hc_expand(const TensorView& y, const TensorView& residual, const TensorView& post,
+               const TensorView& comb, const TensorView& out) {
+  DI_DISPATCH(y, hc_expand(y, residual, post, comb, out));
+}
+
+void route(const TensorView& x, const TensorView& gate, const TensorView& bias,
+           const RouterParams& params, const TensorView& weights_out,
+           const TensorView& experts_out) {
+  DI_DISPATCH(x, route(x, gate, bias, params, weights_out, experts_out));
+}
+
+void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& row_weight,
+            const TensorView& out) {
+  DI_DISPATCH(gate, swiglu(gate, up, limit, row_weight, out));
+}
+
+void engram_gather(const TensorView& table, const TensorView& scale, const TensorView& ids,
+                   const TensorView& out) {
+  DI_DISPATCH(table, engram_gather(table, scale, ids, out));
+}
+
+void engram_mix(const TensorView& x, const TensorView& key, const TensorView& value,
+                const TensorView& qk, float eps, const TensorView& out) {
+  DI_DISPATCH(x, engram_mix(x, key, value, qk, eps, out));
+}
+
+#undef DI_DISPATCH
+
+}  // namespace deepinfer::ops
