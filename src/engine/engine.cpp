@@ -65,6 +65,9 @@ struct Engine::Impl {
   sampling::Sampler sampler;
   std::optional<tokenizer::Tokenizer> tokenizer;
   std::shared_ptr<const structured::VocabIndex> vocab_index;  // built on first so_args
+  // Model rows past the tokenizer (vocabulary padding) have no token: they must never be
+  // sampled (the engram map and the detokenizer know no such id). Empty: no padding.
+  std::vector<uint32_t> token_rows_mask;
   std::map<std::string, RequestGroup> requests;
   int64_t next_arrival = 0;
   int64_t plans_made = 0;
@@ -188,7 +191,11 @@ struct Engine::Impl {
       row.params = &request.params;
       row.seed = request.seed;
       row.sample_index = request.sample_index;
-      if (request.matcher) row.allowed_token_bitmask = request.allowed_mask;
+      if (request.matcher) {
+        row.allowed_token_bitmask = request.allowed_mask;  // excludes the padding too
+      } else if (!token_rows_mask.empty()) {
+        row.allowed_token_bitmask = token_rows_mask;
+      }
       row.prompt_token_ids = request.prompt;
       row.output_token_ids = request.output;
       row.eos_token_ids = eos;
@@ -450,6 +457,12 @@ Engine::Engine(const EngineArgs& args, std::unique_ptr<ModelRunner> runner,
   s.runner = std::move(runner);
   s.vocab = s.runner->vocab_size();
   s.eos = s.runner->eos_token_ids();
+  if (s.tokenizer && s.tokenizer->vocab_size() < s.vocab) {
+    s.token_rows_mask.assign(static_cast<size_t>((s.vocab + 31) / 32), 0);
+    for (int32_t id = 0; id < s.tokenizer->vocab_size(); ++id) {
+      s.token_rows_mask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+    }
+  }
   // State slots are preallocated at max_model_len, so the default stays modest.
   constexpr int64_t kDefaultMaxModelLen = 4096;
   s.max_model_len = args.max_model_len > 0

@@ -371,13 +371,11 @@ TEST(EngineText, BadRequestsFailAloneWithClearErrors) {
   }
 }
 
-// The async loop plans step N+1 and computes step N's grammar masks while step N's forward
-// runs: a runner whose forward for step N does not return until the engine thread has
-// reported both proves it (a sync loop would wait forever; the wait gives up after 20 s).
-class BlockingRunner final : public ModelRunner {
+// The toy model with a hook after each forward (sees the step index and the logits).
+class HookedRunner final : public ModelRunner {
  public:
-  explicit BlockingRunner(std::function<void(int64_t)> wait)
-      : toy_(kVocab, {kEos}, 4096), wait_(std::move(wait)) {}
+  HookedRunner(int64_t vocab, std::function<void(int64_t step, std::span<float> logits)> hook)
+      : toy_(vocab, {kEos}, 4096), hook_(std::move(hook)) {}
   int64_t vocab_size() const override { return toy_.vocab_size(); }
   std::vector<int32_t> eos_token_ids() const override { return toy_.eos_token_ids(); }
   int64_t max_model_len() const override { return toy_.max_model_len(); }
@@ -388,23 +386,60 @@ class BlockingRunner final : public ModelRunner {
   void reset_slot(int32_t slot) override { toy_.reset_slot(slot); }
   void forward(std::span<const SlotTokens> batch, std::span<float> logits) override {
     toy_.forward(batch, logits);
-    wait_(step_);
+    hook_(step_, logits);
   }
   int64_t step_ = -1;
 
  private:
   ToyRunner toy_;
-  std::function<void(int64_t)> wait_;
+  std::function<void(int64_t, std::span<float>)> hook_;
 };
 
+// Model rows past the tokenizer (vocabulary padding, as the default model's 129280 rows over
+// 128815 tokens) are never sampled, even when they hold the largest logits.
+TEST(EngineText, PaddedVocabularyRowsAreNeverSampled) {
+  const int32_t real = shared_tokenizer().vocab_size();
+  const int64_t padded = real + 40;
+  auto runner = std::make_unique<HookedRunner>(padded, [&](int64_t, std::span<float> logits) {
+    for (size_t row = 0; row < logits.size() / static_cast<size_t>(padded); ++row) {
+      for (int64_t id = real; id < padded; ++id) {
+        logits[row * static_cast<size_t>(padded) + static_cast<size_t>(id)] = 50.0f;
+      }
+    }
+  });
+  Engine engine(small_args(true), std::move(runner), shared_tokenizer());
+  std::vector<std::string> ids;
+  for (uint64_t seed = 0; seed < 3; ++seed) {
+    SamplingParams params;
+    params.seq_seed = seed;
+    params.temperature = seed == 0 ? 0.0f : 1.5f;
+    params.max_tokens = 6;
+    params.logprobs = 3;
+    ids.push_back(engine.add_request({5, 6, 7}, params));
+  }
+  engine.run_to_completion();
+  for (const auto& id : ids) {
+    const auto out = engine.output(id);
+    ASSERT_FALSE(out.error) << *out.error;
+    ASSERT_EQ(out.outputs[0].token_ids.size(), 6u);
+    for (int32_t token : out.outputs[0].token_ids) EXPECT_LT(token, real);
+    for (const auto& position : *out.outputs[0].logprobs) {
+      for (const auto& top : position.top) EXPECT_LT(top.token_id, real);
+    }
+  }
+}
+
+// The async loop plans step N+1 and computes step N's grammar masks while step N's forward
+// runs: a runner whose forward for step N does not return until the engine thread has
+// reported both proves it (a sync loop would wait forever; the wait gives up after 20 s).
 TEST(EngineText, AsyncPlanningAndMasksOverlapTheForward) {
   std::mutex mutex;
   std::condition_variable changed;
   std::set<std::pair<StepEvent, int64_t>> seen;
   std::vector<std::pair<StepEvent, int64_t>> order;
   bool timed_out = false;
-  BlockingRunner* runner = nullptr;
-  auto blocking = std::make_unique<BlockingRunner>([&](int64_t step) {
+  HookedRunner* runner = nullptr;
+  auto blocking = std::make_unique<HookedRunner>(kVocab, [&](int64_t step, std::span<float>) {
     std::unique_lock lock(mutex);
     const bool done = changed.wait_for(lock, std::chrono::seconds(20), [&] {
       return seen.count({StepEvent::kPlanned, step + 1}) &&
