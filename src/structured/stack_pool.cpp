@@ -130,16 +130,16 @@ int32_t StackPool::single_set_of_elem(uint32_t elem) {
   return intern_set(ready, 0);
 }
 
-int32_t StackPool::step(int32_t set, uint8_t byte) {
+int32_t StackPool::compute_step(int32_t set, uint8_t byte) {
   SetInfo* info = &sets_[static_cast<size_t>(set)];
   uint64_t sparse_key = 0;
   if (dense_) {
     if (info->dense_row >= 0) {
       int32_t cached = dense_rows_[static_cast<size_t>(info->dense_row) * 256 + byte];
-      if (cached != -2) return cached;
+      if (cached != kNotComputed) return cached;
     } else {
       info->dense_row = static_cast<int32_t>(dense_rows_.size() / 256);
-      dense_rows_.resize(dense_rows_.size() + 256, -2);
+      dense_rows_.resize(dense_rows_.size() + 256, kNotComputed);
     }
   } else {
     sparse_key = (static_cast<uint64_t>(static_cast<uint32_t>(set)) << 8) | byte;

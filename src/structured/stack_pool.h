@@ -39,7 +39,17 @@ class StackPool {
   // The set holding exactly one element (node, parent); node must have byte edges.
   int32_t single_set(uint32_t node, int32_t parent);
   int32_t single_set_of_elem(uint32_t elem);
-  int32_t step(int32_t set, uint8_t byte);
+  int32_t step(int32_t set, uint8_t byte) {
+    // Fast path (inline: walks over the vocabulary call this for every byte): a cached row.
+    if (dense_) {
+      int32_t row = sets_[static_cast<size_t>(set)].dense_row;
+      if (row >= 0) {
+        int32_t cached = dense_rows_[static_cast<size_t>(row) * 256 + byte];
+        if (cached != kNotComputed) return cached;
+      }
+    }
+    return compute_step(set, byte);
+  }
   int32_t step_bytes(int32_t set, std::span<const uint8_t> bytes);
 
   std::span<const uint32_t> elems(int32_t set) const {
@@ -66,6 +76,9 @@ class StackPool {
     bool computed = false;
   };
 
+  static constexpr int32_t kNotComputed = -2;
+
+  int32_t compute_step(int32_t set, uint8_t byte);
   uint32_t intern_elem(uint32_t node, int32_t parent);
   const Closure& closure(uint32_t elem);
   int32_t intern_set(std::vector<uint32_t>& ready, uint8_t flags);

@@ -16,10 +16,12 @@ namespace {
 constexpr size_t kMaxReturnNodesPerRule = 64;
 constexpr size_t kMaxReturnAnalyses = 4096;
 
-// Runs fn(index, pool) for every index below count on up to num_threads threads, one StackPool
-// per thread (kept across calls, so transitions computed once are reused).
+// Runs fn(index, pool) for every index below count, one StackPool per thread (kept across calls,
+// so transitions computed once are reused). Each thread gets at least min_per_thread items:
+// starting a thread costs more than a few small items (much more on a loaded machine).
 template <class Fn>
-void parallel_for(size_t count, std::vector<std::unique_ptr<StackPool>>& pools, Fn&& fn) {
+void parallel_for(size_t count, size_t min_per_thread,
+                  std::vector<std::unique_ptr<StackPool>>& pools, Fn&& fn) {
   std::atomic<size_t> next{0};
   std::exception_ptr failure;
   std::atomic<bool> failed{false};
@@ -30,7 +32,7 @@ void parallel_for(size_t count, std::vector<std::unique_ptr<StackPool>>& pools, 
       if (!failed.exchange(true)) failure = std::current_exception();
     }
   };
-  size_t num_threads = std::max<size_t>(1, std::min(pools.size(), count));
+  size_t num_threads = std::max<size_t>(1, std::min(pools.size(), count / min_per_thread));
   std::vector<std::thread> threads;
   for (size_t t = 1; t < num_threads; ++t) threads.emplace_back(worker, std::ref(*pools[t]));
   worker(*pools[0]);
@@ -142,17 +144,17 @@ void SortedTokenClassifier::run(StackPool& pool, int32_t start_set, std::span<co
   // past_end_[d]: the analysed context could already have ended after fewer than d bytes.
   past_end_.assign(1, 0);
   size_t valid_depth = 0;
-  const std::string* previous = nullptr;
+  std::string_view previous;
   for (size_t i = 0; i < ids.size();) {
-    const std::string& bytes = vocab.bytes(ids[i]);
+    const std::string_view bytes = whole_vocab ? vocab.sorted_bytes(i) : vocab.bytes(ids[i]);
     size_t depth = 0;
     if (whole_vocab) {
       depth = std::min<size_t>(vocab.lcp()[i], valid_depth);
-    } else if (previous) {
-      size_t limit = std::min({previous->size(), bytes.size(), valid_depth});
-      while (depth < limit && (*previous)[depth] == bytes[depth]) ++depth;
+    } else {
+      size_t limit = std::min({previous.size(), bytes.size(), valid_depth});
+      while (depth < limit && previous[depth] == bytes[depth]) ++depth;
     }
-    previous = &bytes;
+    previous = bytes;
     if (sets_.size() <= bytes.size()) {
       sets_.resize(bytes.size() + 1);
       past_end_.resize(bytes.size() + 1);
@@ -181,7 +183,7 @@ void SortedTokenClassifier::run(StackPool& pool, int32_t start_set, std::span<co
       end = vocab.subtree_end(i, dead_at);
     } else {
       while (end < ids.size()) {
-        const std::string& next_bytes = vocab.bytes(ids[end]);
+        const std::string_view next_bytes = vocab.bytes(ids[end]);
         if (next_bytes.size() <= dead_at ||
             std::memcmp(next_bytes.data(), bytes.data(), dead_at + 1) != 0)
           break;
@@ -208,7 +210,7 @@ std::vector<NodeTokenMask> build_token_mask_cache(const Automaton& automaton,
     pools.push_back(std::make_unique<StackPool>(automaton, limits, /*dense_transitions=*/true));
   }
   // Context-independent part: each node with its parent replaced by the sentinel.
-  parallel_for(work.size(), pools, [&](size_t i, StackPool& pool) {
+  parallel_for(work.size(), /*min_per_thread=*/1, pools, [&](size_t i, StackPool& pool) {
     SortedTokenClassifier classifier;
     std::vector<int32_t> accepted;
     NodeTokenMask& mask = cache[work[i]];
@@ -227,7 +229,7 @@ std::vector<NodeTokenMask> build_token_mask_cache(const Automaton& automaton,
   }
   if (jobs.size() > kMaxReturnAnalyses) jobs.clear();
   std::vector<ReturnContextMask> results(jobs.size());
-  parallel_for(jobs.size(), pools, [&](size_t i, StackPool& pool) {
+  parallel_for(jobs.size(), /*min_per_thread=*/64, pools, [&](size_t i, StackPool& pool) {
     auto [node, ret] = jobs[i];
     int32_t parent =
         ret == kRootReturn ? kRootParent : static_cast<int32_t>(pool.element(ret, kSentinelParent));

@@ -45,6 +45,8 @@ VocabIndex::VocabIndex(TokenizerVocab vocab) : vocab_(std::move(vocab)) {
     subtree_offset_[i + 1] =
         subtree_offset_[i] + static_cast<uint32_t>(bytes(sorted_ids_[i]).size());
   }
+  sorted_blob_.reserve(subtree_offset_.back());
+  for (int32_t id : sorted_ids_) sorted_blob_ += bytes(id);
   subtree_end_.assign(subtree_offset_.back(), count);
   for (size_t i = sorted_ids_.size(); i-- > 0;) {
     size_t length = bytes(sorted_ids_[i]).size();

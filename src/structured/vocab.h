@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace deepinfer::structured {
@@ -25,6 +26,11 @@ class VocabIndex {
   const std::string& bytes(int32_t id) const { return vocab_.token_bytes[static_cast<size_t>(id)]; }
   // Ordinary (non-special, non-empty) token ids in lexicographic byte order.
   const std::vector<int32_t>& sorted_ids() const { return sorted_ids_; }
+  // The bytes of sorted_ids()[i], stored contiguously in sorted order so that walks over the
+  // sorted vocabulary read memory sequentially.
+  std::string_view sorted_bytes(size_t i) const {
+    return {sorted_blob_.data() + subtree_offset_[i], subtree_offset_[i + 1] - subtree_offset_[i]};
+  }
   // lcp()[i]: bytes shared by sorted_ids()[i-1] and sorted_ids()[i] (0 for i == 0).
   const std::vector<uint32_t>& lcp() const { return lcp_; }
   // The first sorted index after i whose token does not share the first depth + 1 bytes of
@@ -44,7 +50,8 @@ class VocabIndex {
   std::vector<int32_t> sorted_ids_;
   std::vector<uint32_t> lcp_;
   std::vector<uint8_t> ordinary_;
-  std::vector<uint32_t> subtree_offset_;
+  std::vector<uint32_t> subtree_offset_;  // prefix sums of sorted token lengths
+  std::string sorted_blob_;
   std::vector<uint32_t> subtree_end_;
 };
 

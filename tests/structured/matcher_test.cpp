@@ -68,6 +68,21 @@ TEST(Matcher, MaskEqualsAcceptanceForJsonSchema) {
   check_walks(spec, 6, 25, 1);
 }
 
+TEST(Matcher, MaskEqualsAcceptanceWhenARuleHasManyReturnNodes) {
+  // 80 string properties: the shared string rule returns to more places than the mask cache
+  // analyses per return node, so its context-dependent tokens are all parsed at run time.
+  std::string properties;
+  for (int i = 0; i < 80; ++i) {
+    properties +=
+        std::string(i ? "," : "") + "\"p" + std::to_string(i) + "\":{\"type\":\"string\"}";
+  }
+  GrammarSpec spec;
+  spec.type = GrammarType::kJsonSchema;
+  spec.text = "{\"type\":\"object\",\"properties\":{" + properties +
+              "},\"required\":[\"p0\",\"p1\"],\"additionalProperties\":false}";
+  check_walks(spec, 3, 25, 5);
+}
+
 TEST(Matcher, MaskEqualsAcceptanceForRegexAndEbnf) {
   check_walks({GrammarType::kRegex, "(ab|[0-9]{1,3}\\.)+\"?", {}, {}}, 5, 12, 2);
   check_walks({GrammarType::kEbnf,

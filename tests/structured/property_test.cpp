@@ -1,6 +1,9 @@
 // Property tests with the DeepSeek vocabulary: random walks under the mask until completion
 // always yield documents that the Python `jsonschema` package validates; every sampled allowed
-// token keeps the document completable and every sampled disallowed token is rejected.
+// token keeps the document completable and every sampled disallowed token is rejected. Also the
+// mask against accept_token (a plain byte-level parse, no mask cache) over the whole vocabulary
+// at every step of walks through nested and recursive schemas, where tokens close strings and
+// objects across several rules.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -128,6 +131,47 @@ TEST(StructuredProperty, RandomWalksValidateWithPythonJsonschema) {
                    << out_path;
   if (rc == 0) std::filesystem::remove(out_path);
   EXPECT_GT(documents, 10u);
+}
+
+TEST(StructuredProperty, MaskEqualsAcceptanceOverTheWholeVocabulary) {
+  auto vocab = testing::deepseek_vocab();
+  if (!vocab)
+    GTEST_SKIP() << "DeepSeek tokenizer not found at " << testing::deepseek_tokenizer_path();
+  const bool sanitized = std::getenv("DEEPINFER_SANITIZER_BUILD") != nullptr;
+  const int max_steps = sanitized ? 6 : 40;
+  std::mt19937 rng(99);
+  for (const char* schema : {kSchemas[1], kSchemas[4], kSchemas[5]}) {
+    SCOPED_TRACE(schema);
+    CompiledGrammar grammar = compile_grammar({GrammarType::kJsonSchema, schema, {}, {}}, vocab);
+    GrammarMatcher m(grammar);
+    std::vector<uint32_t> mask(vocab->mask_words());
+    std::string text;
+    for (int step = 0; step < max_steps && !m.is_terminated(); ++step) {
+      m.fill_next_token_bitmask(mask);
+      std::vector<int32_t> allowed;
+      for (size_t id = 0; id < vocab->vocab_size(); ++id) {
+        const auto token = static_cast<int32_t>(id);
+        bool ok = m.accept_token(token);
+        ASSERT_EQ(ok, bit(mask, id)) << "token " << id << " after '" << text << "'";
+        if (!ok) continue;
+        m.rollback(1);
+        allowed.push_back(token);
+      }
+      ASSERT_FALSE(allowed.empty()) << "dead state after '" << text << "'";
+      // Prefer tokens that leave a string or a container, so walks cross rule boundaries.
+      std::vector<int32_t> closing;
+      for (int32_t id : allowed) {
+        if (!vocab->is_ordinary(id)) continue;
+        const std::string& bytes = vocab->bytes(id);
+        if (bytes.size() > 1 && bytes.find_first_of("\"]}") != std::string::npos)
+          closing.push_back(id);
+      }
+      int32_t pick = !closing.empty() && rng() % 2 == 0 ? closing[rng() % closing.size()]
+                                                        : allowed[rng() % allowed.size()];
+      ASSERT_TRUE(m.accept_token(pick));
+      if (vocab->is_ordinary(pick)) text += vocab->bytes(pick);
+    }
+  }
 }
 
 }  // namespace
