@@ -58,6 +58,7 @@ class StackPool {
   }
   uint8_t flags(int32_t set) const { return sets_[static_cast<size_t>(set)].flags; }
   const StackElem& elem(uint32_t id) const { return elems_[id]; }
+  const Automaton& automaton() const { return automaton_; }
   size_t num_elems() const { return elems_.size(); }
   size_t num_sets() const { return sets_.size(); }
   size_t memory_bytes() const;

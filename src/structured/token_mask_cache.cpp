@@ -1,6 +1,7 @@
 #include "structured/token_mask_cache.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -140,12 +141,46 @@ void SortedTokenClassifier::run(StackPool& pool, int32_t start_set, std::span<co
                                 std::vector<int32_t>* uncertain) {
   const bool whole_vocab =
       ids.data() == vocab.sorted_ids().data() && ids.size() == vocab.sorted_ids().size();
+  // Over the whole vocabulary, only the first bytes some element of the start set consumes are
+  // visited: every other first-byte group is rejected without being looked at (uncertain instead
+  // if the start set could already leave the context, hence the flag check).
+  if (!whole_vocab || (pool.flags(start_set) & kHitSentinel)) {
+    run_range(pool, start_set, ids, 0, ids.size(), whole_vocab, vocab, accepted, uncertain);
+    return;
+  }
+  std::array<bool, 256> live{};
+  const Automaton& automaton = pool.automaton();
+  for (uint32_t e : pool.elems(start_set)) {
+    const AutomatonNode& node = automaton.nodes[pool.elem(e).node];
+    for (uint32_t k = node.byte_begin; k < node.byte_end; ++k) {
+      const ByteEdge& edge = automaton.byte_edges[k];
+      for (unsigned b = edge.lo; b <= edge.hi; ++b) live[b] = true;
+    }
+  }
+  for (unsigned lo = 0; lo < 256;) {
+    if (!live[lo]) {
+      ++lo;
+      continue;
+    }
+    unsigned hi = lo;
+    while (hi + 1 < 256 && live[hi + 1]) ++hi;
+    run_range(pool, start_set, ids, vocab.first_byte_begin(lo), vocab.first_byte_begin(hi + 1),
+              true, vocab, accepted, uncertain);
+    lo = hi + 1;
+  }
+}
+
+void SortedTokenClassifier::run_range(StackPool& pool, int32_t start_set,
+                                      std::span<const int32_t> ids, size_t begin, size_t end_index,
+                                      bool whole_vocab, const VocabIndex& vocab,
+                                      std::vector<int32_t>& accepted,
+                                      std::vector<int32_t>* uncertain) {
   sets_.assign(1, start_set);
   // past_end_[d]: the analysed context could already have ended after fewer than d bytes.
   past_end_.assign(1, 0);
   size_t valid_depth = 0;
   std::string_view previous;
-  for (size_t i = 0; i < ids.size();) {
+  for (size_t i = begin; i < end_index;) {
     const std::string_view bytes = whole_vocab ? vocab.sorted_bytes(i) : vocab.bytes(ids[i]);
     size_t depth = 0;
     if (whole_vocab) {
@@ -182,7 +217,7 @@ void SortedTokenClassifier::run(StackPool& pool, int32_t start_set, std::span<co
     if (whole_vocab) {
       end = vocab.subtree_end(i, dead_at);
     } else {
-      while (end < ids.size()) {
+      while (end < end_index) {
         const std::string_view next_bytes = vocab.bytes(ids[end]);
         if (next_bytes.size() <= dead_at ||
             std::memcmp(next_bytes.data(), bytes.data(), dead_at + 1) != 0)

@@ -65,6 +65,11 @@ class SortedTokenClassifier {
            std::vector<int32_t>* uncertain);
 
  private:
+  // Tokens ids[begin, end_index), which must not share a prefix with ids[begin - 1].
+  void run_range(StackPool& pool, int32_t start_set, std::span<const int32_t> ids, size_t begin,
+                 size_t end_index, bool whole_vocab, const VocabIndex& vocab,
+                 std::vector<int32_t>& accepted, std::vector<int32_t>* uncertain);
+
   std::vector<int32_t> sets_;
   std::vector<uint8_t> past_end_;
 };

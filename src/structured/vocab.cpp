@@ -45,6 +45,12 @@ VocabIndex::VocabIndex(TokenizerVocab vocab) : vocab_(std::move(vocab)) {
     subtree_offset_[i + 1] =
         subtree_offset_[i] + static_cast<uint32_t>(bytes(sorted_ids_[i]).size());
   }
+  first_byte_begin_.assign(257, count);
+  for (size_t i = sorted_ids_.size(); i-- > 0;) {
+    first_byte_begin_[static_cast<uint8_t>(bytes(sorted_ids_[i])[0])] = static_cast<uint32_t>(i);
+  }
+  for (size_t b = 256; b-- > 0;)
+    first_byte_begin_[b] = std::min(first_byte_begin_[b], first_byte_begin_[b + 1]);
   sorted_blob_.reserve(subtree_offset_.back());
   for (int32_t id : sorted_ids_) sorted_blob_ += bytes(id);
   subtree_end_.assign(subtree_offset_.back(), count);

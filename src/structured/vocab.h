@@ -31,6 +31,9 @@ class VocabIndex {
   std::string_view sorted_bytes(size_t i) const {
     return {sorted_blob_.data() + subtree_offset_[i], subtree_offset_[i + 1] - subtree_offset_[i]};
   }
+  // The sorted indices of the tokens starting with byte b are [first_byte_begin(b),
+  // first_byte_begin(b + 1)), for b in 0..255.
+  uint32_t first_byte_begin(unsigned b) const { return first_byte_begin_[b]; }
   // lcp()[i]: bytes shared by sorted_ids()[i-1] and sorted_ids()[i] (0 for i == 0).
   const std::vector<uint32_t>& lcp() const { return lcp_; }
   // The first sorted index after i whose token does not share the first depth + 1 bytes of
@@ -52,6 +55,7 @@ class VocabIndex {
   std::vector<uint8_t> ordinary_;
   std::vector<uint32_t> subtree_offset_;  // prefix sums of sorted token lengths
   std::string sorted_blob_;
+  std::vector<uint32_t> first_byte_begin_;  // 257 entries
   std::vector<uint32_t> subtree_end_;
 };
 
