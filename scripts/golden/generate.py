@@ -261,11 +261,18 @@ def write_released_checkpoint(released: dict, text_cfg: dict, out_dir: Path):
 
 
 class TopkTieDetector:
-    """Counts top-k calls whose k-th and (k+1)-th values are equal and finite: the selection
-    there is implementation-defined, so a fixture with such a tie cannot be matched exactly."""
+    """Counts top-k selections (rows) whose k-th and (k+1)-th values are equal, or nearly equal,
+    and finite. At an exact tie the selection is implementation-defined; at a near tie (gap below
+    NEAR_TIE_RELATIVE of the values' magnitude) fp32 rounding differences between two correct
+    implementations -- summation order, a different number of layers of accumulated 1e-7 noise --
+    can pick the other entry. Either way a different attention set follows, so a fixture is only
+    a pass/fail target when both counts are 0 (the generator re-draws the seed otherwise)."""
+
+    NEAR_TIE_RELATIVE = 1e-5
 
     def __init__(self):
         self.ties = 0
+        self.near_ties = 0
         self.calls = 0
         self._orig = torch.Tensor.topk
 
@@ -280,7 +287,11 @@ class TopkTieDetector:
                 v = torch.sort(t.float(), dim=dim, descending=True).values
                 kth = v.narrow(dim, k - 1, 1)
                 nxt = v.narrow(dim, k, 1)
-                det.ties += int(((kth == nxt) & torch.isfinite(kth)).sum())
+                finite = torch.isfinite(kth) & torch.isfinite(nxt)
+                det.ties += int(((kth == nxt) & finite).sum())
+                scale = torch.maximum(kth.abs(), nxt.abs())
+                near = (kth - nxt <= det.NEAR_TIE_RELATIVE * scale) & (kth != nxt) & finite
+                det.near_ties += int(near.sum())
             return orig(t, k, dim=dim, largest=largest, sorted=sorted)
 
         torch.Tensor.topk = topk
@@ -288,6 +299,77 @@ class TopkTieDetector:
 
     def __exit__(self, *exc):
         torch.Tensor.topk = self._orig
+
+    def clean(self):
+        return self.ties == 0 and self.near_ties == 0
+
+    def summary(self):
+        return dict(topk_boundary_ties=self.ties, topk_boundary_near_ties=self.near_ties)
+
+
+class QuantizerPerturbation:
+    """Multiplies the input of every quantizer of an oracle -- HF's fake FP8/FP4 quantization,
+    the reference's act_quant / fp4_act_quant -- by (1 + REL * sign), a fixed random sign per
+    element: the few-ulp differences any other correct fp32 implementation (another summation
+    order in a norm or a GEMM) has at those points.
+
+    Why: an element whose scaled value lies within a few ulps of an e4m3 / e2m1 rounding
+    midpoint rounds either way depending on such noise, and the one-step jump (6-25 %) reaches
+    every later position through the window KV and can flip MoE routing. Seen in the first
+    generation: r1_candidates_hc2_sigmoid's engine logits left HF's from request 2 position 66
+    on, the one layer-0 window-KV element there that lies within 1e-6 of a midpoint. A fixture
+    is a pass/fail target only when the oracle's logits stay within STABLE_FRACTION of the
+    tolerance under two such perturbations."""
+
+    REL = 2.0**-21  # four fp32 ulps: the differences measured between the engine and HF at the quantizer inputs
+    STABLE_FRACTION = 0.25
+
+    def __init__(self, mdl_mod, ref_model, seed: int):
+        self.mdl_mod, self.ref_model, self.seed = mdl_mod, ref_model, seed
+
+    def _jitter(self, x):
+        gen = torch.Generator().manual_seed(self.seed + x.numel())
+        sign = torch.randint(0, 2, x.shape, generator=gen).to(torch.float32) * 2 - 1
+        return (x.float() * (1 + self.REL * sign)).to(x.dtype)
+
+    def __enter__(self):
+        m, r = self.mdl_mod, self.ref_model
+        self._saved = (m._fake_quant_fp8_block, m._fake_quant_fp4_block, r.act_quant, r.fp4_act_quant)
+        fp8, fp4, act, act4 = self._saved
+        jit = self._jitter
+
+        def act_quant(x, *a, inplace=False, **k):
+            if inplace:
+                x.copy_(jit(x))
+                return act(x, *a, inplace=True, **k)
+            return act(jit(x), *a, **k)
+
+        def fp4_act_quant(x, *a, inplace=False, **k):
+            if inplace:
+                x.copy_(jit(x))
+                return act4(x, *a, inplace=True, **k)
+            return act4(jit(x), *a, **k)
+
+        m._fake_quant_fp8_block = lambda x, *a, **k: fp8(jit(x), *a, **k)
+        m._fake_quant_fp4_block = lambda x, *a, **k: fp4(jit(x), *a, **k)
+        r.act_quant, r.fp4_act_quant = act_quant, fp4_act_quant
+        return self
+
+    def __exit__(self, *exc):
+        m, r = self.mdl_mod, self.ref_model
+        m._fake_quant_fp8_block, m._fake_quant_fp4_block, r.act_quant, r.fp4_act_quant = self._saved
+
+
+def perturbation_drift(run, base, mdl_mod, ref_model):
+    """Largest |logit change| of `run()` over two quantizer perturbations, relative to the
+    fixture tolerance 1e-3 * max|base|."""
+    tol = 1e-3 * max(float(x.abs().max()) for x in base)
+    drift = 0.0
+    for seed in (1, 2):
+        with QuantizerPerturbation(mdl_mod, ref_model, seed):
+            moved = run()
+        drift = max(drift, max(float((a - b).abs().max()) for a, b in zip(moved, base)))
+    return drift / tol
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -307,21 +389,41 @@ def make_requests(seed: int):
 # ----------------------------------------------------------------------------- oracle (a): HF
 
 
-def run_hf(mdl_mod, model, reqs, chunk=37):
-    logits, chunk_diff = [], 0.0
+def hf_forward(model, ids, chunk=None):
+    """Logits of one request through HF's cache path (DynamicCache), in one step or in chunks.
+
+    Why the cache path: without a cache, DeepseekV41Attention keeps the compressed KV (and the
+    indexer keys) of the whole forward in one `shared` list and *appends* each KV source's entries
+    to the previous source's (`torch.cat([shared["compress_kv"], rotated])`), so with two KV
+    sources (ced_candidates_engram, mixed_no_candidates) the layers after the second source attend
+    over both sources' entries at wrong indices. With a cache, every source's layer holds its own
+    entries and `shared` is *replaced* by them, as in DeepSeek's reference (one compress_kv_cache
+    per source, `shared_attn.compress_kv = self.compress_kv_cache`) and as the architecture says:
+    a layer reads its nearest source's entries. With one KV source both paths are the same."""
+    x = torch.tensor([ids])
+    step = chunk or len(ids)
+    cache, parts = None, []
+    for s in range(0, len(ids), step):
+        r = model(input_ids=x[:, s : s + step], past_key_values=cache, use_cache=True)
+        cache = r.past_key_values
+        parts.append(r.logits[0].float())
+    return torch.cat(parts)
+
+
+def run_hf(model, reqs, self_checks=True, chunk=37):
+    """(logits per request through the cache path, self-check figures)."""
+    logits, checks = [], {}
     with torch.no_grad():
         for ids in reqs:
-            x = torch.tensor([ids])
-            out = model(input_ids=x, use_cache=False).logits[0].float()
-            logits.append(out)
-            # self-check of the oracle: chunked prefill through HF's cache equals one-shot prefill
-            cache, parts = None, []
-            for s in range(0, len(ids), chunk):
-                r = model(input_ids=x[:, s : s + chunk], past_key_values=cache, use_cache=True)
-                cache = r.past_key_values
-                parts.append(r.logits[0].float())
-            chunk_diff = max(chunk_diff, float((torch.cat(parts) - out).abs().max()))
-    return logits, chunk_diff
+            logits.append(hf_forward(model, ids))
+        if self_checks:
+            chunked = [hf_forward(model, ids, chunk) for ids in reqs]
+            nocache = [model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float() for ids in reqs]
+            checks = dict(
+                chunked_vs_prefill_max_abs=max(float((a - b).abs().max()) for a, b in zip(chunked, logits)),
+                nocache_vs_cache_max_abs=max(float((a - b).abs().max()) for a, b in zip(nocache, logits)),
+            )
+    return logits, checks
 
 
 # ----------------------------------------------------------------------------- oracle (b): reference
@@ -466,7 +568,7 @@ def compact_hf_checkpoint(path: Path):
     save_file(out, str(path), metadata={"format": "pt"})
 
 
-def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer):
+def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer, max_attempts: int, first_attempt: int = 0):
     tf_version, cfg_mod, mdl_mod = hf
     ref_model, ref_kernel = ref
     cfg = dict(spec["config"])
@@ -482,19 +584,59 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer)
     cfg["engram_num_embeddings"] = num_embeddings
     text_cfg = cfg_mod.DeepseekV41TextConfig(**cfg)
     text_cfg._attn_implementation = "eager"
+    args = ref_args(ref_model, text_cfg.to_dict(), compressed_vocab, num_embeddings)
+    hf_dir, rel_dir = out / "hf", out / "released"
 
-    torch.manual_seed(spec["seed"])
-    model = mdl_mod.DeepseekV41ForCausalLM(text_cfg).float().eval()
-    released = draw_weights(model, spec["seed"])
-    if layout:
-        model.model.bind_tokenizer(tokenizer)
+    # Seeds are tried in turn until both pass/fail oracles select without (near) ties.
+    rejected = []
+    for attempt in range(first_attempt, first_attempt + max_attempts):
+        seed = spec["seed"] + 1000 * attempt
+        torch.manual_seed(seed)
+        model = mdl_mod.DeepseekV41ForCausalLM(text_cfg).float().eval()
+        released = draw_weights(model, seed)
+        if layout:
+            model.model.bind_tokenizer(tokenizer)
+        reqs = make_requests(seed)
+        verdict = dict(seed=seed)
+        with TopkTieDetector() as det_hf:
+            hf_logits, _ = run_hf(model, reqs, self_checks=False)
+        verdict["hf"] = det_hf.summary()
+        if det_hf.clean():
+            verdict["hf"]["perturbation_drift_over_tol"] = perturbation_drift(
+                lambda: run_hf(model, reqs, self_checks=False)[0], hf_logits, mdl_mod, ref_model
+            )
+        hf_ok = det_hf.clean() and verdict["hf"]["perturbation_drift_over_tol"] <= QuantizerPerturbation.STABLE_FRACTION
+        tensors = write_released_checkpoint(released, {}, rel_dir)
+        tensors = load_file(str(rel_dir / "model.safetensors"))
+        ref_ok = False
+        if hf_ok:
+            with TopkTieDetector() as det_ref:
+                ref_fp32 = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, "fp32act")
+            verdict["fp32act"] = det_ref.summary()
+            if det_ref.clean():
+                verdict["fp32act"]["perturbation_drift_over_tol"] = perturbation_drift(
+                    lambda: run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, "fp32act"),
+                    ref_fp32,
+                    mdl_mod,
+                    ref_model,
+                )
+                # Recorded, not required: at one ulp the released path drifts by hundreds of
+                # tolerances for every seed of every config tried (docs/GOLDEN.md), so only
+                # bit-identical arithmetic at its quantizer inputs matches it.
+                ref_ok = True
+        print(f"{name}: {verdict}", flush=True)
+        if hf_ok and ref_ok:
+            break
+        rejected.append(verdict)
+    valid = hf_ok and ref_ok
+    if not det_hf.clean() or not hf_ok or "fp32act" not in verdict:
+        with TopkTieDetector() as det_ref:
+            ref_fp32 = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, "fp32act")
 
-    reqs = make_requests(spec["seed"])
-    with TopkTieDetector() as det_hf:
-        hf_logits, chunk_diff = run_hf(mdl_mod, model, reqs)
+    with TopkTieDetector() as det_checks:
+        _, hf_checks = run_hf(model, reqs)
 
     # (a) HF-layout checkpoint + logits
-    hf_dir = out / "hf"
     model.save_pretrained(str(hf_dir), safe_serialization=True)
     compact_hf_checkpoint(hf_dir / "model.safetensors")
     shutil.copy(tok_path, hf_dir / "tokenizer.json")
@@ -505,33 +647,42 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer)
     text_only = {k: v for k, v in flat.items() if k not in ("architectures", "transformers_version", "dtype", "torch_dtype")}
     composite = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "dtype": "float32", "text_config": text_only}
     (hf_dir / "config.json").write_text(json.dumps(composite, indent=2) + "\n")
-    save_logits(out / "logits_hf.safetensors", hf_logits, f"transformers {tf_version} + deepseek_v41 @ HF_COMMIT")
+    save_logits(out / "logits_hf.safetensors", hf_logits, f"transformers {tf_version} + deepseek_v41 @ HF_COMMIT, cache path")
 
     # (b) released-layout checkpoint + reference logits
-    rel_dir = out / "released"
-    tensors = write_released_checkpoint(released, text_only, rel_dir)
+    write_released_checkpoint(released, text_only, rel_dir)
     shutil.copy(tok_path, rel_dir / "tokenizer.json")
-    tensors = load_file(str(rel_dir / "model.safetensors"))
-    args = ref_args(ref_model, text_cfg.to_dict(), compressed_vocab, num_embeddings)
+    save_logits(out / "logits_ref_fp32act.safetensors", ref_fp32, "deepseek reference model.py (fp32act)")
+    with TopkTieDetector() as det_bf16:
+        ref_bf16 = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, "bf16")
+    save_logits(out / "logits_ref_bf16.safetensors", ref_bf16, "deepseek reference model.py (bf16)")
+    max_abs_hf = max(float(x.abs().max()) for x in hf_logits)
     ref_results = {}
-    for mode in ("bf16", "fp32act"):
-        with TopkTieDetector() as det:
-            logits = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, mode)
-        save_logits(out / f"logits_ref_{mode}.safetensors", logits, f"deepseek reference model.py ({mode})")
+    for mode, logits, det in (("fp32act", ref_fp32, det_ref), ("bf16", ref_bf16, det_bf16)):
         ref_results[mode] = dict(
-            topk_boundary_ties=det.ties,
+            det.summary(),
             max_abs_vs_hf=max(float((a - b).abs().max()) for a, b in zip(logits, hf_logits)),
-            max_abs_hf=max(float(x.abs().max()) for x in hf_logits),
+            max_abs_hf=max_abs_hf,
         )
 
     (out / "tokens.txt").write_text("".join(" ".join(map(str, r)) + "\n" for r in reqs))
+    # The tokenizer-derived compressed vocabulary the engram hashes (the engine cannot derive it
+    # without the tokenizers library): compressed id of every token id.
+    map_path = out / "engram_token_map.json"
+    if layout:
+        map_path.write_text(json.dumps(lookup) + "\n")
+    elif map_path.exists():
+        map_path.unlink()
     meta = dict(
-        seed=spec["seed"],
+        seed=seed,
+        valid=valid,
+        acceptance=verdict,
+        rejected_seeds=rejected,
         request_lengths=[len(r) for r in reqs],
         compressed_vocab_size=compressed_vocab,
         engram_primes=[list(map(list, layer)) for layer in layout.primes] if layout else [],
         engram_multipliers=(mdl_mod.compute_hash_multipliers(layout.layer_ids, layout.max_ngram_size, compressed_vocab).tolist() if layout else []),
-        hf=dict(topk_boundary_ties=det_hf.ties, chunked_vs_prefill_max_abs=chunk_diff),
+        hf=dict(det_hf.summary(), **hf_checks, self_check_near_ties=det_checks.near_ties + det_checks.ties),
         reference=ref_results,
     )
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -544,6 +695,8 @@ def main():
     ap.add_argument("--ref-src", type=Path, required=True)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests/data/golden")
     ap.add_argument("--only", action="append")
+    ap.add_argument("--max-attempts", type=int, default=12, help="seeds to try per config until one is valid (no top-k (near) ties, stable under quantizer perturbation)")
+    ap.add_argument("--first-attempt", type=int, default=0, help="seed = config seed + 1000 * attempt, from this attempt on")
     a = ap.parse_args()
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -554,7 +707,7 @@ def main():
     for name, spec in CONFIGS.items():
         if a.only and name not in a.only:
             continue
-        meta = generate_one(name, spec, a.out, tok_path, hf, ref, tokenizer)
+        meta = generate_one(name, spec, a.out, tok_path, hf, ref, tokenizer, a.max_attempts, a.first_attempt)
         print(name, json.dumps(dict(hf=meta["hf"], reference=meta["reference"])), flush=True)
 
 

@@ -23,7 +23,7 @@ _BASE = dict(
     compress_rope_theta=40000.0,
     max_position_embeddings=4096,
     sliding_window=48,
-    index_n_heads=8,
+    index_n_heads=16,  # 16 ReLU heads: an entry scoring exactly 0 (all heads <= 0) is rare, so are exact ties
     index_head_dim=32,
     index_topk=12,
     candidate_source_layer_id=-1,

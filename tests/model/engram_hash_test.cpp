@@ -12,7 +12,7 @@ namespace deepinfer::deepseek_v41 {
 namespace {
 
 TEST(EngramHashTest, MultipliersMatchNumpyDefaultRng) {
-  const int64_t bound_released = 46539438283891;  // V = 99092 (the released compressed vocab)
+  const int64_t bound_released = 46539438283891;  // V = 99092, a release-sized vocab
   EXPECT_EQ(numpy_default_rng_integers(10007 * 1, bound_released, 4),
             (std::vector<int64_t>{38316048023122, 2419938046656, 17979836159674, 36993668729195}));
   EXPECT_EQ(numpy_default_rng_integers(10007 * 14, bound_released, 4),

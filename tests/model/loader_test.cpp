@@ -36,25 +36,11 @@ struct TempDir {
 
 // The tiny config as a composite config.json with the released quantization_config.
 nlohmann::json tiny_config_json(int64_t engram_rows) {
-  nlohmann::json text = nlohmann::json::parse(R"({
-    "model_type": "deepseek_v41_text",
-    "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 6, "num_attention_heads": 4,
-    "head_dim": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8, "o_groups": 2, "o_lora_rank": 32,
-    "rms_norm_eps": 1e-20, "max_position_embeddings": 4096,
-    "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
-    "rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": 32, "beta_slow": 1,
-                     "original_max_position_embeddings": 64},
-    "sliding_window": 8, "compress_ratios": [0, 0, 2, 2, 1, 1],
-    "kv_source_layer_ids": [2, 4], "index_source_layer_ids": [2, 4, 5],
-    "candidate_source_layer_id": 4, "candidate_topk_blocks": 3, "candidate_block_size": 2,
-    "index_n_heads": 2, "index_head_dim": 32, "index_topk": 4,
-    "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1,
-    "num_experts_per_tok": 2, "scoring_func": "softmax", "norm_topk_prob": true,
-    "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "gate_temp": 1.0,
-    "hc_mult": 2, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
-    "engram_layer_ids": [1], "engram_vocab_size": 40,
-    "engram_max_ngram_size": 3, "engram_n_heads": 2, "engram_head_dim": 32, "engram_pad_id": 2,
-    "engram_compressed_vocab_size": 200, "num_nextn_predict_layers": 0
+  // The forward tests' tiny config with wider low-rank projections (FP8 32x32 blocks need K
+  // and N multiples of 32), 4 experts and softmax scoring.
+  nlohmann::json text = testing::tiny_config_json(R"({
+    "model_type": "deepseek_v41_text", "q_lora_rank": 32, "o_lora_rank": 32,
+    "n_routed_experts": 4, "scoring_func": "softmax"
   })");
   text["engram_num_embeddings"] = {engram_rows};
   nlohmann::json config;

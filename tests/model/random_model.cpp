@@ -2,35 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 
-#include <nlohmann/json.hpp>
-
 #include "core/dtype_convert.h"
+#include "core/error.h"
 
 namespace deepinfer::deepseek_v41::testing {
 namespace {
-
-constexpr const char* kTinyConfig = R"({
-  "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 6, "num_attention_heads": 4,
-  "head_dim": 32, "q_lora_rank": 16, "qk_rope_head_dim": 8, "o_groups": 2, "o_lora_rank": 8,
-  "rms_norm_eps": 1e-20, "max_position_embeddings": 4096,
-  "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
-  "rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": 32, "beta_slow": 1,
-                   "original_max_position_embeddings": 64},
-  "sliding_window": 8, "compress_ratios": [0, 0, 2, 2, 1, 1],
-  "kv_source_layer_ids": [2, 4], "index_source_layer_ids": [2, 4, 5],
-  "candidate_source_layer_id": 4, "candidate_topk_blocks": 3, "candidate_block_size": 2,
-  "index_n_heads": 2, "index_head_dim": 32, "index_topk": 4,
-  "moe_intermediate_size": 32, "n_routed_experts": 6, "n_shared_experts": 1,
-  "num_experts_per_tok": 2, "scoring_func": "sqrtsoftplus", "norm_topk_prob": true,
-  "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "gate_temp": 1.0,
-  "hc_mult": 2, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
-  "engram_layer_ids": [1], "engram_num_embeddings": [0], "engram_vocab_size": 40,
-  "engram_max_ngram_size": 3, "engram_n_heads": 2, "engram_head_dim": 32, "engram_pad_id": 2,
-  "engram_compressed_vocab_size": 200, "num_nextn_predict_layers": 0
-})";
 
 class Draw {
  public:
@@ -150,10 +131,18 @@ class Builder {
 
 }  // namespace
 
-DeepseekV41TextConfig tiny_config(const std::string& overrides) {
-  nlohmann::json object = nlohmann::json::parse(kTinyConfig);
+nlohmann::json tiny_config_json(const std::string& overrides) {
+  const std::filesystem::path path =
+      std::filesystem::path(DEEPINFER_SOURCE_DIR) / "tests/data/configs/tiny_forward_text.json";
+  std::ifstream file(path);
+  DI_CHECK(file.good(), "cannot open ", path.string());
+  nlohmann::json object = nlohmann::json::parse(file);
   object.merge_patch(nlohmann::json::parse(overrides));
-  return parse_text_config(object, "tiny test config");
+  return object;
+}
+
+DeepseekV41TextConfig tiny_config(const std::string& overrides) {
+  return parse_text_config(tiny_config_json(overrides), "tiny test config");
 }
 
 std::shared_ptr<EngramHasher> tiny_hasher(DeepseekV41TextConfig& config, uint32_t seed) {

@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "model/deepseek_v41/config.h"
 #include "model/deepseek_v41/engram_hash.h"
 #include "model/deepseek_v41/parameters.h"
@@ -15,6 +17,9 @@ namespace deepinfer::deepseek_v41::testing {
 // A small config covering every mechanism: sliding-only layers, a ratio-2 group (source +
 // reuse), a ratio-1 group with a candidate source and a re-indexing layer, engram on layer 1,
 // hc_mult 2. `overrides` is a JSON object merged over it.
+// The text config is tests/data/configs/tiny_forward_text.json; tiny_config_json returns it as
+// JSON, `overrides` merged.
+nlohmann::json tiny_config_json(const std::string& overrides = "{}");
 DeepseekV41TextConfig tiny_config(const std::string& overrides = "{}");
 
 // The engram hasher for a tiny config: a random token map onto

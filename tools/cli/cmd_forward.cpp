@@ -2,6 +2,7 @@
 //
 //   deepinfer forward --model DIR --tokens FILE --mode prefill|chunked:N|decode --out FILE
 //                     [--numerics dense|released] [--engram-token-map FILE]
+//                     [--dump-layers FILE]
 //
 // FILE of tokens: one request per line, ids separated by spaces or commas. All requests run
 // together as one ragged batch per step: `prefill` runs each whole prompt in one step,
@@ -15,8 +16,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "commands.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -27,10 +26,8 @@
 namespace deepinfer::cli {
 namespace {
 
-using deepseek_v41::ForwardRequest;
 using deepseek_v41::Model;
 using deepseek_v41::Numerics;
-using deepseek_v41::RequestState;
 
 std::vector<std::vector<int32_t>> read_token_file(const std::string& path) {
   std::ifstream file(path);
@@ -71,22 +68,10 @@ int64_t parse_mode(const std::string& mode) {
   DI_THROW("--mode must be prefill, decode or chunked:N with N > 0, got '", mode, "'");
 }
 
-std::vector<int32_t> read_token_map(const std::filesystem::path& path) {
-  std::ifstream file(path);
-  if (!file) DI_THROW("cannot open engram token map ", path.string());
-  nlohmann::json json;
-  try {
-    file >> json;
-    return json.get<std::vector<int32_t>>();
-  } catch (const nlohmann::json::exception& error) {
-    DI_THROW(path.string(), ": an engram token map must be a JSON array of compressed ids (",
-             error.what(), ")");
-  }
-}
-
 void run_forward(const std::string& model_dir, const std::string& tokens_path,
                  const std::string& mode, const std::string& out_path,
-                 const std::string& numerics_name, const std::string& token_map_path) {
+                 const std::string& numerics_name, const std::string& token_map_path,
+                 const std::string& dump_path) {
   const int64_t chunk = parse_mode(mode);
   const Numerics numerics = numerics_name == "released" ? Numerics::kReleased : Numerics::kDense;
   const auto prompts = read_token_file(tokens_path);
@@ -104,56 +89,28 @@ void run_forward(const std::string& model_dir, const std::string& tokens_path,
           "engram_token_map.json in ",
           model_dir);
     }
-    hasher = std::make_shared<deepseek_v41::EngramHasher>(config, read_token_map(map_path));
+    hasher = std::make_shared<deepseek_v41::EngramHasher>(
+        config, deepseek_v41::read_engram_token_map(map_path));
   }
   Model model(config, *loaded.parameters, numerics, hasher);
 
+  // Layer dumps need the whole batch in one step, so that the observed rows are the output's.
+  std::vector<std::vector<float>> layer_streams(static_cast<size_t>(config.num_hidden_layers));
+  if (!dump_path.empty()) {
+    if (chunk != 0) DI_THROW("--dump-layers needs --mode prefill (one step for every position)");
+    model.set_layer_observer([&](int64_t layer, const TensorView& streams) {
+      const float* data = streams.data<float>();
+      layer_streams[static_cast<size_t>(layer)].assign(data, data + streams.numel());
+    });
+  }
   const int64_t vocab = config.vocab_size;
-  int64_t longest = 0;
-  for (const auto& p : prompts)
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
-  std::vector<std::unique_ptr<RequestState>> states;
-  std::vector<std::vector<float>> logits(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    states.push_back(std::make_unique<RequestState>(config, deepseek_v41::StateLimits{longest, 0}));
-    logits[i].resize(prompts[i].size() * static_cast<size_t>(vocab));
-  }
-  std::vector<float> step_logits;
-  for (int64_t step = 0;; ++step) {
-    std::vector<ForwardRequest> requests;
-    std::vector<size_t> which;
-    int64_t total = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const int64_t done = states[i]->length();
-      const int64_t left = static_cast<int64_t>(prompts[i].size()) - done;
-      if (left == 0) continue;
-      const int64_t count = chunk == 0 ? left : std::min(left, chunk);
-      requests.push_back({states[i].get(), {prompts[i].data() + done, static_cast<size_t>(count)}});
-      which.push_back(i);
-      total += count;
-    }
-    if (requests.empty()) break;
-    step_logits.resize(static_cast<size_t>(total * vocab));
-    std::vector<int64_t> starts;
-    for (const auto& r : requests) starts.push_back(r.state->length());
-    model.forward(requests,
-                  TensorView::contiguous(step_logits.data(), DType::kF32, {total, vocab}));
-    int64_t row = 0;
-    for (size_t j = 0; j < requests.size(); ++j) {
-      for (size_t t = 0; t < requests[j].tokens.size(); ++t, ++row) {
-        std::copy_n(step_logits.data() + row * vocab, vocab,
-                    logits[which[j]].data() + (starts[j] + static_cast<int64_t>(t)) * vocab);
-      }
-    }
-  }
+  const std::vector<float> all_logits = deepseek_v41::run_prompts(model, prompts, chunk);
 
   // docs/GOLDEN.md format: every position of every request, request after request, plus the
   // row offsets of the requests.
-  std::vector<float> all_logits;
   std::vector<int64_t> cu_seqlens = {0};
   std::vector<int32_t> all_tokens;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    all_logits.insert(all_logits.end(), logits[i].begin(), logits[i].end());
     all_tokens.insert(all_tokens.end(), prompts[i].begin(), prompts[i].end());
     cu_seqlens.push_back(cu_seqlens.back() + static_cast<int64_t>(prompts[i].size()));
   }
@@ -170,6 +127,16 @@ void run_forward(const std::string& model_dir, const std::string& tokens_path,
   metadata["numerics"] = numerics_name;
   metadata["model"] = model_dir;
   write_safetensors(out_path, entries, metadata);
+  if (!dump_path.empty()) {
+    std::vector<SafetensorsEntry> layers;
+    for (size_t layer = 0; layer < layer_streams.size(); ++layer) {
+      layers.push_back({"layer" + std::to_string(layer),
+                        DType::kF32,
+                        {rows, config.hc_mult * config.hidden_size},
+                        std::as_bytes(std::span<const float>(layer_streams[layer]))});
+    }
+    write_safetensors(dump_path, layers, metadata);
+  }
   DI_LOG_INFO("wrote logits of ", prompts.size(), " requests to ", out_path);
 }
 
@@ -179,7 +146,7 @@ void register_forward_command(CLI::App& app) {
   auto* command = app.add_subcommand(
       "forward", "Run token ids through the model and write every position's logits");
   static std::string model_dir, tokens_path, mode = "prefill", out_path, numerics = "dense",
-                                             token_map;
+                                             token_map, dump_layers;
   command->add_option("--model", model_dir, "checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -200,8 +167,12 @@ void register_forward_command(CLI::App& app) {
       ->check(CLI::IsMember({"dense", "released"}));
   command->add_option("--engram-token-map", token_map,
                       "JSON array mapping token ids to engram compressed ids");
-  command->callback(
-      [] { run_forward(model_dir, tokens_path, mode, out_path, numerics, token_map); });
+  command->add_option("--dump-layers", dump_layers,
+                      "also write every decoder layer's output hc streams (`layerN` "
+                      "[tokens, hc_mult * hidden] f32) to this file (prefill only)");
+  command->callback([] {
+    run_forward(model_dir, tokens_path, mode, out_path, numerics, token_map, dump_layers);
+  });
 }
 
 }  // namespace deepinfer::cli

@@ -1,8 +1,11 @@
 #include "model/deepseek_v41/engram_hash.h"
 
 #include <algorithm>
+#include <fstream>
 #include <limits>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -142,6 +145,17 @@ std::vector<int64_t> numpy_default_rng_integers(uint64_t seed, int64_t high, int
     values.push_back(static_cast<int64_t>(product >> 64));
   }
   return values;
+}
+
+std::vector<int32_t> read_engram_token_map(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  if (!file) DI_THROW("cannot open engram token map ", path.string());
+  try {
+    return nlohmann::json::parse(file).get<std::vector<int32_t>>();
+  } catch (const nlohmann::json::exception& error) {
+    DI_THROW(path.string(), ": an engram token map must be a JSON array of compressed ids (",
+             error.what(), ")");
+  }
 }
 
 EngramHasher::EngramHasher(const DeepseekV41TextConfig& config, std::vector<int32_t> token_map)

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,10 @@ namespace deepinfer::deepseek_v41 {
 // numpy.random.default_rng(seed).integers(0, high, size=count, dtype=np.int64) for
 // high > 2^32 (the range every engram multiplier bound falls in).
 std::vector<int64_t> numpy_default_rng_integers(uint64_t seed, int64_t high, int64_t count);
+
+// The tokenizer-derived token map as stored next to a checkpoint (engram_token_map.json): a JSON
+// array holding the compressed id of every token id. Throws Error naming the file otherwise.
+std::vector<int32_t> read_engram_token_map(const std::filesystem::path& path);
 
 class EngramHasher {
  public:

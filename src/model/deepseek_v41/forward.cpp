@@ -96,7 +96,7 @@ class ForwardPass {
   ForwardPass(const DeepseekV41TextConfig& config, const ModelParameters& parameters,
               Numerics numerics, const EngramHasher* engram, const ops::RopeTable& rope_main,
               const ops::RopeTable& rope_compress, ForwardWorkspace& ws,
-              std::vector<RequestSpan> spans, int64_t tokens)
+              std::vector<RequestSpan> spans, int64_t tokens, const Model::LayerObserver& observer)
       : c_(config),
         p_(parameters),
         engram_(engram),
@@ -108,7 +108,8 @@ class ForwardPass {
         dim_(config.hidden_size),
         hc_(config.hc_mult),
         quant_(numerics == Numerics::kReleased ? ops::ActivationQuant::kFp8PerBlock32
-                                               : ops::ActivationQuant::kNone) {}
+                                               : ops::ActivationQuant::kNone),
+        observer_(observer) {}
 
   void run(const TensorView& logits);
 
@@ -137,6 +138,7 @@ class ForwardPass {
   const int64_t dim_;
   const int64_t hc_;
   const ops::ActivationQuant quant_;
+  const Model::LayerObserver& observer_;
 };
 
 void ForwardPass::run(const TensorView& logits) {
@@ -189,6 +191,7 @@ void ForwardPass::run(const TensorView& logits) {
     moe(layer, x_view, y_view);
     ops::hc_expand(y_view, streams(), post_view, comb_view, streams());
     std::copy_n(pre, n_ * hc_, pre_mix);
+    if (observer_) observer_(layer, streams());
   }
   // Final collapse with the last site's pre mix, norm, head.
   ops::hc_collapse(streams(), pre_mix_view, x_view);
@@ -667,7 +670,7 @@ void Model::forward(std::span<const ForwardRequest> requests, const TensorView& 
   ws.candidates_width.assign(spans.size(), 0);
 
   ForwardPass pass(config_, parameters_, numerics_, engram_.get(), rope_main_, rope_compress_, ws,
-                   spans, tokens);
+                   spans, tokens, observer_);
   pass.run(logits);
   for (const RequestSpan& span : spans) span.state->advance(span.count);
 }

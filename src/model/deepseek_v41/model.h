@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -47,6 +48,12 @@ class Model {
 
   const DeepseekV41TextConfig& config() const { return config_; }
 
+  // Called after every decoder layer with the hc streams [tokens, hc_mult, hidden] f32 of the
+  // whole batch (token-major, as in forward). For layer-by-layer comparisons with the oracles
+  // (docs/GOLDEN.md); empty = none.
+  using LayerObserver = std::function<void(int64_t layer, const TensorView& streams)>;
+  void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
+
   // Runs every request's tokens and writes their logits, request after request, into
   // `logits` [total tokens, vocab] f32; then advances each state by its token count. A
   // request with no tokens is skipped. Throws Error (and changes no state) when a state would
@@ -61,6 +68,14 @@ class Model {
   ops::RopeTable rope_main_;
   ops::RopeTable rope_compress_;
   std::unique_ptr<ForwardWorkspace> workspace_;
+  LayerObserver observer_;
 };
+
+// Runs every prompt to its end as one ragged batch per step, `chunk` tokens per request per
+// step (0 = each whole prompt in one step, 1 = token-by-token decode), each request in a fresh
+// state. Returns every position's logits [total tokens, vocab], request after request: the
+// docs/GOLDEN.md logits layout.
+std::vector<float> run_prompts(Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                               int64_t chunk);
 
 }  // namespace deepinfer::deepseek_v41
