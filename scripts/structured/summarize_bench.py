@@ -30,7 +30,7 @@ def main():
     header = ["schema (tokens)"]
     for _, label in METRICS:
         header += [f"ours {label}", f"xgr {label}", "ratio"]
-    header += ["ours grammar KB", "xgr grammar KB"]
+    header += ["ours grammar KB", "xgr grammar KB", "xgr binding call µs"]
     print(f"{len(round_ids)} rounds; ratio = median over rounds of ours/xgrammar (< 1: ours faster)\n")
     print("| " + " | ".join(header) + " |")
     print("| --- |" + " ---: |" * (len(header) - 1))
@@ -42,7 +42,9 @@ def main():
             ratios = [x / y for x, y in zip(a, b)]
             row += [f"{statistics.median(a):.2f}", f"{statistics.median(b):.2f}",
                     f"{statistics.median(ratios):.2f}"]
-        row += [f"{ours[round_ids[0]][name]['grammar_kb']:.0f}", f"{xgr[round_ids[0]][name]['grammar_kb']:.0f}"]
+        calls = [xgr[r][name].get("binding_call_us", float("nan")) for r in round_ids]
+        row += [f"{ours[round_ids[0]][name]['grammar_kb']:.0f}", f"{xgr[round_ids[0]][name]['grammar_kb']:.0f}",
+                f"{statistics.median(calls):.2f}"]
         print("| " + " | ".join(row) + " |")
 
 
