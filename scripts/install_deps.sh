@@ -7,7 +7,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev
-  python3 python3-pip
+  python3 python3-pip python3-dev python3-venv
 )
 
 missing=()

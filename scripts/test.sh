@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
 
 echo "== CPU build and tests"
-BUILD_DIR=build ./scripts/build.sh
+# DEEPINFER_PYTHON: the Python tests below import the extension from this build (no second
+# library build through pip); the interpreter is the one that runs pytest.
+BUILD_DIR=build ./scripts/build.sh -DDEEPINFER_PYTHON=ON -DPython_EXECUTABLE="$(python3 -c 'import sys; print(sys.executable)')"
 ctest --test-dir build --output-on-failure --parallel "$(nproc)"
 
 if compgen -G "tests/python/test_*.py" >/dev/null; then

@@ -43,7 +43,9 @@ ChatMessage to_chat_message(nb::handle message, const std::string& path) {
   bool has_role = false;
   for (auto [key, value] : nb::borrow<nb::dict>(message)) {
     const std::string name = nb::isinstance<nb::str>(key) ? nb::cast<std::string>(key) : "";
-    std::string* field = name == "role" ? &result.role : name == "content" ? &result.content : nullptr;
+    std::string* field = name == "role"      ? &result.role
+                         : name == "content" ? &result.content
+                                             : nullptr;
     if (field == nullptr) {
       DI_THROW(path, ": unknown key ", nb::cast<std::string>(nb::repr(key)),
                " (accepted: role, content)");
@@ -179,8 +181,8 @@ void bind_llm(nb::module_& module) {
             new (self) PyLLM(args);
           },
           "args"_a)
-      .def_prop_ro("args", [](PyLLM& self) { return self.llm.args(); },
-                   "The resolved EngineArgs.")
+      .def_prop_ro(
+          "args", [](PyLLM& self) { return self.llm.args(); }, "The resolved EngineArgs.")
       .def(
           "_generate",
           [](PyLLM& self, const nb::list& prompts, const std::vector<SamplingParams>& params,

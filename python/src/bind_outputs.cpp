@@ -119,8 +119,8 @@ void bind_outputs(nb::module_& module) {
              return output.finish_reason != FinishReason::kNone;
            })
       .def("__repr__", [](const CompletionOutput& output) {
-        return concat("CompletionOutput(index=", output.index, ", text=",
-                      nb::cast<std::string>(nb::repr(nb::cast(output.text))),
+        return concat("CompletionOutput(index=", output.index,
+                      ", text=", nb::cast<std::string>(nb::repr(nb::cast(output.text))),
                       ", token_ids=", nb::cast<std::string>(nb::repr(nb::cast(output.token_ids))),
                       ", finish_reason=", finish_reason_name(output.finish_reason), ")");
       });
@@ -131,13 +131,11 @@ void bind_outputs(nb::module_& module) {
       .def_ro("first_token_s", &RequestTimings::first_token_s)
       .def_ro("finished_s", &RequestTimings::finished_s)
       .def_ro("num_preemptions", &RequestTimings::num_preemptions)
-      .def_prop_ro(
-          "time_to_first_token_s",
-          [](const RequestTimings& t) { return t.first_token_s - t.arrival_s; })
+      .def_prop_ro("time_to_first_token_s",
+                   [](const RequestTimings& t) { return t.first_token_s - t.arrival_s; })
       .def("__repr__", [](const RequestTimings& t) {
-        return concat("RequestTimings(arrival_s=", t.arrival_s, ", first_token_s=",
-                      t.first_token_s, ", finished_s=", t.finished_s,
-                      ", num_preemptions=", t.num_preemptions, ")");
+        return concat("RequestTimings(arrival_s=", t.arrival_s, ", first_token_s=", t.first_token_s,
+                      ", finished_s=", t.finished_s, ", num_preemptions=", t.num_preemptions, ")");
       });
 
   nb::class_<RequestOutput>(module, "RequestOutput", "What a request produced.")
@@ -148,8 +146,7 @@ void bind_outputs(nb::module_& module) {
       .def_ro("error", &RequestOutput::error, "Why the request failed, or None.")
       .def_ro("timings", &RequestOutput::timings)
       .def("__repr__", [](const RequestOutput& output) {
-        return concat("RequestOutput(request_id=", output.request_id,
-                      ", prompt_token_ids=",
+        return concat("RequestOutput(request_id=", output.request_id, ", prompt_token_ids=",
                       nb::cast<std::string>(nb::repr(nb::cast(output.prompt_token_ids))),
                       ", outputs=", nb::cast<std::string>(nb::repr(nb::cast(output.outputs))),
                       ", finished=", output.finished ? "True" : "False",

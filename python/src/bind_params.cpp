@@ -40,6 +40,9 @@ json to_json(nb::handle value, const std::string& path) {
     if (!index.is_valid()) throw nb::python_error();
     int overflow = 0;
     const long long signed_value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    // Non-negative integers are unsigned JSON numbers, as the JSON parser makes them (seq_seed
+    // accepts only those).
+    if (overflow == 0 && signed_value >= 0) return static_cast<uint64_t>(signed_value);
     if (overflow == 0) return static_cast<int64_t>(signed_value);
     if (overflow > 0) {
       const unsigned long long unsigned_value = PyLong_AsUnsignedLongLong(index.ptr());
@@ -70,7 +73,8 @@ json to_json(nb::handle value, const std::string& path) {
     }
     return object;
   }
-  DI_THROW(path, " must be None, bool, int, float, str, list or dict, got ", python_type_name(value));
+  DI_THROW(path, " must be None, bool, int, float, str, list or dict, got ",
+           python_type_name(value));
 }
 
 nb::object from_json(const json& value) {
@@ -129,9 +133,9 @@ SamplingParams sampling_params_from_kwargs(const nb::kwargs& kwargs) {
 std::string sampling_params_repr(const SamplingParams& params) {
   std::string text = "SamplingParams(";
   bool first = true;
-  for (const auto& [key, value] : sampling_params_json(params).items()) {
-    text += concat(first ? "" : ", ", key, "=",
-                   nb::cast<std::string>(nb::repr(from_json(value))));
+  const json fields = sampling_params_json(params);
+  for (const auto& [key, value] : fields.items()) {
+    text += concat(first ? "" : ", ", key, "=", nb::cast<std::string>(nb::repr(from_json(value))));
     first = false;
   }
   return text + ")";
@@ -157,7 +161,8 @@ void bind_sampling_params(nb::module_& module) {
   // One property per field of the JSON form; assignment re-validates the whole object.
   static const std::vector<std::string> field_names = [] {
     std::vector<std::string> names;
-    for (const auto& [key, value] : sampling_params_json(SamplingParams{}).items()) {
+    const json defaults = sampling_params_json(SamplingParams{});
+    for (const auto& [key, value] : defaults.items()) {
       names.push_back(key);
     }
     return names;
@@ -191,15 +196,16 @@ void bind_sampling_params(nb::module_& module) {
       "from_json", [](const std::string& text) { return sampling_params_from_json(text); },
       "text"_a, "The inverse of to_json(); the keys are the keyword names.");
   cls.def(
-      "to_dict", [](const SamplingParams& params) { return from_json(sampling_params_json(params)); },
+      "to_dict",
+      [](const SamplingParams& params) { return from_json(sampling_params_json(params)); },
       "Every field as a dict: SamplingParams(**params.to_dict()) == params.");
   cls.def("clone", [](const SamplingParams& params) { return SamplingParams(params); });
   cls.def("__copy__", [](const SamplingParams& params) { return SamplingParams(params); });
   cls.def("__deepcopy__",
           [](const SamplingParams& params, nb::handle) { return SamplingParams(params); });
   cls.def("__getstate__", &sampling_params_to_json);
-  cls.def("__setstate__", [](SamplingParams* self, const std::string& state) {
-    new (self) SamplingParams(sampling_params_from_json(state));
+  cls.def("__setstate__", [](SamplingParams& self, const std::string& state) {
+    new (&self) SamplingParams(sampling_params_from_json(state));
   });
   cls.def("__eq__", [](const SamplingParams& a, const SamplingParams& b) { return a == b; });
   cls.def("__repr__", &sampling_params_repr);
@@ -327,7 +333,8 @@ void bind_engine_args(nb::module_& module) {
           const auto setter = setters->find(name);
           if (setter == setters->end()) {
             std::string known;
-            for (const auto& [field, unused] : *setters) known += (known.empty() ? "" : ", ") + field;
+            for (const auto& [field, unused] : *setters)
+              known += (known.empty() ? "" : ", ") + field;
             DI_THROW("EngineArgs has no field '", name, "' (fields: ", known, ")");
           }
           setter->second(args, value);
