@@ -26,9 +26,8 @@ struct TokenSet {
   std::vector<int32_t> ids;
   std::vector<uint32_t> bits;
 
-  // `sorted_or_not` ids, each < vocab_size.
+  // ids in any order, each below vocab_size.
   static TokenSet from_ids(std::vector<int32_t> ids, size_t vocab_size);
-  bool empty() const { return ids.empty() && bits.empty(); }
   void or_into(std::span<uint32_t> mask) const;
   size_t memory_bytes() const { return ids.capacity() * 4 + bits.capacity() * 4; }
 };
@@ -40,7 +39,7 @@ inline constexpr uint32_t kRootReturn = UINT32_MAX;
 struct ReturnContextMask {
   uint32_t return_node;            // kRootReturn or the caller's continuation node
   TokenSet accepted;               // whatever lies below the return node
-  std::vector<int32_t> uncertain;  // run past the caller's rule too: parsed at run time
+  std::vector<int32_t> uncertain;  // also leave the caller's rule: parsed at run time; byte order
 };
 
 struct NodeTokenMask {
