@@ -10,7 +10,16 @@ Names and behaviour follow vLLM's offline API. Bad arguments raise deepinfer.Err
 ValueError whose message names the field.
 """
 
-from ._deepinfer import (
+import os as _os
+from pathlib import Path as _Path
+
+# An installed wheel carries the embedded default model's files; tell the library where they are
+# (a source build finds them in its own tree).
+_PACKAGED_MODEL = _Path(__file__).resolve().parent / "models" / "default"
+if (_PACKAGED_MODEL / "config.json").exists():
+    _os.environ.setdefault("DEEPINFER_DEFAULT_MODEL_DIR", str(_PACKAGED_MODEL))
+
+from ._deepinfer import (  # noqa: E402
     CompletionOutput,
     EngineArgs,
     Error,

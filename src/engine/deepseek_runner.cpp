@@ -1,5 +1,6 @@
 #include "engine/deepseek_runner.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -146,6 +147,10 @@ std::unique_ptr<ModelRunner> make_default_model_runner(const tokenizer::Tokenize
 }  // namespace
 
 std::string default_model_dir() {
+  // A relocatable copy (the Python wheel ships one inside the package and points here).
+  if (const char* packaged = std::getenv("DEEPINFER_DEFAULT_MODEL_DIR"); packaged && *packaged) {
+    if (std::filesystem::exists(std::filesystem::path(packaged) / "config.json")) return packaged;
+  }
   for (const char* candidate : {DEEPINFER_INSTALLED_MODEL_DIR, DEEPINFER_SOURCE_MODEL_DIR}) {
     if (std::filesystem::exists(std::filesystem::path(candidate) / "config.json")) {
       return candidate;
