@@ -329,6 +329,11 @@ struct Engine::Impl {
         request.logprobs.push_back(std::move(entry));
       }
       check_stop(request, result.token_id);
+      // A grammar that accepted its stop token is done, even under ignore_eos: nothing may
+      // follow a complete document.
+      if (request.matcher && request.matcher->is_terminated()) {
+        finish(request, FinishReason::kStop);
+      }
     }
     // Requests finished while in flight (abort, forward error) are removed now.
     for (const auto& chunk : step.plan.chunks) {
@@ -606,6 +611,18 @@ void Engine::release(const std::string& request_id) {
   if (it == impl_->requests.end()) return;
   for (const auto& request : it->second.sequences) {
     if (!request->finished()) return;
+  }
+  // The plan made while the last step ran may still name these (finished) requests; it must
+  // not outlive them (a later request could reuse their memory).
+  if (impl_->planned) {
+    std::erase_if(impl_->planned->chunks, [&](const ScheduledChunk& chunk) {
+      return std::any_of(it->second.sequences.begin(), it->second.sequences.end(),
+                         [&](const auto& request) { return request.get() == chunk.request; });
+    });
+    std::erase_if(impl_->planned->preempted, [&](const Request* preempted) {
+      return std::any_of(it->second.sequences.begin(), it->second.sequences.end(),
+                         [&](const auto& request) { return request.get() == preempted; });
+    });
   }
   impl_->requests.erase(it);
 }

@@ -200,6 +200,35 @@ TEST_P(TextModes, PreemptionUnderTinyPoolGivesSameOutputs) {
 
 INSTANTIATE_TEST_SUITE_P(AsyncOnOff, TextModes, ::testing::Bool());
 
+// One engine, several rounds of add / run / release (what LLM::generate does): the plan made
+// during a round's last step must not survive the released requests (it did once, and the
+// next round reused their memory and ids).
+TEST(EngineText, RepeatedRoundsOnOneEngineMatchTheReference) {
+  auto cases = mixed_cases(8, 404);
+  for (size_t i = 0; i < cases.size(); i += 3) {
+    cases[i].params.so_args = StructuredOutputArgs{"regex", "[a-z ]{1,12}"};
+    cases[i].params.stop.clear();
+  }
+  auto engine = make_engine(small_args(true));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::string> ids;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      ids.push_back(engine->add_request(cases[i].prompt, cases[i].params, std::to_string(i)));
+    }
+    engine->run_to_completion();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const auto out = engine->output(ids[i]);
+      ASSERT_FALSE(out.error) << round << ": " << *out.error;
+      if (!cases[i].params.so_args) {
+        const Expected want = testing::reference(toy_model(), cases[i].prompt, cases[i].params);
+        EXPECT_EQ(out.outputs[0].token_ids, want.tokens) << round << " " << i;
+      }
+      engine->release(ids[i]);
+    }
+    EXPECT_EQ(engine->free_state_tokens(), engine->state_capacity_tokens());
+  }
+}
+
 TEST(EngineText, IdenticalAcrossRunsAndModes) {
   const auto cases = mixed_cases(32, 5);
   std::vector<std::vector<std::string>> first;
