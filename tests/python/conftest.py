@@ -66,9 +66,8 @@ def engram_token_map(cli: Path, model_dir: Path, tmp_path_factory: pytest.TempPa
 
 @pytest.fixture(scope="session")
 def llm(model_dir: Path) -> deepinfer.LLM:
-    # Synchronous scheduling while the engine fails a later generate() on the same LLM with async
-    # scheduling (test_generate.py::test_repeated_generate_with_async_scheduling, xfail).
-    return deepinfer.LLM(model=str(model_dir), max_model_len=MAX_MODEL_LEN, async_scheduling=False)
+    # The engine's default (asynchronous) scheduling, as users get it.
+    return deepinfer.LLM(model=str(model_dir), max_model_len=MAX_MODEL_LEN)
 
 
 def cli_generate(cli: Path, model_dir: Path, requests: list[dict], tmp_path: Path) -> list[dict]:
