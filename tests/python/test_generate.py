@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from tokenizers import Tokenizer
 
 import deepinfer
 from conftest import MAX_MODEL_LEN, cli_generate, run_cli
@@ -73,7 +74,11 @@ def test_greedy_tokens_and_logprobs_are_the_forwards(llm, cli, model_dir, engram
             "prefill", "--numerics", "released", "--engram-token-map", str(engram_token_map),
             "--out", str(logits_path))
     forward = load_file(str(logits_path))
-    logits, offsets = forward["logits"].astype(np.float64), forward["cu_seqlens"]
+    # The engine never samples the model's padding rows past the tokenizer's vocabulary (they
+    # are masked before the distribution is formed), so the oracle's softmax covers the
+    # tokenizer's ids only; the vocabulary size comes from HF tokenizers.
+    vocab = Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    logits, offsets = forward["logits"][:, :vocab].astype(np.float64), forward["cu_seqlens"]
     for request, output in enumerate(outputs):
         completion = output.outputs[0]
         first_row = offsets[request] + len(output.prompt_token_ids) - 1
