@@ -243,3 +243,13 @@ __device__ __forceinline__ void warp_fake_quant_fp8_block(const float* in, float
 }
 
 }  // namespace deepinfer::cuda
+
+// Every op file launches through these helpers; naming them once here keeps the files' own
+// using-lists to what is particular to them.
+namespace deepinfer::ops::cuda {
+using deepinfer::cuda::blocks_for;
+using deepinfer::cuda::current_stream;
+using deepinfer::cuda::device_rows;
+using deepinfer::cuda::DeviceRows;
+using deepinfer::cuda::StreamBuffer;
+}  // namespace deepinfer::ops::cuda

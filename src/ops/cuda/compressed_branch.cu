@@ -11,11 +11,6 @@
 namespace deepinfer::ops::cuda {
 namespace {
 
-using deepinfer::cuda::blocks_for;
-using deepinfer::cuda::current_stream;
-using deepinfer::cuda::device_rows;
-using deepinfer::cuda::DeviceRows;
-
 constexpr int kThreads = 256;
 
 __global__ void compress_pool_kernel(DeviceRows<const float> kv, DeviceRows<const float> gate,

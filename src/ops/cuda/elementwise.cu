@@ -7,12 +7,6 @@
 namespace deepinfer::ops::cuda {
 namespace {
 
-using deepinfer::cuda::blocks_for;
-using deepinfer::cuda::current_stream;
-using deepinfer::cuda::device_rows;
-using deepinfer::cuda::DeviceRows;
-using deepinfer::cuda::StreamBuffer;
-
 constexpr int kThreads = 256;
 
 // An f32 or bf16 parameter vector in device memory (null data: absent, reads as 1).

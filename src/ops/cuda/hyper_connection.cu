@@ -6,11 +6,6 @@
 namespace deepinfer::ops::cuda {
 namespace {
 
-using deepinfer::cuda::blocks_for;
-using deepinfer::cuda::current_stream;
-using deepinfer::cuda::device_rows;
-using deepinfer::cuda::DeviceRows;
-
 constexpr int kThreads = 256;
 constexpr int kMaxMixes = 80;  // (2 + hc) * hc for hc <= 8
 constexpr int kMaxStreams = 16;

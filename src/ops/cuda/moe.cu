@@ -8,11 +8,6 @@
 namespace deepinfer::ops::cuda {
 namespace {
 
-using deepinfer::cuda::blocks_for;
-using deepinfer::cuda::current_stream;
-using deepinfer::cuda::device_rows;
-using deepinfer::cuda::DeviceRows;
-
 constexpr int kThreads = 256;
 constexpr int kMaxTopK = 32;
 
