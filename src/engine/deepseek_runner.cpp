@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -11,12 +12,40 @@
 #include "deepinfer/engine_args.h"
 #include "model/deepseek_v41/random_weights.h"
 #include "model/deepseek_v41/weights.h"
+#include "ops/ops.h"
 #include "tokenizer/engram_map.h"
 #include "tokenizer/tokenizer.h"
+
+#ifdef DEEPINFER_HAS_CUDA
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_runtime.h"
+#endif
 
 namespace deepinfer::engine {
 
 namespace v41 = deepseek_v41;
+
+#ifdef DEEPINFER_HAS_CUDA
+struct DeepseekRunner::DeviceStream {
+  cuda::Stream stream;
+};
+#else
+struct DeepseekRunner::DeviceStream {};
+#endif
+
+namespace {
+
+// Long-lived memory on `device`: the host heap, or the GPU's cudaMalloc pool.
+Allocator& allocator_on(Device device) {
+  if (device.is_cpu()) return host_allocator();
+#ifdef DEEPINFER_HAS_CUDA
+  return cuda::device_allocator(device.index);
+#else
+  DI_THROW("a model on ", device.to_string(), " needs a build with -DDEEPINFER_CUDA=ON");
+#endif
+}
+
+}  // namespace
 
 DeepseekRunner::DeepseekRunner(const v41::DeepseekV41TextConfig& config,
                                const v41::ModelParameters& parameters, v41::Numerics numerics,
@@ -24,7 +53,19 @@ DeepseekRunner::DeepseekRunner(const v41::DeepseekV41TextConfig& config,
                                std::shared_ptr<void> keep_alive)
     : keep_alive_(std::move(keep_alive)),
       config_(config),
-      model_(config_, parameters, numerics, std::move(engram)) {}
+      model_(config_, parameters, numerics, std::move(engram)),
+      device_(parameters.embed.device()) {
+  if (device_.is_cuda()) {
+    allocator_on(device_);  // fails here, naming the GPU problem, before any step
+#ifdef DEEPINFER_HAS_CUDA
+    // The parameters were uploaded on this thread's stream; steps run on the runner's own.
+    cuda::synchronize();
+    stream_ = std::make_unique<DeviceStream>();
+#endif
+  }
+}
+
+DeepseekRunner::~DeepseekRunner() = default;
 
 int64_t DeepseekRunner::vocab_size() const {
   return config_.vocab_size;
@@ -53,30 +94,66 @@ int64_t DeepseekRunner::state_bytes_per_token() const {
   return std::max<int64_t>(1, bytes / kProbeTokens);
 }
 
-void DeepseekRunner::allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot) {
+void DeepseekRunner::allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot,
+                                    int64_t max_tokens_per_step) {
+  Allocator& allocator = allocator_on(device_);
   slots_.clear();
   for (int32_t i = 0; i < num_slots; ++i) {
-    slots_.push_back(
-        std::make_unique<v41::RequestState>(config_, v41::StateLimits{max_tokens_per_slot, 0}));
+    slots_.push_back(std::make_unique<v41::RequestState>(
+        config_, v41::StateLimits{max_tokens_per_slot, 0}, allocator));
   }
   requests_.reserve(static_cast<size_t>(num_slots));
+  gather_rows_.reserve(static_cast<size_t>(num_slots));
+  step_logits_ = Tensor::empty(DType::kF32, {max_tokens_per_step, config_.vocab_size}, allocator);
+  if (device_.is_cuda()) {
+    sampled_logits_ = Tensor::empty(DType::kF32, {num_slots, config_.vocab_size}, allocator);
+  }
 }
 
 void DeepseekRunner::reset_slot(int32_t slot) {
   slots_.at(static_cast<size_t>(slot))->reset();
 }
 
-void DeepseekRunner::forward(std::span<const SlotTokens> batch, std::span<float> logits) {
+void DeepseekRunner::forward(std::span<const SlotTokens> batch,
+                             std::span<const int64_t> logits_rows, std::span<float> logits) {
   requests_.clear();
   int64_t total = 0;
   for (const auto& item : batch) {
     requests_.push_back({slots_.at(static_cast<size_t>(item.slot)).get(), item.tokens});
     total += static_cast<int64_t>(item.tokens.size());
   }
-  DI_CHECK(static_cast<int64_t>(logits.size()) == total * config_.vocab_size,
-           "logits buffer does not match the batch");
-  model_.forward(requests_,
-                 TensorView::contiguous(logits.data(), DType::kF32, {total, config_.vocab_size}));
+  DI_CHECK(total <= step_logits_.shape()[0], "a step of ", total,
+           " tokens exceeds the runner's max_tokens_per_step ", step_logits_.shape()[0]);
+  const auto rows = static_cast<int64_t>(logits_rows.size());
+  DI_CHECK(static_cast<int64_t>(logits.size()) == rows * config_.vocab_size,
+           "logits buffer does not match the sampled rows");
+  gather_rows_.clear();
+  for (int64_t row : logits_rows) {
+    DI_CHECK(row >= 0 && row < total, "logits row ", row, " is outside the step's ", total,
+             " tokens");
+    gather_rows_.push_back(static_cast<int32_t>(row));
+  }
+  const TensorView host_out =
+      TensorView::contiguous(logits.data(), DType::kF32, {rows, config_.vocab_size});
+#ifdef DEEPINFER_HAS_CUDA
+  std::optional<cuda::StreamScope> on_stream;
+  if (stream_) on_stream.emplace(stream_->stream);
+#endif
+  const TensorView step_logits = step_logits_.view().narrow(0, 0, total);
+  model_.forward(requests_, step_logits);
+  // The sampled rows are gathered as an embedding lookup whose "table" is the step's logits.
+  if (device_.is_cpu()) {
+    if (rows > 0) ops::embedding(step_logits, gather_rows_, host_out);
+    return;
+  }
+#ifdef DEEPINFER_HAS_CUDA
+  if (rows > 0) {
+    const TensorView gathered = sampled_logits_.view().narrow(0, 0, rows);
+    ops::embedding(step_logits, gather_rows_, gathered);
+    cuda::copy(gathered, host_out);
+  }
+  cuda::synchronize();  // the step's one wait; reports what kernels found in their inputs
+#endif
 }
 
 namespace {
@@ -116,13 +193,30 @@ std::shared_ptr<const v41::EngramHasher> make_engram_hasher(
   return std::make_shared<v41::EngramHasher>(config, std::move(token_map));
 }
 
+// The runner on `accelerator` over host parameters that `host_owner` keeps alive: those
+// parameters themselves on cpu; on nvidia a copy on GPU 0 made once here (the host copy is then
+// released with `host_owner`, unless the caller holds it too).
+std::unique_ptr<ModelRunner> runner_on(Accelerator accelerator,
+                                       const v41::DeepseekV41TextConfig& config,
+                                       const v41::ModelParameters& host_parameters,
+                                       v41::Numerics numerics,
+                                       std::shared_ptr<const v41::EngramHasher> engram,
+                                       std::shared_ptr<void> host_owner) {
+  if (accelerator == Accelerator::kCpu) {
+    return std::make_unique<DeepseekRunner>(config, host_parameters, numerics, std::move(engram),
+                                            std::move(host_owner));
+  }
+  DI_THROW("DEEPINFER_ACCELERATOR=nvidia: the DeepSeek-V4.1 forward does not run on the GPU yet");
+}
+
 // The default model's weights, made in memory, and the parameters that view them.
 struct DefaultModel {
   std::vector<v41::RandomTensor> tensors;
   std::unique_ptr<v41::ModelParameters> parameters;
 };
 
-std::unique_ptr<ModelRunner> make_default_model_runner(const tokenizer::Tokenizer* tokenizer) {
+std::unique_ptr<ModelRunner> make_default_model_runner(Accelerator accelerator,
+                                                       const tokenizer::Tokenizer* tokenizer) {
   const std::filesystem::path dir = default_model_dir();
   const v41::DeepseekV41Config config = v41::load_config(dir / "config.json");
   constexpr uint64_t kDefaultModelSeed = 0;
@@ -140,8 +234,8 @@ std::unique_ptr<ModelRunner> make_default_model_runner(const tokenizer::Tokenize
     return TensorView::contiguous(tensor.bytes.data(), tensor.spec->dtype,
                                   Shape(std::span<const int64_t>(tensor.spec->shape)));
   });
-  return std::make_unique<DeepseekRunner>(config.text, *model->parameters, v41::Numerics::kReleased,
-                                          make_engram_hasher(config.text, dir, tokenizer), model);
+  return runner_on(accelerator, config.text, *model->parameters, v41::Numerics::kReleased,
+                   make_engram_hasher(config.text, dir, tokenizer), model);
 }
 
 }  // namespace
@@ -163,16 +257,22 @@ std::string default_model_dir() {
 
 std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args,
                                                const tokenizer::Tokenizer* tokenizer) {
-  if (args.accelerator == Accelerator::kNvidia) {
+  DI_CHECK(args.accelerator.has_value(), "make_model_runner needs resolved EngineArgs");
+  const Accelerator accelerator = *args.accelerator;
+  if (accelerator == Accelerator::kNvidia) {
 #ifdef DEEPINFER_HAS_CUDA
-    DI_THROW("DEEPINFER_ACCELERATOR=nvidia: the CUDA backend does not run the engine yet; use cpu");
+    try {
+      cuda::require_supported_device(0);
+    } catch (const Error& error) {
+      DI_THROW("DEEPINFER_ACCELERATOR=nvidia: ", error.what(), "; use cpu");
+    }
 #else
     DI_THROW(
         "DEEPINFER_ACCELERATOR=nvidia: this build of deepinfer was not built with CUDA "
         "(configure with -DDEEPINFER_CUDA=ON); use cpu");
 #endif
   }
-  if (args.model.empty()) return make_default_model_runner(tokenizer);
+  if (args.model.empty()) return make_default_model_runner(accelerator, tokenizer);
   auto loaded = std::make_shared<v41::LoadedModel>(v41::load_model(args.model));
   const auto& config = loaded->config.text;
   auto hasher = make_engram_hasher(config, args.model, tokenizer);
@@ -180,7 +280,7 @@ std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args,
   // The released checkpoint runs as DeepSeek's reference runs it; the HF layout as HF does.
   const auto numerics = loaded->layout == v41::WeightLayout::kReleased ? v41::Numerics::kReleased
                                                                        : v41::Numerics::kDense;
-  return std::make_unique<DeepseekRunner>(config, parameters, numerics, std::move(hasher), loaded);
+  return runner_on(accelerator, config, parameters, numerics, std::move(hasher), loaded);
 }
 
 }  // namespace deepinfer::engine

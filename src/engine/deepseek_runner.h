@@ -1,5 +1,7 @@
 // ModelRunner over the DeepSeek-V4.1 forward (src/model): a pool of RequestState slots made
-// at start-up, and Model::forward on the engine's ragged batch.
+// at start-up, and Model::forward on the engine's ragged batch. It runs where its parameters
+// live: on the host, or on a GPU (state slots and logits on the device, one device-to-host
+// copy of the sampled rows per step).
 #pragma once
 
 #include <memory>
@@ -14,18 +16,24 @@ namespace deepinfer::engine {
 class DeepseekRunner final : public ModelRunner {
  public:
   // `parameters` must outlive the runner; `keep_alive` (optional) owns what they point into.
+  // The runner's device is the parameters' (their embedding table's) device.
   DeepseekRunner(const deepseek_v41::DeepseekV41TextConfig& config,
                  const deepseek_v41::ModelParameters& parameters, deepseek_v41::Numerics numerics,
                  std::shared_ptr<const deepseek_v41::EngramHasher> engram,
                  std::shared_ptr<void> keep_alive = nullptr);
+  ~DeepseekRunner() override;
 
   int64_t vocab_size() const override;
   std::vector<int32_t> eos_token_ids() const override;
   int64_t max_model_len() const override;
   int64_t state_bytes_per_token() const override;
-  void allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot) override;
+  void allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot,
+                      int64_t max_tokens_per_step) override;
   void reset_slot(int32_t slot) override;
-  void forward(std::span<const SlotTokens> batch, std::span<float> logits) override;
+  void forward(std::span<const SlotTokens> batch, std::span<const int64_t> logits_rows,
+               std::span<float> logits) override;
+
+  Device device() const { return device_; }
 
  private:
   std::shared_ptr<void> keep_alive_;
@@ -33,6 +41,15 @@ class DeepseekRunner final : public ModelRunner {
   deepseek_v41::Model model_;
   std::vector<std::unique_ptr<deepseek_v41::RequestState>> slots_;
   std::vector<deepseek_v41::ForwardRequest> requests_;
+  Device device_;
+  // Sized by allocate_slots: every token's logits [max_tokens_per_step, vocab], and (on a GPU)
+  // the sampled rows gathered into one block [num_slots, vocab] for a single copy to the host.
+  Tensor step_logits_;
+  Tensor sampled_logits_;
+  std::vector<int32_t> gather_rows_;
+  // On a GPU: the stream every step runs on (CUDA builds only).
+  struct DeviceStream;
+  std::unique_ptr<DeviceStream> stream_;
 };
 
 }  // namespace deepinfer::engine

@@ -71,7 +71,6 @@ struct Engine::Impl {
   std::map<std::string, RequestGroup> requests;
   int64_t next_arrival = 0;
   int64_t plans_made = 0;
-  std::vector<float> logits;
   std::vector<float> sample_logits;
   std::optional<StepPlan> planned;  // async: the step planned while the previous one ran
   EngineStats stats;
@@ -211,21 +210,12 @@ struct Engine::Impl {
   void execute(PreparedStep& step) {
     try {
       for (int32_t slot : step.reset_slots) runner->reset_slot(slot);
-      const size_t total = step.tokens.size();
-      if (logits.size() < total * static_cast<size_t>(vocab)) {
-        logits.resize(total * static_cast<size_t>(vocab));
-      }
+      // Only the sampled rows come back, as the dense [rows, vocab] block the sampler reads.
+      sample_logits.resize(step.rows.size() * static_cast<size_t>(vocab));
       notify(StepEvent::kForwardBegin, step.plan.index);
-      runner->forward(step.batch,
-                      std::span<float>(logits).first(total * static_cast<size_t>(vocab)));
+      runner->forward(step.batch, step.row_of_logits, sample_logits);
       notify(StepEvent::kForwardEnd, step.plan.index);
       if (step.masks_ready.valid()) step.masks_ready.wait();
-      // Gather the sampled rows so the sampler sees a dense [rows, vocab] block.
-      sample_logits.resize(step.rows.size() * static_cast<size_t>(vocab));
-      for (size_t r = 0; r < step.rows.size(); ++r) {
-        std::copy_n(logits.begin() + step.row_of_logits[r] * vocab, vocab,
-                    sample_logits.begin() + static_cast<int64_t>(r) * vocab);
-      }
       step.results.resize(step.rows.size());
       sampler.sample(sample_logits, vocab, step.rows, step.results);
     } catch (const std::exception& error) {
@@ -494,7 +484,7 @@ Engine::Engine(const EngineArgs& args, std::unique_ptr<ModelRunner> runner,
   }
   // A request must fit the pool alone, so the oldest one can always run to its end.
   s.max_model_len = std::min(s.max_model_len, capacity);
-  s.runner->allocate_slots(args.max_num_seqs, s.max_model_len);
+  s.runner->allocate_slots(args.max_num_seqs, s.max_model_len, args.max_num_batched_tokens);
   s.states = std::make_unique<StateManager>(args.max_num_seqs, s.max_model_len, capacity);
   s.scheduler = std::make_unique<Scheduler>(
       SchedulerLimits{args.max_num_seqs, args.max_num_batched_tokens, s.max_model_len}, *s.states);

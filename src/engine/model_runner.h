@@ -28,13 +28,19 @@ class ModelRunner {
   // Bytes of state one token of one request occupies (pool sizing from state_pool_bytes).
   virtual int64_t state_bytes_per_token() const = 0;
 
-  // Creates every state slot once, at start-up; nothing is allocated per step afterwards.
-  virtual void allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot) = 0;
+  // Creates every state slot, and whatever a step needs (a runner on a GPU: its logits
+  // buffers), once at start-up; nothing is allocated per step afterwards. A step holds at most
+  // `max_tokens_per_step` tokens and samples at most `num_slots` rows.
+  virtual void allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot,
+                              int64_t max_tokens_per_step) = 0;
   // Empties a slot for its next request (no memory is freed).
   virtual void reset_slot(int32_t slot) = 0;
-  // Runs the batch and writes logits [total tokens, vocab] row-major, request after request;
-  // advances each slot by its token count.
-  virtual void forward(std::span<const SlotTokens> batch, std::span<float> logits) = 0;
+  // Runs the batch (its tokens are numbered request after request) and advances each slot by
+  // its token count. Writes the logits of the tokens `logits_rows` names (ascending token
+  // numbers) as a dense row-major [logits_rows.size(), vocab] block: only the rows the sampler
+  // reads leave the model, so a runner on a GPU copies those and nothing else to the host.
+  virtual void forward(std::span<const SlotTokens> batch, std::span<const int64_t> logits_rows,
+                       std::span<float> logits) = 0;
 };
 
 }  // namespace deepinfer::engine

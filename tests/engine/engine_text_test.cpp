@@ -429,12 +429,13 @@ class HookedRunner final : public ModelRunner {
   std::vector<int32_t> eos_token_ids() const override { return toy_.eos_token_ids(); }
   int64_t max_model_len() const override { return toy_.max_model_len(); }
   int64_t state_bytes_per_token() const override { return toy_.state_bytes_per_token(); }
-  void allocate_slots(int32_t slots, int64_t tokens) override {
-    toy_.allocate_slots(slots, tokens);
+  void allocate_slots(int32_t slots, int64_t tokens, int64_t step_tokens) override {
+    toy_.allocate_slots(slots, tokens, step_tokens);
   }
   void reset_slot(int32_t slot) override { toy_.reset_slot(slot); }
-  void forward(std::span<const SlotTokens> batch, std::span<float> logits) override {
-    toy_.forward(batch, logits);
+  void forward(std::span<const SlotTokens> batch, std::span<const int64_t> rows,
+               std::span<float> logits) override {
+    toy_.forward(batch, rows, logits);
     hook_(step_, logits);
   }
   int64_t step_ = -1;

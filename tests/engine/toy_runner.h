@@ -41,14 +41,18 @@ class ToyRunner final : public ModelRunner {
   int64_t max_model_len() const override { return max_len_; }
   int64_t state_bytes_per_token() const override { return 8; }
 
-  void allocate_slots(int32_t num_slots, int64_t max_tokens) override {
+  void allocate_slots(int32_t num_slots, int64_t max_tokens, int64_t) override {
     slots_.assign(static_cast<size_t>(num_slots), Slot{});
     for (auto& slot : slots_) slot.hashes.assign(static_cast<size_t>(max_tokens), 0);
   }
   void reset_slot(int32_t slot) override { slots_.at(static_cast<size_t>(slot)).length = 0; }
 
-  void forward(std::span<const SlotTokens> batch, std::span<float> logits) override {
-    size_t row = 0;
+  void forward(std::span<const SlotTokens> batch, std::span<const int64_t> logits_rows,
+               std::span<float> logits) override {
+    DI_CHECK(logits.size() == logits_rows.size() * static_cast<size_t>(vocab_),
+             "toy logits buffer does not match the rows");
+    int64_t row = 0;
+    size_t next_out = 0;
     for (const auto& item : batch) {
       Slot& slot = slots_.at(static_cast<size_t>(item.slot));
       DI_CHECK(slot.length + static_cast<int64_t>(item.tokens.size()) <=
@@ -60,11 +64,15 @@ class ToyRunner final : public ModelRunner {
             slot.length == 0 ? 0 : slot.hashes[static_cast<size_t>(slot.length - 1)];
         const uint64_t hash = toy_extend(previous, token);
         slot.hashes[static_cast<size_t>(slot.length++)] = hash;
-        toy_logits(hash,
-                   logits.subspan(row * static_cast<size_t>(vocab_), static_cast<size_t>(vocab_)));
+        if (next_out < logits_rows.size() && logits_rows[next_out] == row) {
+          toy_logits(hash, logits.subspan(next_out * static_cast<size_t>(vocab_),
+                                          static_cast<size_t>(vocab_)));
+          ++next_out;
+        }
         ++row;
       }
     }
+    DI_CHECK(next_out == logits_rows.size(), "toy logits rows are not ascending batch rows");
     forward_calls_ += 1;
   }
 
