@@ -126,25 +126,49 @@ void Sampler::sample(std::span<const float> logits, int64_t vocab_size,
                               });
 }
 
-namespace {
-
-void sample_row(std::span<const float> row_logits, const SamplerRow& row, SamplerWorkspace& ws,
-                SampledToken& result) {
+void check_row_inputs(const SamplerRow& row, int64_t vocab_size) {
   DI_CHECK(row.params != nullptr, "SamplerRow.params must be set");
   const SamplingParams& params = *row.params;
   params.validate();
-  const auto vocab_size = static_cast<int64_t>(row_logits.size());
-  const size_t vocab = row_logits.size();
-
-  const size_t mask_words = (vocab + 31) / 32;
+  const auto mask_words = static_cast<size_t>((vocab_size + 31) / 32);
   if (!row.allowed_token_bitmask.empty() && row.allowed_token_bitmask.size() != mask_words) {
     DI_THROW("grammar bitmask has ", row.allowed_token_bitmask.size(), " words, expected ",
-             mask_words, " for a vocabulary of ", vocab);
+             mask_words, " for a vocabulary of ", vocab_size);
   }
   if (has_penalties(params)) {
     check_token_ids(row.prompt_token_ids, vocab_size, "prompt token ids");
     check_token_ids(row.output_token_ids, vocab_size, "output token ids");
   }
+}
+
+std::string non_finite_logit_message(float value, size_t token) {
+  return concat("model logits are ", value, " at token ", token, "; cannot sample");
+}
+
+std::string grammar_allows_nothing_message(size_t position) {
+  return concat("the structured-output grammar allows no token at output position ", position);
+}
+
+std::string allowed_all_negative_infinity_message(size_t position) {
+  return concat("every token allowed at output position ", position,
+                " has logit -inf; cannot sample");
+}
+
+std::string nothing_sampleable_message(size_t position, size_t allowed_by_grammar,
+                                       int64_t min_tokens) {
+  return concat("no token can be sampled at output position ", position, ": the grammar allows ",
+                allowed_by_grammar, " token(s) with a finite logit and min_tokens = ", min_tokens,
+                " bans the stop/EOS tokens among them (or a penalty overflowed them to -inf)");
+}
+
+namespace {
+
+void sample_row(std::span<const float> row_logits, const SamplerRow& row, SamplerWorkspace& ws,
+                SampledToken& result) {
+  check_row_inputs(row, static_cast<int64_t>(row_logits.size()));
+  const SamplingParams& params = *row.params;
+  const size_t vocab = row_logits.size();
+  const size_t position = row.output_token_ids.size();
 
   // 1. Copy with the grammar mask applied; reject logits no distribution can come from.
   std::vector<float>& logits = ws.logits;
@@ -153,22 +177,14 @@ void sample_row(std::span<const float> row_logits, const SamplerRow& row, Sample
   size_t candidates = 0;
   for (size_t t = 0; t < vocab; ++t) {
     const float value = row_logits[t];
-    if (std::isnan(value) || value == INFINITY) {
-      DI_THROW("model logits are ", value, " at token ", t, "; cannot sample");
-    }
+    if (std::isnan(value) || value == INFINITY) throw Error(non_finite_logit_message(value, t));
     const bool allowed = is_allowed(row.allowed_token_bitmask, t);
     allowed_by_grammar += allowed ? 1 : 0;
     logits[t] = allowed ? value : -INFINITY;
     candidates += logits[t] > -INFINITY ? 1 : 0;
   }
-  if (allowed_by_grammar == 0) {
-    DI_THROW("the structured-output grammar allows no token at output position ",
-             row.output_token_ids.size());
-  }
-  if (candidates == 0) {
-    DI_THROW("every token allowed at output position ", row.output_token_ids.size(),
-             " has logit -inf; cannot sample");
-  }
+  if (allowed_by_grammar == 0) throw Error(grammar_allows_nothing_message(position));
+  if (candidates == 0) throw Error(allowed_all_negative_infinity_message(position));
 
   // 2. Raw log-probabilities (vLLM's default logprobs mode): before penalties/temperature.
   double lse = 0.0;
@@ -188,10 +204,7 @@ void sample_row(std::span<const float> row_logits, const SamplerRow& row, Sample
     apply_penalties(logits, params, row.prompt_token_ids, row.output_token_ids, ws.history);
   }
   if (std::none_of(logits.begin(), logits.end(), [](float v) { return v > -INFINITY; })) {
-    DI_THROW("no token can be sampled at output position ", row.output_token_ids.size(),
-             ": the grammar allows ", allowed_by_grammar,
-             " token(s) with a finite logit and min_tokens = ", params.min_tokens,
-             " bans the stop/EOS tokens among them (or a penalty overflowed them to -inf)");
+    throw Error(nothing_sampleable_message(position, allowed_by_grammar, params.min_tokens));
   }
 
   // 5. Pick.
@@ -199,7 +212,7 @@ void sample_row(std::span<const float> row_logits, const SamplerRow& row, Sample
     result.token_id = argmax_lowest_id(logits);
   } else {
     build_candidate_distribution(logits, params, ws.candidates, ws.filters);
-    const double uniform = token_uniform(row.seed, row.output_token_ids.size(), row.sample_index);
+    const double uniform = token_uniform(row.seed, position, row.sample_index);
     result.token_id = ws.candidates.token_ids[pick_by_inverse_cdf(ws.candidates, uniform)];
   }
 

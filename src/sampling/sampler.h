@@ -93,4 +93,15 @@ class Sampler {
   std::vector<std::unique_ptr<SamplerWorkspace>> workspaces_;
 };
 
+// What every sampler backend checks and reports in the same words (the CUDA sampler shares
+// them so that a row fails identically on either backend).
+// Checks what can be checked before reading the logits: params.validate(), the bitmask's size,
+// and (when a penalty is set) that the history ids lie in [0, vocab_size). Throws Error.
+void check_row_inputs(const SamplerRow& row, int64_t vocab_size);
+std::string non_finite_logit_message(float value, size_t token);
+std::string grammar_allows_nothing_message(size_t position);
+std::string allowed_all_negative_infinity_message(size_t position);
+std::string nothing_sampleable_message(size_t position, size_t allowed_by_grammar,
+                                       int64_t min_tokens);
+
 }  // namespace deepinfer::sampling
