@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool's `run`, repo root as working directory) over the
-# programs scripts/cuda/stage_device_build.sh staged in build-cuda/device/. Logs go to $OUT
-# (or ./device-out when run by hand): env.txt, backend_ops.log/.xml, memcheck.log, racecheck.log.
+# programs scripts/cuda/stage_device_build.sh staged in $BIN (default build-cuda/device). Logs
+# go to $OUT (or ./device-out when run by hand): env.txt, backend_ops.log/.xml,
+# gpu_forward.log, golden_gpu.log, memcheck.log, racecheck.log, memcheck_forward.log.
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
-BIN=$PWD/build-cuda/device
+BIN=${BIN:-$PWD/build-cuda/device}
 export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
 export DEEPINFER_SOURCE_DIR=$PWD
+# The model tests find tests/data under the checkout path they were compiled with.
+if [ -f "$BIN/compiled_source_dir" ]; then
+  compiled=$(cat "$BIN/compiled_source_dir")
+  if [ "$compiled" != "$PWD" ] && [ ! -e "$compiled" ]; then
+    mkdir -p "$(dirname "$compiled")" && ln -s "$PWD" "$compiled"
+  fi
+fi
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
@@ -21,6 +29,18 @@ timeout ${BACKEND_TIMEOUT:-180} "$BIN/backend_ops_test" --gtest_output="xml:$OUT
   >"$OUT/backend_ops.log" 2>&1 || status=1
 tail -n 40 "$OUT/backend_ops.log"
 
+if [ -x "$BIN/model_gpu_forward_test" ]; then
+  echo "== model on the GPU vs the CPU backend (tiny random models)"
+  timeout ${MODEL_TIMEOUT:-180} "$BIN/model_gpu_forward_test" >"$OUT/gpu_forward.log" 2>&1 || status=1
+  grep -E "^\[ gpu|OK|FAILED|PASSED|Failure|error" "$OUT/gpu_forward.log" | tail -n 30
+fi
+if [ -x "$BIN/model_golden_test" ]; then
+  echo "== golden logits on the GPU"
+  timeout ${MODEL_TIMEOUT:-180} "$BIN/model_golden_test" --gtest_filter='*OnGpu*' \
+    >"$OUT/golden_gpu.log" 2>&1 || status=1
+  grep -E "^\[ golden|OK|FAILED|PASSED|SKIPPED" "$OUT/golden_gpu.log" | tail -n 60
+fi
+
 # The sanitizers slow kernels down a hundredfold: tiny shapes only.
 export BACKEND_OPS_TINY_ONLY=1
 for tool in memcheck racecheck; do
@@ -29,4 +49,12 @@ for tool in memcheck racecheck; do
     "$BIN/backend_ops_test" --gtest_brief=1 >"$OUT/$tool.log" 2>&1 || status=1
   tail -n 8 "$OUT/$tool.log"
 done
+if [ -x "$BIN/model_gpu_forward_test" ]; then
+  echo "== compute-sanitizer --tool memcheck, the tiny model's forward on the GPU"
+  timeout ${SANITIZER_TIMEOUT:-100} compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$BIN/model_gpu_forward_test" --gtest_brief=1 \
+    --gtest_filter='*ARequestsLogitsDoNotDependOnTheRestOfTheBatch*' \
+    >"$OUT/memcheck_forward.log" 2>&1 || status=1
+  tail -n 8 "$OUT/memcheck_forward.log"
+fi
 exit $status

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Builds the CUDA test programs here and stages them in build-cuda/device/ (stripped, with the
-# CUDA runtime they link), small enough to travel to the GPU machine:
+# Builds the CUDA test programs here and stages them (stripped, with the CUDA runtime they link)
+# in $BUILD_DIR/device/, small enough to travel to the GPU machine:
 #   scripts/cuda/stage_device_build.sh   then   run (carry: ["build-cuda/device"])
 #   command: scripts/cuda/run_device_tests.sh
+# BUILD_DIR (default build-cuda) lets several engineers stage from their own build trees;
+# EXTRA_TARGETS / EXTRA_PROGRAMS add programs (paths relative to the repository root).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+BUILD_DIR=${BUILD_DIR:-build-cuda}
 export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
-cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_CUDA=ON \
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_CUDA=ON \
   -DDEEPINFER_BUILD_TESTS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
-cmake --build build-cuda -j"${JOBS:-2}" --target backend_ops_test ${EXTRA_TARGETS:-}
-rm -rf build-cuda/device && mkdir -p build-cuda/device
-for program in build-cuda/tests/ops/backend_ops_test ${EXTRA_PROGRAMS:-}; do
-  strip -o "build-cuda/device/$(basename "$program")" "$program"
+cmake --build "$BUILD_DIR" -j"${JOBS:-2}" --target backend_ops_test model_gpu_forward_test \
+  model_golden_test ${EXTRA_TARGETS:-}
+rm -rf "$BUILD_DIR/device" && mkdir -p "$BUILD_DIR/device"
+for program in "$BUILD_DIR/tests/ops/backend_ops_test" "$BUILD_DIR/tests/model/model_gpu_forward_test" \
+  "$BUILD_DIR/tests/model/model_golden_test" ${EXTRA_PROGRAMS:-}; do
+  strip -o "$BUILD_DIR/device/$(basename "$program")" "$program"
 done
-cp -L "$(ldd build-cuda/tests/ops/backend_ops_test | awk '/libcudart/ {print $3}')" build-cuda/device/
-du -sh build-cuda/device
+cp -L "$(ldd "$BUILD_DIR/tests/ops/backend_ops_test" | awk '/libcudart/ {print $3}')" "$BUILD_DIR/device/"
+# The model tests read tests/data through the source path compiled into them.
+echo "$PWD" >"$BUILD_DIR/device/compiled_source_dir"
+du -sh "$BUILD_DIR/device"

@@ -3,6 +3,7 @@
 #include "ops/ops.h"
 #ifdef DEEPINFER_HAS_CUDA
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
 #endif
 
 namespace deepinfer::ops {
@@ -128,6 +129,48 @@ void engram_gather(const TensorView& table, const TensorView& scale, const Tenso
 void engram_mix(const TensorView& x, const TensorView& key, const TensorView& value,
                 const TensorView& qk, float eps, const TensorView& out) {
   DI_DISPATCH(x, engram_mix(x, key, value, qk, eps, out));
+}
+
+void copy(const TensorView& src, const TensorView& dst) {
+  // Either side on the GPU makes it a CUDA copy (uploads and downloads included).
+  DI_DISPATCH(on_gpu(src) ? src : dst, copy(src, dst));
+}
+
+void fill(const TensorView& x, float value) {
+  DI_DISPATCH(x, fill(x, value));
+}
+
+void scale(const TensorView& x, float factor, const TensorView& out) {
+  DI_DISPATCH(x, scale(x, factor, out));
+}
+
+void add(const TensorView& x, const TensorView& y, const TensorView& out) {
+  DI_DISPATCH(x, add(x, y, out));
+}
+
+void moe_experts(const TensorView& x, const TensorView& experts, const TensorView& weights,
+                 std::span<const ExpertWeights> expert_weights, float swiglu_limit,
+                 ActivationQuant quant, const TensorView& out) {
+  DI_DISPATCH(x, moe_experts(x, experts, weights, expert_weights, swiglu_limit, quant, out));
+}
+
+Allocator& allocator_for(Device device) {
+  if (!device.is_cuda()) return host_allocator();
+#ifdef DEEPINFER_HAS_CUDA
+  return deepinfer::cuda::device_allocator(device.index);
+#else
+  DI_THROW("no allocator for ", device.to_string(),
+           ": this deepinfer was built without the CUDA backend (-DDEEPINFER_CUDA=ON)");
+#endif
+}
+
+void synchronize(Device device) {
+  if (!device.is_cuda()) return;
+#ifdef DEEPINFER_HAS_CUDA
+  deepinfer::cuda::synchronize();
+#else
+  DI_THROW("cannot synchronize ", device.to_string(), ": built without the CUDA backend");
+#endif
 }
 
 #undef DI_DISPATCH

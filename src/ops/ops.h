@@ -203,6 +203,52 @@ void engram_gather(const TensorView& table, const TensorView& scale, const Tenso
 void engram_mix(const TensorView& x, const TensorView& key, const TensorView& value,
                 const TensorView& qk, float eps, const TensorView& out);
 
+// ---- glue: data movement and elementwise helpers the forward needs on any device ------------
+
+// dst = src: equal dtype and shape, each side contiguous or rows with a row stride (a column
+// slice or one stream of [M, hc, D]). Either side may be host or device memory (a device copy
+// is ordered on the current stream; a host source may be reused as soon as this returns).
+void copy(const TensorView& src, const TensorView& dst);
+
+// Every element of the f32 view x (rows, row stride allowed) becomes `value`.
+void fill(const TensorView& x, float value);
+
+// out = x * factor (f32 [M, ...]; out may alias x).
+void scale(const TensorView& x, float factor, const TensorView& out);
+
+// out = x + y (f32 [M, ...] of one shape; out may alias x or y).
+void add(const TensorView& x, const TensorView& y, const TensorView& out);
+
+// One routed expert's weights (the SwiGLU FFN: down(silu(gate x) * up x)).
+struct ExpertWeights {
+  LinearWeight w1;  // gate [I, D]
+  LinearWeight w3;  // up   [I, D]
+  LinearWeight w2;  // down [D, I]
+};
+
+// The routed part of a MoE layer, from the router's result:
+//   out[t] = sum over the slots s of token t, in ascending expert id (HF's combine order), of
+//            w2_e(swiglu(w1_e(x[t]), w3_e(x[t]), swiglu_limit) * weights[t, s]),  e = experts[t, s]
+// x [N, D] f32; experts [N, k] i32 (distinct per token, each in [0, expert_weights.size()));
+// weights [N, k] f32; out [N, D] f32 (must not alias x). `quant` is applied to the input of
+// every expert GEMM (as `linear` does). Every row's result is independent of the other rows
+// (batch invariance): each expert GEMM accumulates K in a fixed order per output element.
+// The span's entries must stay valid while the model lives (backends may cache a device table
+// of the expert weights keyed by their addresses). The CUDA version groups the tokens by
+// expert on the device (counting sort, no host synchronization); a faster grouped GEMM can
+// replace its expert GEMMs behind this signature.
+void moe_experts(const TensorView& x, const TensorView& experts, const TensorView& weights,
+                 std::span<const ExpertWeights> expert_weights, float swiglu_limit,
+                 ActivationQuant quant, const TensorView& out);
+
+// ---- devices --------------------------------------------------------------------------------
+
+// The allocator for long-lived tensors (weights, request state, scratch) on `device`.
+Allocator& allocator_for(Device device);
+// Waits for the work queued on `device` (the current stream) and throws Error for any
+// out-of-range index a kernel met since the last call; nothing on the host.
+void synchronize(Device device);
+
 }  // namespace deepinfer::ops
 
 // ---- backends ------------------------------------------------------------------------------

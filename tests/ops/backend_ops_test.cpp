@@ -12,8 +12,10 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype_convert.h"
@@ -774,6 +776,136 @@ TEST_F(BackendOpsTest, CopiesRoundTripStridedRowsAndStreams) {
   EXPECT_TRUE(a.device().is_cuda());
   rt::copy(host_f32({16, 16}, 111), a);
   rt::synchronize();
+}
+
+// ---- glue ops of the forward -------------------------------------------------------------------
+
+TEST_F(BackendOpsTest, GlueCopyFillScaleAddAreExact) {
+  for (const ModelShapes& s : all_shapes()) {
+    // One stream of [M, hc, D] written from a dense [M, D] (the embedding's replication), a
+    // column of [M, hc] filled (the one-hot first pre mix), rows scaled and added.
+    Tensor x = host_f32({s.rows, s.hidden}, 120);
+    Tensor streams = host_f32({s.rows, s.hc, s.hidden}, 121);
+    Tensor dstreams = gpu(streams);
+    for (int64_t k = 0; k < s.hc; ++k) {
+      ops::copy(x, streams.view().select(1, k));
+      ops::copy(gpu(x), dstreams.view().select(1, k));
+    }
+    expect_equal(streams, dstreams, s.name + " copy into streams");
+    Tensor mix = host_f32({s.rows, s.hc}, 122);
+    Tensor dmix = gpu(mix);
+    for (const TensorView& m : {mix.view(), dmix.view()}) {
+      ops::fill(m, 0.0f);
+      ops::fill(m.narrow(1, 0, 1), 1.0f);
+    }
+    expect_equal(mix, dmix, s.name + " fill");
+    Tensor y = host_f32({s.rows, s.hidden}, 123);
+    Tensor dx = gpu(x), dy = gpu(y);
+    ops::scale(x, 0.125f + 1e-3f, x);
+    cuda::scale(dx, 0.125f + 1e-3f, dx);
+    expect_equal(x, dx, s.name + " scale in place");
+    Tensor sum = Tensor::empty(DType::kF32, {s.rows, s.hidden});
+    ops::add(x, y, sum);
+    Tensor dsum = gpu_output(DType::kF32, {s.rows, s.hidden});
+    cuda::add(dx, dy, dsum);
+    expect_equal(sum, dsum, s.name + " add");
+    cuda::add(dx, dy, dy);  // out aliases an input
+    expect_equal(sum, dy, s.name + " add in place");
+  }
+}
+
+// Distinct random experts per token, and routing weights.
+void random_routing(int64_t tokens, int64_t experts, int k, uint32_t seed, Tensor& chosen,
+                    Tensor& weights) {
+  std::mt19937 rng(seed);
+  chosen = Tensor::empty(DType::kI32, {tokens, k});
+  weights = host_f32({tokens, k}, seed + 1);
+  std::vector<int32_t> ids(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int s = 0; s < k; ++s) chosen.at<int32_t>(t, s) = ids[static_cast<size_t>(s)];
+  }
+}
+
+TEST_F(BackendOpsTest, MoeExpertsGroupsOnTheDeviceAndCombinesInExpertOrder) {
+  for (const ModelShapes& s : all_shapes()) {
+    // Real shapes: 16 of the 384 experts (every expert's weights are the same shape; 384 fp4
+    // experts would take 7 GB), enough tokens that groups hold several rows and some are empty.
+    const int64_t experts = std::min<int64_t>(s.experts, 16);
+    const int64_t tokens = s.name == "tiny" ? 40 : 12;
+    const int64_t dim = s.hidden, inter = s.moe_intermediate;
+    Tensor chosen, weights;
+    random_routing(tokens, experts, s.top_k, 130, chosen, weights);
+    Tensor x = host_f32({tokens, dim}, 131);
+    for (const char* format : {"f32", "fp4"}) {
+      const bool fp4 = std::string(format) == "fp4";
+      std::vector<Tensor> host_storage, device_storage;
+      std::vector<ExpertWeights> host_experts, device_experts;
+      host_storage.reserve(static_cast<size_t>(experts) * 6);
+      device_storage.reserve(static_cast<size_t>(experts) * 6);
+      const auto make = [&](int64_t out, int64_t in, uint32_t seed, LinearWeight& host,
+                            LinearWeight& device) {
+        if (fp4) {
+          host_storage.push_back(host_bytes(DType::kF4E2M1x2, {out, in}, seed));
+          host_storage.push_back(host_bytes(DType::kF8E8M0, {out, in / 32}, seed + 1, 117, 121));
+        } else {
+          host_storage.push_back(host_f32({out, in}, seed, 0.05f));
+          host_storage.push_back(Tensor());
+        }
+        const Tensor& w = host_storage[host_storage.size() - 2];
+        const Tensor& sc = host_storage.back();
+        device_storage.push_back(gpu(w));
+        device_storage.push_back(sc.numel() ? gpu(sc) : Tensor());
+        host = LinearWeight{w.view(), sc.view()};
+        device = LinearWeight{device_storage[device_storage.size() - 2].view(),
+                              device_storage.back().view()};
+      };
+      host_experts.resize(static_cast<size_t>(experts));
+      device_experts.resize(static_cast<size_t>(experts));
+      for (int64_t e = 0; e < experts; ++e) {
+        const uint32_t seed = 200 + 10 * static_cast<uint32_t>(e);
+        ExpertWeights& h = host_experts[static_cast<size_t>(e)];
+        ExpertWeights& d = device_experts[static_cast<size_t>(e)];
+        make(inter, dim, seed, h.w1, d.w1);
+        make(inter, dim, seed + 3, h.w3, d.w3);
+        make(dim, inter, seed + 6, h.w2, d.w2);
+      }
+      for (ActivationQuant quant : {ActivationQuant::kNone, ActivationQuant::kFp8PerBlock32}) {
+        const std::string what =
+            s.name + " moe_experts " + format + (quant == ActivationQuant::kNone ? "" : " fp8-act");
+        Tensor want = Tensor::empty(DType::kF32, {tokens, dim});
+        ops::moe_experts(x, chosen, weights, host_experts, 10.0f, quant, want);
+        Tensor got = gpu_output(DType::kF32, {tokens, dim});
+        ops::moe_experts(gpu(x), gpu(chosen), gpu(weights), device_experts, 10.0f, quant, got);
+        // Three chained linears (each 2e-5: summation order). With fp8 activations the
+        // intermediate's quantizer can round a value the two backends computed a few ulp apart
+        // to neighbouring e4m3 codes (one code = 1/16 of the value), which moves the down
+        // projection by up to ~1e-3 of its scale.
+        expect_close(want, got, quant == ActivationQuant::kNone ? 1e-4 : 2e-3, what);
+      }
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, MoeExpertsReportsABadExpertIdAtSynchronize) {
+  const int64_t dim = 32, inter = 64;
+  std::vector<Tensor> storage;
+  std::vector<ExpertWeights> experts(2);
+  for (ExpertWeights& e : experts) {
+    for (auto [weight, out, in] : {std::tuple{&e.w1, inter, dim}, std::tuple{&e.w3, inter, dim},
+                                   std::tuple{&e.w2, dim, inter}}) {
+      storage.push_back(gpu(host_f32({out, in}, 140)));
+      *weight = LinearWeight{storage.back().view(), TensorView()};
+    }
+  }
+  Tensor chosen = host_i32({2, 2}, {0, 1, 1, 2});  // expert 2 does not exist
+  Tensor weights = host_f32({2, 2}, 141);
+  Tensor out = gpu_output(DType::kF32, {2, dim});
+  ops::moe_experts(gpu(host_f32({2, dim}, 142)), gpu(chosen), gpu(weights), experts, 0.0f,
+                   ActivationQuant::kNone, out);
+  EXPECT_THROW(rt::synchronize(), Error);
+  rt::synchronize();  // reported once
 }
 
 }  // namespace

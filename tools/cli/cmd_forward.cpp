@@ -2,13 +2,14 @@
 //
 //   deepinfer forward --model DIR --tokens FILE --mode prefill|chunked:N|decode --out FILE
 //                     [--numerics dense|released] [--engram-token-map FILE]
-//                     [--dump-layers FILE]
+//                     [--dump-layers FILE] [--device cpu|cuda]
 //
 // FILE of tokens: one request per line, ids separated by spaces or commas. All requests run
 // together as one ragged batch per step: `prefill` runs each whole prompt in one step,
 // `chunked:N` feeds every request N tokens per step, `decode` one token per step. The output
 // safetensors holds `logits` F32 [total tokens, vocab] (request after request), `cu_seqlens` I64
-// [requests + 1] (row offsets) and `tokens` I32 -- the docs/GOLDEN.md format.
+// [requests + 1] (row offsets) and `tokens` I32 -- the docs/GOLDEN.md format. `--device cuda`
+// copies the weights to the first GPU and runs the forward there (a CUDA build only).
 #include <charconv>
 #include <cstdio>
 #include <fstream>
@@ -71,7 +72,7 @@ int64_t parse_mode(const std::string& mode) {
 void run_forward(const std::string& model_dir, const std::string& tokens_path,
                  const std::string& mode, const std::string& out_path,
                  const std::string& numerics_name, const std::string& token_map_path,
-                 const std::string& dump_path) {
+                 const std::string& dump_path, const std::string& device_name) {
   const int64_t chunk = parse_mode(mode);
   const Numerics numerics = numerics_name == "released" ? Numerics::kReleased : Numerics::kDense;
   const auto prompts = read_token_file(tokens_path);
@@ -92,15 +93,24 @@ void run_forward(const std::string& model_dir, const std::string& tokens_path,
     hasher = std::make_shared<deepseek_v41::EngramHasher>(
         config, deepseek_v41::read_engram_token_map(map_path));
   }
-  Model model(config, *loaded.parameters, numerics, hasher);
+  std::unique_ptr<deepseek_v41::ModelParameters> device_parameters;
+  const deepseek_v41::ModelParameters* parameters = loaded.parameters.get();
+  if (device_name == "cuda") {
+    device_parameters =
+        deepseek_v41::copy_parameters(*parameters, ops::allocator_for(Device::cuda(0)));
+    parameters = device_parameters.get();
+  }
+  Model model(config, *parameters, numerics, hasher);
 
   // Layer dumps need the whole batch in one step, so that the observed rows are the output's.
   std::vector<std::vector<float>> layer_streams(static_cast<size_t>(config.num_hidden_layers));
   if (!dump_path.empty()) {
     if (chunk != 0) DI_THROW("--dump-layers needs --mode prefill (one step for every position)");
     model.set_layer_observer([&](int64_t layer, const TensorView& streams) {
-      const float* data = streams.data<float>();
-      layer_streams[static_cast<size_t>(layer)].assign(data, data + streams.numel());
+      std::vector<float>& host = layer_streams[static_cast<size_t>(layer)];
+      host.resize(static_cast<size_t>(streams.numel()));
+      ops::copy(streams, TensorView::contiguous(host.data(), DType::kF32, streams.shape()));
+      ops::synchronize(streams.device());
     });
   }
   const int64_t vocab = config.vocab_size;
@@ -146,7 +156,7 @@ void register_forward_command(CLI::App& app) {
   auto* command = app.add_subcommand(
       "forward", "Run token ids through the model and write every position's logits");
   static std::string model_dir, tokens_path, mode = "prefill", out_path, numerics = "dense",
-                                             token_map, dump_layers;
+                                             token_map, dump_layers, device = "cpu";
   command->add_option("--model", model_dir, "checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -170,8 +180,10 @@ void register_forward_command(CLI::App& app) {
   command->add_option("--dump-layers", dump_layers,
                       "also write every decoder layer's output hc streams (`layerN` "
                       "[tokens, hc_mult * hidden] f32) to this file (prefill only)");
+  command->add_option("--device", device, "cpu, or cuda: the weights and the forward on GPU 0")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   command->callback([] {
-    run_forward(model_dir, tokens_path, mode, out_path, numerics, token_map, dump_layers);
+    run_forward(model_dir, tokens_path, mode, out_path, numerics, token_map, dump_layers, device);
   });
 }
 

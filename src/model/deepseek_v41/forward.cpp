@@ -14,45 +14,53 @@
 
 namespace deepinfer::deepseek_v41 {
 
-// Grow-only scratch: after the largest step has been seen, a forward allocates nothing here.
+namespace {
+
+// One grow-only scratch buffer on the model's device: after the largest step has been seen,
+// taking a view allocates nothing.
+class Scratch {
+ public:
+  TensorView take(Allocator& allocator, DType dtype, Shape shape) {
+    int64_t count = 1;
+    for (int64_t size : shape.span()) count *= size;
+    const size_t bytes = std::max<size_t>(dtype_storage_bytes(dtype, count), 1);
+    if (bytes > capacity_) {
+      storage_ = Tensor::empty(DType::kI8, {static_cast<int64_t>(bytes)}, allocator);
+      capacity_ = bytes;
+    }
+    return TensorView::contiguous(storage_.view().raw_data(), dtype, shape, allocator.device());
+  }
+
+ private:
+  Tensor storage_;
+  size_t capacity_ = 0;
+};
+
+}  // namespace
+
+// The forward's scratch, on the model's device, plus the host side of the step's metadata.
 struct ForwardWorkspace {
-  std::vector<float> streams, collapsed, sublayer_out;
-  std::vector<float> pre, post, comb, next_pre;
-  std::vector<float> qr, q, kv, attn_out, grouped;
-  std::vector<float> comp_kv, comp_gate, gathered_kv, gathered_gate, latent, keys;
-  std::vector<float> index_q, index_w, scores;
-  std::vector<float> window_rows;
-  std::vector<int32_t> window_ranges;
-  std::vector<float> moe_gate, moe_up, moe_rows, moe_out, shared_out, route_weights;
-  std::vector<int32_t> route_experts;
-  std::vector<float> engram_rows, engram_kv;
-  std::vector<int64_t> engram_ids, engram_layer_ids;
+  Scratch streams, collapsed, sublayer_out;
+  Scratch pre, post, comb, next_pre;
+  Scratch qr, q, kv, attn_out, grouped;
+  Scratch comp_kv, comp_gate, gathered_kv, gathered_gate, latent;
+  Scratch index_q, index_w, scores;
+  Scratch window_rows;
+  Scratch moe_gate, moe_up, shared_out, route_weights, route_experts;
+  Scratch engram_rows, engram_kv;
+  Scratch logits;
+  // The step's metadata (engram ids, window ranges, visible counts), built on the host in
+  // `staging` and uploaded once per step into `metadata` (on the host it is used in place).
+  std::vector<int64_t> staging;
+  Scratch metadata;
   std::vector<int32_t> positions, ids;
   std::vector<int32_t> group_positions;
-  std::vector<int32_t> visible;
   // Per request, per forward: the latest index source's selection and the candidate mask.
-  std::vector<std::vector<int32_t>> selection;
-  std::vector<int64_t> selection_width;
-  std::vector<std::vector<int8_t>> candidates;
-  std::vector<int64_t> candidates_width;
+  std::vector<Scratch> selection, candidates;
+  std::vector<TensorView> selection_view, candidates_view;
 };
 
 namespace {
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-template <typename T>
-T* grow(std::vector<T>& buffer, int64_t count) {
-  if (buffer.size() < static_cast<size_t>(count)) buffer.resize(static_cast<size_t>(count));
-  return buffer.data();
-}
-
-TensorView f32(float* data, Shape shape) {
-  return TensorView::contiguous(data, DType::kF32, shape);
-}
-TensorView i32(int32_t* data, Shape shape) {
-  return TensorView::contiguous(data, DType::kI32, shape);
-}
 
 ops::RopeTable rope_table_for(const RopeParameters& rope, const DeepseekV41TextConfig& config) {
   ops::YarnParams yarn;
@@ -90,19 +98,49 @@ struct RequestSpan {
   int64_t end() const { return start + count; }
 };
 
+// Calls fn(slot, row, length) for the runs of ring slots holding positions [first, first +
+// count) of a ring of `capacity` rows (slot = position % capacity): at most two runs.
+template <typename Fn>
+void for_each_ring_run(int64_t capacity, int64_t first, int64_t count, Fn&& fn) {
+  int64_t row = 0;
+  while (row < count) {
+    const int64_t slot = (first + row) % capacity;
+    const int64_t length = std::min(count - row, capacity - slot);
+    fn(slot, row, length);
+    row += length;
+  }
+}
+
+// dst [count, D] = the ring rows of positions [first, first + count).
+void read_ring(const TensorView& ring, int64_t first, const TensorView& dst) {
+  for_each_ring_run(ring.size(0), first, dst.size(0), [&](int64_t slot, int64_t row, int64_t n) {
+    ops::copy(ring.narrow(0, slot, n), dst.narrow(0, row, n));
+  });
+}
+
+// The ring rows of positions [first, first + count) = src [count, D].
+void write_ring(const TensorView& src, const TensorView& ring, int64_t first) {
+  for_each_ring_run(ring.size(0), first, src.size(0), [&](int64_t slot, int64_t row, int64_t n) {
+    ops::copy(src.narrow(0, row, n), ring.narrow(0, slot, n));
+  });
+}
+
 // One forward call: the batch layout plus the layer-by-layer computation.
 class ForwardPass {
  public:
   ForwardPass(const DeepseekV41TextConfig& config, const ModelParameters& parameters,
-              Numerics numerics, const EngramHasher* engram, const ops::RopeTable& rope_main,
+              const std::vector<std::vector<ops::ExpertWeights>>& expert_weights, Numerics numerics,
+              const EngramHasher* engram, const ops::RopeTable& rope_main,
               const ops::RopeTable& rope_compress, ForwardWorkspace& ws,
               std::vector<RequestSpan> spans, int64_t tokens, const Model::LayerObserver& observer)
       : c_(config),
         p_(parameters),
+        expert_weights_(expert_weights),
         engram_(engram),
         rope_main_(rope_main),
         rope_compress_(rope_compress),
         ws_(ws),
+        allocator_(ops::allocator_for(parameters.embed.device())),
         spans_(std::move(spans)),
         n_(tokens),
         dim_(config.hidden_size),
@@ -114,60 +152,120 @@ class ForwardPass {
   void run(const TensorView& logits);
 
  private:
-  TensorView streams() { return f32(ws_.streams.data(), {n_, hc_, dim_}); }
+  TensorView take(Scratch& scratch, DType dtype, Shape shape) {
+    return scratch.take(allocator_, dtype, shape);
+  }
+  TensorView f32(Scratch& scratch, Shape shape) { return take(scratch, DType::kF32, shape); }
   std::span<const int32_t> positions(int64_t offset, int64_t count) const {
     return {ws_.positions.data() + offset, static_cast<size_t>(count)};
   }
-  void engram_hashes();
+  void prepare_metadata();
+  void engram_hashes(int64_t* ids);
   void engram_layer(int64_t layer, int64_t engram_index);
   void attention(int64_t layer, const TensorView& x, const TensorView& out);
   void compressor(int64_t layer, const TensorView& x);
-  void publish_compressed(int64_t layer, const RequestSpan& span, float* latent, int64_t groups,
+  void publish_compressed(int64_t layer, const RequestSpan& span, const TensorView& latent,
                           int64_t first_group);
-  void indexer(int64_t layer, const TensorView& x, const float* qr);
+  void indexer(int64_t layer, const TensorView& x, const TensorView& qr);
   void moe(int64_t layer, const TensorView& x, const TensorView& out);
 
   const DeepseekV41TextConfig& c_;
   const ModelParameters& p_;
+  const std::vector<std::vector<ops::ExpertWeights>>& expert_weights_;
   const EngramHasher* engram_;
   const ops::RopeTable& rope_main_;
   const ops::RopeTable& rope_compress_;
   ForwardWorkspace& ws_;
+  Allocator& allocator_;
   std::vector<RequestSpan> spans_;
   const int64_t n_;
   const int64_t dim_;
   const int64_t hc_;
   const ops::ActivationQuant quant_;
   const Model::LayerObserver& observer_;
+  // Views of the uploaded metadata.
+  TensorView engram_ids_;     // i64 [engram layers, N, columns]
+  TensorView window_ranges_;  // i32 [N, 2], relative to each request's first window row
+  std::vector<std::pair<int64_t, TensorView>> visible_;  // per compress ratio: i32 [N]
+  TensorView streams_;                                   // [N, hc, D]
 };
+
+// Builds every index the step's ops read on the device, once, and uploads it in one copy.
+void ForwardPass::prepare_metadata() {
+  const int64_t engram_words = engram_ != nullptr ? engram_->layers() * n_ * engram_->columns() : 0;
+  std::vector<int64_t> ratios;
+  for (int64_t layer = 0; layer < c_.num_hidden_layers; ++layer) {
+    const int64_t ratio = c_.compress_ratio(layer);
+    if (ratio > 0 && c_.is_index_source(layer) &&
+        std::find(ratios.begin(), ratios.end(), ratio) == ratios.end()) {
+      ratios.push_back(ratio);
+    }
+  }
+  const int64_t i32_count = n_ * 2 + n_ * static_cast<int64_t>(ratios.size());
+  const int64_t words = engram_words + (i32_count + 1) / 2;
+  if (ws_.staging.size() < static_cast<size_t>(words))
+    ws_.staging.resize(static_cast<size_t>(words));
+  int64_t* host_ids = ws_.staging.data();
+  auto* host_i32 = reinterpret_cast<int32_t*>(ws_.staging.data() + engram_words);
+  if (engram_ != nullptr) engram_hashes(host_ids);
+  const int64_t window = c_.sliding_window;
+  for (const RequestSpan& span : spans_) {
+    const int64_t base = std::max<int64_t>(0, span.start - (window - 1));
+    for (int64_t t = 0; t < span.count; ++t) {
+      const int64_t position = span.start + t;
+      int32_t* range = host_i32 + 2 * (span.offset + t);
+      range[0] = static_cast<int32_t>(std::max<int64_t>(0, position - window + 1) - base);
+      range[1] = static_cast<int32_t>(position + 1 - base);
+    }
+  }
+  for (size_t i = 0; i < ratios.size(); ++i) {
+    int32_t* visible = host_i32 + n_ * 2 + n_ * static_cast<int64_t>(i);
+    for (int64_t t = 0; t < n_; ++t) {
+      visible[t] = static_cast<int32_t>((ws_.positions[static_cast<size_t>(t)] + 1) / ratios[i]);
+    }
+  }
+
+  const TensorView staged = TensorView::contiguous(ws_.staging.data(), DType::kI64, {words});
+  TensorView uploaded = staged;
+  if (allocator_.device().is_cuda()) {
+    uploaded = take(ws_.metadata, DType::kI64, {words});
+    ops::copy(staged, uploaded);
+  }
+  auto* base_i64 = static_cast<int64_t*>(uploaded.raw_data());
+  auto* base_i32 = reinterpret_cast<int32_t*>(base_i64 + engram_words);
+  const Device device = uploaded.device();
+  if (engram_ != nullptr) {
+    engram_ids_ = TensorView::contiguous(base_i64, DType::kI64,
+                                         {engram_->layers(), n_, engram_->columns()}, device);
+  }
+  window_ranges_ = TensorView::contiguous(base_i32, DType::kI32, {n_, 2}, device);
+  visible_.clear();
+  for (size_t i = 0; i < ratios.size(); ++i) {
+    visible_.emplace_back(ratios[i],
+                          TensorView::contiguous(base_i32 + n_ * 2 + n_ * static_cast<int64_t>(i),
+                                                 DType::kI32, {n_}, device));
+  }
+}
 
 void ForwardPass::run(const TensorView& logits) {
   const float eps = static_cast<float>(c_.rms_norm_eps);
+  prepare_metadata();
   // Embedding, replicated into hc identical streams; the first pre mix is one-hot on stream 0.
-  float* x = grow(ws_.collapsed, n_ * dim_);
-  ops::embedding(p_.embed, {ws_.ids.data(), static_cast<size_t>(n_)}, f32(x, {n_, dim_}));
-  float* h = grow(ws_.streams, n_ * hc_ * dim_);
-  for (int64_t t = 0; t < n_; ++t) {
-    for (int64_t k = 0; k < hc_; ++k) std::copy_n(x + t * dim_, dim_, h + (t * hc_ + k) * dim_);
-  }
-  float* pre_mix = grow(ws_.next_pre, n_ * hc_);
-  std::fill_n(pre_mix, n_ * hc_, 0.0f);
-  for (int64_t t = 0; t < n_; ++t) pre_mix[t * hc_] = 1.0f;
-  if (engram_ != nullptr) engram_hashes();
+  const TensorView x_view = f32(ws_.collapsed, {n_, dim_});
+  ops::embedding(p_.embed, {ws_.ids.data(), static_cast<size_t>(n_)}, x_view);
+  streams_ = f32(ws_.streams, {n_, hc_, dim_});
+  for (int64_t k = 0; k < hc_; ++k) ops::copy(x_view, streams_.select(1, k));
+  const TensorView pre_mix_view = f32(ws_.next_pre, {n_, hc_});
+  ops::fill(pre_mix_view, 0.0f);
+  ops::fill(pre_mix_view.narrow(1, 0, 1), 1.0f);
 
   const ops::HcParams hc_params{static_cast<int>(hc_), static_cast<int>(c_.hc_sinkhorn_iters),
                                 static_cast<float>(c_.hc_eps), eps};
-  float* pre = grow(ws_.pre, n_ * hc_);
-  float* post = grow(ws_.post, n_ * hc_);
-  float* comb = grow(ws_.comb, n_ * hc_ * hc_);
-  float* y = grow(ws_.sublayer_out, n_ * dim_);
-  const TensorView streams_flat = f32(h, {n_, hc_ * dim_});
-  const TensorView pre_view = f32(pre, {n_, hc_});
-  const TensorView post_view = f32(post, {n_, hc_});
-  const TensorView comb_view = f32(comb, {n_, hc_, hc_});
-  const TensorView x_view = f32(x, {n_, dim_});
-  const TensorView y_view = f32(y, {n_, dim_});
-  const TensorView pre_mix_view = f32(pre_mix, {n_, hc_});
+  const TensorView streams_flat = streams_.view({n_, hc_ * dim_});
+  const TensorView pre_view = f32(ws_.pre, {n_, hc_});
+  const TensorView post_view = f32(ws_.post, {n_, hc_});
+  const TensorView comb_view = f32(ws_.comb, {n_, hc_, hc_});
+  const TensorView y_view = f32(ws_.sublayer_out, {n_, dim_});
 
   for (int64_t layer = 0; layer < c_.num_hidden_layers; ++layer) {
     const LayerParameters& lp = p_.layers[static_cast<size_t>(layer)];
@@ -177,35 +275,45 @@ void ForwardPass::run(const TensorView& logits) {
     // Attention site: mixes from the streams; input collapsed with the previous site's pre.
     ops::hc_mixes(streams_flat, lp.hc_attn_fn, lp.hc_attn_scale, lp.hc_attn_base, hc_params,
                   pre_view, post_view, comb_view);
-    ops::hc_collapse(streams(), pre_mix_view, x_view);
+    ops::hc_collapse(streams_, pre_mix_view, x_view);
     ops::rmsnorm(x_view, lp.attn_norm, eps, x_view);
     attention(layer, x_view, y_view);
-    ops::hc_expand(y_view, streams(), post_view, comb_view, streams());
+    ops::hc_expand(y_view, streams_, post_view, comb_view, streams_);
     // This site's pre mix feeds the FFN site.
-    std::copy_n(pre, n_ * hc_, pre_mix);
+    ops::copy(pre_view, pre_mix_view);
 
     ops::hc_mixes(streams_flat, lp.hc_ffn_fn, lp.hc_ffn_scale, lp.hc_ffn_base, hc_params, pre_view,
                   post_view, comb_view);
-    ops::hc_collapse(streams(), pre_mix_view, x_view);
+    ops::hc_collapse(streams_, pre_mix_view, x_view);
     ops::rmsnorm(x_view, lp.ffn_norm, eps, x_view);
     moe(layer, x_view, y_view);
-    ops::hc_expand(y_view, streams(), post_view, comb_view, streams());
-    std::copy_n(pre, n_ * hc_, pre_mix);
-    if (observer_) observer_(layer, streams());
+    ops::hc_expand(y_view, streams_, post_view, comb_view, streams_);
+    ops::copy(pre_view, pre_mix_view);
+    if (observer_) observer_(layer, streams_);
   }
   // Final collapse with the last site's pre mix, norm, head.
-  ops::hc_collapse(streams(), pre_mix_view, x_view);
+  ops::hc_collapse(streams_, pre_mix_view, x_view);
   ops::rmsnorm(x_view, p_.norm, eps, x_view);
-  ops::linear(x_view, p_.head, logits);
+  if (logits.device() == x_view.device()) {
+    ops::linear(x_view, p_.head, logits);
+    return;
+  }
+  // Logits wanted on another device (a host buffer for a device model): the step's one wait.
+  const TensorView device_logits = f32(ws_.logits, {n_, logits.size(1)});
+  ops::linear(x_view, p_.head, device_logits);
+  ops::copy(device_logits, logits);
+  ops::synchronize(x_view.device());
 }
 
 // ---- engram -----------------------------------------------------------------------------------
 
-void ForwardPass::engram_hashes() {
+// Hashes on the host (the token ids are host data) into ids [engram layers, N, columns].
+void ForwardPass::engram_hashes(int64_t* ids) {
   const int64_t window = engram_->max_ngram();
-  const int64_t per_token = engram_->layers() * engram_->columns();
-  int64_t* ids = grow(ws_.engram_ids, n_ * per_token);
+  const int64_t columns = engram_->columns();
+  const int64_t per_token = engram_->layers() * columns;
   std::vector<int32_t> lookback(static_cast<size_t>(window));
+  std::vector<int64_t> token_ids(static_cast<size_t>(per_token));
   for (const RequestSpan& span : spans_) {
     int32_t* history = span.state->engram_history();
     const int64_t capacity = span.state->history_capacity();
@@ -221,8 +329,11 @@ void ForwardPass::engram_hashes() {
       const int64_t position = span.start + t;
       for (int64_t s = 0; s < window; ++s)
         lookback[static_cast<size_t>(s)] = compressed_at(position - s);
-      engram_->hash(lookback,
-                    {ids + (span.offset + t) * per_token, static_cast<size_t>(per_token)});
+      engram_->hash(lookback, token_ids);
+      for (int64_t layer = 0; layer < engram_->layers(); ++layer) {
+        std::copy_n(token_ids.data() + layer * columns, columns,
+                    ids + (layer * n_ + span.offset + t) * columns);
+      }
     }
     for (int64_t position = std::max(span.start, span.end() - capacity); position < span.end();
          ++position) {
@@ -234,22 +345,13 @@ void ForwardPass::engram_hashes() {
 void ForwardPass::engram_layer(int64_t layer, int64_t engram_index) {
   const EngramParameters& ep = *p_.layers[static_cast<size_t>(layer)].engram;
   const int64_t columns = engram_->columns();
-  const int64_t per_token = engram_->layers() * columns;
   const int64_t row_dim = ep.table.size(1);
-  int64_t* layer_ids = grow(ws_.engram_layer_ids, n_ * columns);
-  for (int64_t t = 0; t < n_; ++t) {
-    std::copy_n(ws_.engram_ids.data() + t * per_token + engram_index * columns, columns,
-                layer_ids + t * columns);
-  }
-  float* rows = grow(ws_.engram_rows, n_ * columns * row_dim);
-  ops::engram_gather(ep.table, ep.table_scale,
-                     TensorView::contiguous(layer_ids, DType::kI64, {n_, columns}),
-                     f32(rows, {n_, columns * row_dim}));
-  float* kv = grow(ws_.engram_kv, n_ * (hc_ + 1) * dim_);
-  const TensorView kv_view = f32(kv, {n_, (hc_ + 1) * dim_});
-  ops::linear(f32(rows, {n_, columns * row_dim}), ep.wkv, kv_view, quant_);
-  ops::engram_mix(streams(), kv_view.narrow(1, 0, hc_ * dim_), kv_view.narrow(1, hc_ * dim_, dim_),
-                  ep.qk, static_cast<float>(c_.rms_norm_eps), streams());
+  const TensorView rows = f32(ws_.engram_rows, {n_, columns * row_dim});
+  ops::engram_gather(ep.table, ep.table_scale, engram_ids_.select(0, engram_index), rows);
+  const TensorView kv_view = f32(ws_.engram_kv, {n_, (hc_ + 1) * dim_});
+  ops::linear(rows, ep.wkv, kv_view, quant_);
+  ops::engram_mix(streams_, kv_view.narrow(1, 0, hc_ * dim_), kv_view.narrow(1, hc_ * dim_, dim_),
+                  ep.qk, static_cast<float>(c_.rms_norm_eps), streams_);
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -264,16 +366,13 @@ void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView
   const std::span<const int32_t> all_positions = positions(0, n_);
 
   // Low-rank query and the shared K=V latent.
-  float* qr = grow(ws_.qr, n_ * c_.q_lora_rank);
-  const TensorView qr_view = f32(qr, {n_, c_.q_lora_rank});
+  const TensorView qr_view = f32(ws_.qr, {n_, c_.q_lora_rank});
   ops::linear(x, ap.wq_a, qr_view, quant_);
   ops::rmsnorm(qr_view, ap.q_norm, eps, qr_view);
-  float* q = grow(ws_.q, n_ * heads * head_dim);
-  const TensorView q_view = f32(q, {n_, heads, head_dim});
-  ops::linear(qr_view, ap.wq_b, f32(q, {n_, heads * head_dim}), quant_);
+  const TensorView q_view = f32(ws_.q, {n_, heads, head_dim});
+  ops::linear(qr_view, ap.wq_b, q_view.view({n_, heads * head_dim}), quant_);
   ops::rope(q_view, all_positions, rope, false);
-  float* kv = grow(ws_.kv, n_ * head_dim);
-  const TensorView kv_view = f32(kv, {n_, head_dim});
+  const TensorView kv_view = f32(ws_.kv, {n_, head_dim});
   ops::linear(x, ap.wkv, kv_view, quant_);
   ops::rmsnorm(kv_view, ap.kv_norm, eps, kv_view);
   ops::rope(kv_view, all_positions, rope, false);
@@ -285,7 +384,7 @@ void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView
   if (ratio > 0) {
     kv_source = c_.kv_source_of(layer);
     if (c_.is_kv_source(layer)) compressor(layer, x);
-    if (c_.is_index_source(layer)) indexer(layer, x, qr);
+    if (c_.is_index_source(layer)) indexer(layer, x, qr_view);
   }
   const int64_t index_source = ratio > 0 ? c_.index_source_of(layer) : -1;
   if (index_source >= 0 && index_source < kv_source) {
@@ -295,62 +394,43 @@ void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView
   }
 
   // Attention per request over [window rows] + [selected compressed rows].
-  float* attn = grow(ws_.attn_out, n_ * heads * head_dim);
+  const TensorView attn_view = f32(ws_.attn_out, {n_, heads, head_dim});
   const int64_t window = c_.sliding_window;
   for (size_t r = 0; r < spans_.size(); ++r) {
     const RequestSpan& span = spans_[r];
-    const TensorView& ring = span.state->window(layer);
-    const int64_t capacity = span.state->window_capacity();
     const int64_t base = std::max<int64_t>(0, span.start - (window - 1));
     const int64_t rows = span.end() - base;
-    float* window_rows = grow(ws_.window_rows, rows * head_dim);
-    for (int64_t position = base; position < span.end(); ++position) {
-      const float* source = position < span.start
-                                ? ring.data<float>() + (position % capacity) * head_dim
-                                : kv + (span.offset + position - span.start) * head_dim;
-      std::copy_n(source, head_dim, window_rows + (position - base) * head_dim);
-    }
-    int32_t* ranges = grow(ws_.window_ranges, span.count * 2);
-    for (int64_t t = 0; t < span.count; ++t) {
-      const int64_t position = span.start + t;
-      ranges[2 * t] = static_cast<int32_t>(std::max<int64_t>(0, position - window + 1) - base);
-      ranges[2 * t + 1] = static_cast<int32_t>(position + 1 - base);
-    }
+    const TensorView window_rows = f32(ws_.window_rows, {rows, head_dim});
+    read_ring(span.state->window(layer), base, window_rows.narrow(0, 0, span.start - base));
+    ops::copy(kv_view.narrow(0, span.offset, span.count),
+              window_rows.narrow(0, span.start - base, span.count));
     TensorView compressed_rows;
     TensorView selected;
-    if (index_source >= 0 && ws_.selection_width[r] > 0) {
+    if (index_source >= 0 && ws_.selection_view[r].numel() > 0) {
       const int64_t groups = span.end() / c_.compress_ratio(kv_source);
       compressed_rows = span.state->compressed_kv(kv_source).narrow(0, 0, groups);
-      selected = i32(ws_.selection[r].data(), {span.count, ws_.selection_width[r]});
+      selected = ws_.selection_view[r];
     }
-    ops::sink_attention(TensorView::contiguous(q + span.offset * heads * head_dim, DType::kF32,
-                                               {span.count, heads, head_dim}),
-                        f32(window_rows, {rows, head_dim}), i32(ranges, {span.count, 2}),
-                        compressed_rows, selected, ap.attn_sink,
-                        1.0f / std::sqrt(static_cast<float>(head_dim)),
-                        TensorView::contiguous(attn + span.offset * heads * head_dim, DType::kF32,
-                                               {span.count, heads, head_dim}));
+    ops::sink_attention(q_view.narrow(0, span.offset, span.count), window_rows,
+                        window_ranges_.narrow(0, span.offset, span.count), compressed_rows,
+                        selected, ap.attn_sink, 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                        attn_view.narrow(0, span.offset, span.count));
   }
   // Only now the new window rows go into the rings (earlier queries of a long chunk needed the
   // rows the ring would have overwritten).
   for (const RequestSpan& span : spans_) {
     const TensorView& ring = span.state->window(layer);
-    const int64_t capacity = span.state->window_capacity();
-    for (int64_t position = std::max(span.start, span.end() - capacity); position < span.end();
-         ++position) {
-      std::copy_n(kv + (span.offset + position - span.start) * head_dim, head_dim,
-                  ring.data<float>() + (position % capacity) * head_dim);
-    }
+    const int64_t first = std::max(span.start, span.end() - ring.size(0));
+    write_ring(kv_view.narrow(0, span.offset + first - span.start, span.end() - first), ring,
+               first);
   }
 
   // Remove the query's rotation from the output, then the grouped low-rank projection.
-  const TensorView attn_view = f32(attn, {n_, heads, head_dim});
   ops::rope(attn_view, all_positions, rope, true);
   const int64_t groups = c_.o_groups;
   const int64_t group_in = heads * head_dim / groups;
-  float* grouped = grow(ws_.grouped, n_ * groups * c_.o_lora_rank);
-  const TensorView attn_flat = f32(attn, {n_, heads * head_dim});
-  const TensorView grouped_view = f32(grouped, {n_, groups * c_.o_lora_rank});
+  const TensorView attn_flat = attn_view.view({n_, heads * head_dim});
+  const TensorView grouped_view = f32(ws_.grouped, {n_, groups * c_.o_lora_rank});
   for (int64_t g = 0; g < groups; ++g) {
     const ops::LinearWeight block{ap.wo_a.weight.narrow(0, g * c_.o_lora_rank, c_.o_lora_rank),
                                   TensorView()};
@@ -365,21 +445,20 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
   const int64_t head_dim = c_.head_dim;
   const int64_t ratio = c_.compress_ratio(layer);
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  float* kv = grow(ws_.comp_kv, n_ * head_dim);
-  ops::linear(x, ap.compressor_wkv, f32(kv, {n_, head_dim}));
+  const TensorView kv = f32(ws_.comp_kv, {n_, head_dim});
+  ops::linear(x, ap.compressor_wkv, kv);
   if (ratio == 1) {
     // Every token is its own group: a plain projection, normed.
-    ops::rmsnorm(f32(kv, {n_, head_dim}), ap.compressor_norm, eps, f32(kv, {n_, head_dim}));
+    ops::rmsnorm(kv, ap.compressor_norm, eps, kv);
     for (const RequestSpan& span : spans_) {
-      publish_compressed(layer, span, kv + span.offset * head_dim, span.count, span.start);
+      publish_compressed(layer, span, kv.narrow(0, span.offset, span.count), span.start);
     }
     return;
   }
-  float* gate = grow(ws_.comp_gate, n_ * head_dim);
-  ops::linear(x, ap.compressor_wgate, f32(gate, {n_, head_dim}));
+  const TensorView gate = f32(ws_.comp_gate, {n_, head_dim});
+  ops::linear(x, ap.compressor_wgate, gate);
   for (const RequestSpan& span : spans_) {
     RequestState& state = *span.state;
-    const int64_t pending = state.pending_capacity(layer);
     const TensorView& pending_kv = state.pending_kv(layer);
     const TensorView& pending_gate = state.pending_gate(layer);
     const int64_t first_group = span.start / ratio;
@@ -387,43 +466,35 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
     if (groups > 0) {
       // The r rows of each completing group: older ones from the pending ring, the rest from
       // this call.
-      float* gathered_kv = grow(ws_.gathered_kv, groups * ratio * head_dim);
-      float* gathered_gate = grow(ws_.gathered_gate, groups * ratio * head_dim);
-      for (int64_t i = 0; i < groups * ratio; ++i) {
-        const int64_t position = first_group * ratio + i;
-        const bool old = position < span.start;
-        const int64_t row = old ? position % pending : span.offset + position - span.start;
-        std::copy_n(old ? pending_kv.data<float>() + row * head_dim : kv + row * head_dim, head_dim,
-                    gathered_kv + i * head_dim);
-        std::copy_n(old ? pending_gate.data<float>() + row * head_dim : gate + row * head_dim,
-                    head_dim, gathered_gate + i * head_dim);
-      }
-      float* latent = grow(ws_.latent, groups * head_dim);
-      ops::compress_pool(f32(gathered_kv, {groups * ratio, head_dim}),
-                         f32(gathered_gate, {groups * ratio, head_dim}), static_cast<int>(ratio),
-                         f32(latent, {groups, head_dim}));
-      ops::rmsnorm(f32(latent, {groups, head_dim}), ap.compressor_norm, eps,
-                   f32(latent, {groups, head_dim}));
-      publish_compressed(layer, span, latent, groups, first_group);
+      const int64_t first = first_group * ratio;
+      const int64_t old_rows = span.start - first;
+      const int64_t new_rows = groups * ratio - old_rows;
+      const TensorView gathered_kv = f32(ws_.gathered_kv, {groups * ratio, head_dim});
+      const TensorView gathered_gate = f32(ws_.gathered_gate, {groups * ratio, head_dim});
+      read_ring(pending_kv, first, gathered_kv.narrow(0, 0, old_rows));
+      read_ring(pending_gate, first, gathered_gate.narrow(0, 0, old_rows));
+      ops::copy(kv.narrow(0, span.offset, new_rows), gathered_kv.narrow(0, old_rows, new_rows));
+      ops::copy(gate.narrow(0, span.offset, new_rows), gathered_gate.narrow(0, old_rows, new_rows));
+      const TensorView latent = f32(ws_.latent, {groups, head_dim});
+      ops::compress_pool(gathered_kv, gathered_gate, static_cast<int>(ratio), latent);
+      ops::rmsnorm(latent, ap.compressor_norm, eps, latent);
+      publish_compressed(layer, span, latent, first_group);
     }
-    for (int64_t position = std::max(span.start, span.end() - pending); position < span.end();
-         ++position) {
-      const int64_t row = span.offset + position - span.start;
-      std::copy_n(kv + row * head_dim, head_dim,
-                  pending_kv.data<float>() + (position % pending) * head_dim);
-      std::copy_n(gate + row * head_dim, head_dim,
-                  pending_gate.data<float>() + (position % pending) * head_dim);
-    }
+    const int64_t first = std::max(span.start, span.end() - pending_kv.size(0));
+    const int64_t count = span.end() - first;
+    write_ring(kv.narrow(0, span.offset + first - span.start, count), pending_kv, first);
+    write_ring(gate.narrow(0, span.offset + first - span.start, count), pending_gate, first);
   }
 }
 
-// Turns pre-RoPE latents of groups [first_group, first_group + groups) into indexer keys (when
-// the source runs an indexer) and compressed KV entries, both in the request's state.
-void ForwardPass::publish_compressed(int64_t layer, const RequestSpan& span, float* latent,
-                                     int64_t groups, int64_t first_group) {
+// Turns the pre-RoPE latents [groups, head_dim] of groups [first_group, first_group + groups)
+// into indexer keys (when the source runs an indexer) and compressed KV entries, both in the
+// request's state.
+void ForwardPass::publish_compressed(int64_t layer, const RequestSpan& span,
+                                     const TensorView& latent, int64_t first_group) {
+  const int64_t groups = latent.size(0);
   if (groups == 0) return;
   const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
-  const int64_t head_dim = c_.head_dim;
   const int64_t ratio = c_.compress_ratio(layer);
   RequestState& state = *span.state;
   if (first_group + groups > state.max_groups(layer)) {
@@ -431,31 +502,26 @@ void ForwardPass::publish_compressed(int64_t layer, const RequestSpan& span, flo
              " groups)");
   }
   // A latent stands for its group's first token.
-  int32_t* group_positions = grow(ws_.group_positions, groups);
+  ws_.group_positions.resize(static_cast<size_t>(groups));
   for (int64_t i = 0; i < groups; ++i) {
-    group_positions[i] = static_cast<int32_t>((first_group + i) * ratio);
+    ws_.group_positions[static_cast<size_t>(i)] = static_cast<int32_t>((first_group + i) * ratio);
   }
-  const std::span<const int32_t> gp(group_positions, static_cast<size_t>(groups));
+  const std::span<const int32_t> gp(ws_.group_positions);
   if (c_.is_index_source(layer)) {
-    const int64_t index_dim = c_.index_head_dim;
-    float* keys = state.index_keys(layer).data<float>() + first_group * index_dim;
-    // Uses a private copy so the latent stays pre-RoPE for the KV entry below.
-    float* latent_copy = grow(ws_.keys, groups * head_dim);
-    std::copy_n(latent, groups * head_dim, latent_copy);
-    const TensorView key_view = f32(keys, {groups, index_dim});
-    ops::linear(f32(latent_copy, {groups, head_dim}), ap.indexer_wk, key_view);
+    // linear reads the latent only, so it stays pre-RoPE for the KV entry below.
+    const TensorView key_view = state.index_keys(layer).narrow(0, first_group, groups);
+    ops::linear(latent, ap.indexer_wk, key_view);
     ops::rmsnorm(key_view, ap.indexer_k_norm, static_cast<float>(c_.rms_norm_eps), key_view);
     ops::rope(key_view, gp, rope_compress_, false);
     ops::fake_quant_fp4(key_view, 32, ops::Fp4ScaleFormat::kUe8m0);
   }
-  float* entries = state.compressed_kv(layer).data<float>() + first_group * head_dim;
-  std::copy_n(latent, groups * head_dim, entries);
-  const TensorView entry_view = f32(entries, {groups, head_dim});
+  const TensorView entry_view = state.compressed_kv(layer).narrow(0, first_group, groups);
+  ops::copy(latent, entry_view);
   ops::rope(entry_view, gp, rope_compress_, false);
   ops::fake_quant_fp4(entry_view, 16, ops::Fp4ScaleFormat::kE4m3);
 }
 
-void ForwardPass::indexer(int64_t layer, const TensorView& x, const float* qr) {
+void ForwardPass::indexer(int64_t layer, const TensorView& x, const TensorView& qr) {
   const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
   const int64_t heads = c_.index_n_heads;
   const int64_t index_dim = c_.index_head_dim;
@@ -465,58 +531,47 @@ void ForwardPass::indexer(int64_t layer, const TensorView& x, const float* qr) {
     DI_THROW("index source ", layer, " reads the keys of KV source ", kv_source,
              ", which runs no indexer and so has no keys; such schedules are not supported");
   }
-  float* q = grow(ws_.index_q, n_ * heads * index_dim);
-  const TensorView q_view = f32(q, {n_, heads, index_dim});
-  ops::linear(f32(const_cast<float*>(qr), {n_, c_.q_lora_rank}), ap.indexer_wq_b,
-              f32(q, {n_, heads * index_dim}), quant_);
+  const TensorView q_view = f32(ws_.index_q, {n_, heads, index_dim});
+  ops::linear(qr, ap.indexer_wq_b, q_view.view({n_, heads * index_dim}), quant_);
   ops::rope(q_view, positions(0, n_), rope_compress_, false);
   ops::fake_quant_fp4(q_view, 32, ops::Fp4ScaleFormat::kUe8m0);
-  float* w = grow(ws_.index_w, n_ * heads);
-  const TensorView w_view = f32(w, {n_, heads});
+  const TensorView w_view = f32(ws_.index_w, {n_, heads});
   ops::linear(x, ap.indexer_weights_proj, w_view);
-  const float heads_scale = 1.0f / std::sqrt(static_cast<float>(heads));
-  for (int64_t i = 0; i < n_ * heads; ++i) w[i] *= heads_scale;
+  ops::scale(w_view, 1.0f / std::sqrt(static_cast<float>(heads)), w_view);
+  TensorView visible_all;
+  for (const auto& [visible_ratio, view] : visible_) {
+    if (visible_ratio == ratio) visible_all = view;
+  }
 
   const bool candidate_source = c_.is_candidate_source(layer);
   const bool uses_candidates = c_.uses_candidates(layer);
   for (size_t r = 0; r < spans_.size(); ++r) {
     const RequestSpan& span = spans_[r];
     const int64_t entries = span.end() / c_.compress_ratio(kv_source);
-    ws_.selection_width[r] = 0;
+    ws_.selection_view[r] = TensorView();
     if (entries == 0) continue;
-    int32_t* visible = grow(ws_.visible, span.count);
-    for (int64_t t = 0; t < span.count; ++t) {
-      visible[t] = static_cast<int32_t>((span.start + t + 1) / ratio);
-    }
-    float* scores = grow(ws_.scores, span.count * entries);
-    const TensorView scores_view = f32(scores, {span.count, entries});
-    ops::indexer_scores(TensorView::contiguous(q + span.offset * heads * index_dim, DType::kF32,
-                                               {span.count, heads, index_dim}),
+    const TensorView visible = visible_all.narrow(0, span.offset, span.count);
+    const TensorView scores_view = f32(ws_.scores, {span.count, entries});
+    ops::indexer_scores(q_view.narrow(0, span.offset, span.count),
                         span.state->index_keys(kv_source).narrow(0, 0, entries),
-                        f32(w + span.offset * heads, {span.count, heads}),
-                        i32(visible, {span.count}), 1.0f / std::sqrt(static_cast<float>(index_dim)),
-                        scores_view);
+                        w_view.narrow(0, span.offset, span.count), visible,
+                        1.0f / std::sqrt(static_cast<float>(index_dim)), scores_view);
     if (candidate_source) {
-      std::vector<int8_t>& mask = ws_.candidates[r];
-      mask.resize(static_cast<size_t>(span.count * entries));
-      ops::candidate_blocks(scores_view, i32(visible, {span.count}),
-                            static_cast<int>(c_.candidate_topk_blocks),
-                            static_cast<int>(c_.candidate_block_size),
-                            TensorView::contiguous(mask.data(), DType::kI8, {span.count, entries}));
-      ws_.candidates_width[r] = entries;
-    } else if (uses_candidates && ws_.candidates_width[r] > 0) {
-      if (ws_.candidates_width[r] != entries) {
+      const TensorView mask = take(ws_.candidates[r], DType::kI8, {span.count, entries});
+      ops::candidate_blocks(scores_view, visible, static_cast<int>(c_.candidate_topk_blocks),
+                            static_cast<int>(c_.candidate_block_size), mask);
+      ws_.candidates_view[r] = mask;
+    } else if (uses_candidates && ws_.candidates_view[r].numel() > 0) {
+      if (ws_.candidates_view[r].size(1) != entries) {
         DI_THROW("index source ", layer, " scores ", entries,
-                 " entries but the candidate mask covers ", ws_.candidates_width[r]);
+                 " entries but the candidate mask covers ", ws_.candidates_view[r].size(1));
       }
-      ops::mask_scores(scores_view, TensorView::contiguous(ws_.candidates[r].data(), DType::kI8,
-                                                           {span.count, entries}));
+      ops::mask_scores(scores_view, ws_.candidates_view[r]);
     }
     const int64_t k = std::min<int64_t>(c_.index_topk, entries);
-    std::vector<int32_t>& selection = ws_.selection[r];
-    selection.resize(static_cast<size_t>(span.count * k));
-    ops::topk_indices(scores_view, static_cast<int>(k), i32(selection.data(), {span.count, k}));
-    ws_.selection_width[r] = k;
+    const TensorView selection = take(ws_.selection[r], DType::kI32, {span.count, k});
+    ops::topk_indices(scores_view, static_cast<int>(k), selection);
+    ws_.selection_view[r] = selection;
   }
 }
 
@@ -525,72 +580,25 @@ void ForwardPass::indexer(int64_t layer, const TensorView& x, const float* qr) {
 void ForwardPass::moe(int64_t layer, const TensorView& x, const TensorView& out) {
   const LayerParameters& lp = p_.layers[static_cast<size_t>(layer)];
   const int64_t k = c_.num_experts_per_tok;
-  const int64_t experts = c_.n_routed_experts;
   const int64_t inter = c_.moe_intermediate_size;
   const float limit = static_cast<float>(c_.swiglu_limit);
-  float* weights = grow(ws_.route_weights, n_ * k);
-  int32_t* chosen = grow(ws_.route_experts, n_ * k);
+  const TensorView weights = f32(ws_.route_weights, {n_, k});
+  const TensorView chosen = take(ws_.route_experts, DType::kI32, {n_, k});
   const ops::RouterParams router{score_function(c_.scoring_func), static_cast<float>(c_.gate_temp),
                                  static_cast<int>(k), c_.norm_topk_prob,
                                  static_cast<float>(c_.routed_scaling_factor)};
-  ops::route(x, lp.gate_weight, lp.gate_bias, router, f32(weights, {n_, k}), i32(chosen, {n_, k}));
-
-  // Each expert runs once on the rows routed to it (row results do not depend on the group).
-  float* expert_out = grow(ws_.moe_out, n_ * k * dim_);  // per (token, slot)
-  float* rows = grow(ws_.moe_rows, n_ * dim_);
-  float* gate = grow(ws_.moe_gate, n_ * inter);
-  float* up = grow(ws_.moe_up, n_ * inter);
-  std::vector<int64_t> members;  // token * k + slot, ascending tokens
-  std::vector<float> member_weights;
-  for (int64_t e = 0; e < experts; ++e) {
-    members.clear();
-    member_weights.clear();
-    for (int64_t i = 0; i < n_ * k; ++i) {
-      if (chosen[i] == e) {
-        members.push_back(i);
-        member_weights.push_back(weights[i]);
-      }
-    }
-    if (members.empty()) continue;
-    const int64_t m = static_cast<int64_t>(members.size());
-    for (int64_t j = 0; j < m; ++j) {
-      std::copy_n(x.data<float>() + (members[static_cast<size_t>(j)] / k) * x.stride(0), dim_,
-                  rows + j * dim_);
-    }
-    const ExpertParameters& ex = lp.experts[static_cast<size_t>(e)];
-    ops::linear(f32(rows, {m, dim_}), ex.w1, f32(gate, {m, inter}), quant_);
-    ops::linear(f32(rows, {m, dim_}), ex.w3, f32(up, {m, inter}), quant_);
-    ops::swiglu(f32(gate, {m, inter}), f32(up, {m, inter}), limit, f32(member_weights.data(), {m}),
-                f32(gate, {m, inter}));
-    float* result = grow(ws_.shared_out, m * dim_);
-    ops::linear(f32(gate, {m, inter}), ex.w2, f32(result, {m, dim_}), quant_);
-    for (int64_t j = 0; j < m; ++j) {
-      std::copy_n(result + j * dim_, dim_, expert_out + members[static_cast<size_t>(j)] * dim_);
-    }
-  }
-  // The shared expert on every token.
-  ops::linear(x, lp.shared_expert.w1, f32(gate, {n_, inter}), quant_);
-  ops::linear(x, lp.shared_expert.w3, f32(up, {n_, inter}), quant_);
-  ops::swiglu(f32(gate, {n_, inter}), f32(up, {n_, inter}), limit, TensorView(),
-              f32(gate, {n_, inter}));
-  float* shared = grow(ws_.shared_out, n_ * dim_);
-  ops::linear(f32(gate, {n_, inter}), lp.shared_expert.w2, f32(shared, {n_, dim_}), quant_);
-  // Combine in HF's order: routed experts by ascending expert id, then the shared expert.
-  float* y = out.data<float>();
-  for (int64_t t = 0; t < n_; ++t) {
-    int64_t order[64];
-    DI_CHECK(k <= 64, "num_experts_per_tok ", k, " too large");
-    for (int64_t s = 0; s < k; ++s) order[s] = s;
-    std::sort(order, order + k,
-              [&](int64_t a, int64_t b) { return chosen[t * k + a] < chosen[t * k + b]; });
-    float* row = y + t * out.stride(0);
-    std::fill_n(row, dim_, 0.0f);
-    for (int64_t s = 0; s < k; ++s) {
-      const float* contribution = expert_out + (t * k + order[s]) * dim_;
-      for (int64_t d = 0; d < dim_; ++d) row[d] += contribution[d];
-    }
-    for (int64_t d = 0; d < dim_; ++d) row[d] += shared[t * dim_ + d];
-  }
+  ops::route(x, lp.gate_weight, lp.gate_bias, router, weights, chosen);
+  ops::moe_experts(x, chosen, weights, expert_weights_[static_cast<size_t>(layer)], limit, quant_,
+                   out);
+  // The shared expert on every token, added after the routed ones (HF's order).
+  const TensorView gate = f32(ws_.moe_gate, {n_, inter});
+  const TensorView up = f32(ws_.moe_up, {n_, inter});
+  ops::linear(x, lp.shared_expert.w1, gate, quant_);
+  ops::linear(x, lp.shared_expert.w3, up, quant_);
+  ops::swiglu(gate, up, limit, TensorView(), gate);
+  const TensorView shared = f32(ws_.shared_out, {n_, dim_});
+  ops::linear(gate, lp.shared_expert.w2, shared, quant_);
+  ops::add(out, shared, out);
 }
 
 }  // namespace
@@ -613,6 +621,18 @@ Model::Model(const DeepseekV41TextConfig& config, const ModelParameters& paramet
              config.num_hidden_layers);
   }
   score_function(config.scoring_func);  // validate early
+  const Device device = parameters.embed.device();
+  expert_weights_.resize(parameters.layers.size());
+  for (size_t layer = 0; layer < parameters.layers.size(); ++layer) {
+    for (const ExpertParameters& expert : parameters.layers[layer].experts) {
+      if (expert.w1.weight.device() != device) {
+        DI_THROW("layer ", layer, " has expert weights on ", expert.w1.weight.device().to_string(),
+                 " but the embedding is on ", device.to_string(),
+                 ": all parameters must be on one device");
+      }
+      expert_weights_[layer].push_back({expert.w1, expert.w3, expert.w2});
+    }
+  }
   if (config.n_shared_experts != 1) {
     DI_THROW("n_shared_experts ", config.n_shared_experts, " is not supported (exactly 1)");
   }
@@ -664,13 +684,16 @@ void Model::forward(std::span<const ForwardRequest> requests, const TensorView& 
       ws.ids[static_cast<size_t>(span.offset + t)] = request.tokens[static_cast<size_t>(t)];
     }
   }
-  ws.selection.resize(spans.size());
-  ws.selection_width.assign(spans.size(), 0);
-  ws.candidates.resize(spans.size());
-  ws.candidates_width.assign(spans.size(), 0);
+  // Grow only: a Scratch dropped and re-made would free and reallocate device memory.
+  if (ws.selection.size() < spans.size()) {
+    ws.selection.resize(spans.size());
+    ws.candidates.resize(spans.size());
+  }
+  ws.selection_view.assign(spans.size(), TensorView());
+  ws.candidates_view.assign(spans.size(), TensorView());
 
-  ForwardPass pass(config_, parameters_, numerics_, engram_.get(), rope_main_, rope_compress_, ws,
-                   spans, tokens, observer_);
+  ForwardPass pass(config_, parameters_, expert_weights_, numerics_, engram_.get(), rope_main_,
+                   rope_compress_, ws, spans, tokens, observer_);
   pass.run(logits);
   for (const RequestSpan& span : spans) span.state->advance(span.count);
 }

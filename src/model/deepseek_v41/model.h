@@ -47,6 +47,9 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const DeepseekV41TextConfig& config() const { return config_; }
+  // Where the parameters live; the forward runs there, and request states must live there too
+  // (ops::allocator_for(device()) allocates them).
+  Device device() const { return parameters_.embed.device(); }
 
   // Called after every decoder layer with the hc streams [tokens, hc_mult, hidden] f32 of the
   // whole batch (token-major, as in forward). For layer-by-layer comparisons with the oracles
@@ -58,6 +61,11 @@ class Model {
   // `logits` [total tokens, vocab] f32; then advances each state by its token count. A
   // request with no tokens is skipped. Throws Error (and changes no state) when a state would
   // overflow its max_tokens or a token id is out of range.
+  //
+  // On a GPU model the whole step is queued on the current stream with one upload of the
+  // step's metadata and no wait, except that host `logits` are copied back and waited for
+  // (which also reports kernel-detected index errors); device `logits` are left in flight.
+  // The layer observer then receives device views.
   void forward(std::span<const ForwardRequest> requests, const TensorView& logits);
 
  private:
@@ -67,6 +75,7 @@ class Model {
   std::shared_ptr<const EngramHasher> engram_;
   ops::RopeTable rope_main_;
   ops::RopeTable rope_compress_;
+  std::vector<std::vector<ops::ExpertWeights>> expert_weights_;  // per layer, for moe_experts
   std::unique_ptr<ForwardWorkspace> workspace_;
   LayerObserver observer_;
 };

@@ -1,6 +1,8 @@
 #include "model/deepseek_v41/parameters.h"
 
 #include <cstring>
+#include <map>
+#include <tuple>
 
 namespace deepinfer::deepseek_v41 {
 
@@ -33,6 +35,80 @@ ops::LinearWeight ModelParameters::own_dense(const ops::LinearWeight& weight) {
   ops::dequantize_weight(weight, tensor.view());
   owned.push_back(std::move(tensor));
   return ops::LinearWeight{owned.back().view(), TensorView()};
+}
+
+void for_each_view(ModelParameters& parameters, const std::function<void(TensorView&)>& fn) {
+  const auto linear = [&](ops::LinearWeight& weight) {
+    fn(weight.weight);
+    fn(weight.scale);
+  };
+  const auto expert = [&](ExpertParameters& e) {
+    linear(e.w1);
+    linear(e.w2);
+    linear(e.w3);
+  };
+  fn(parameters.embed);
+  fn(parameters.norm);
+  linear(parameters.head);
+  for (LayerParameters& layer : parameters.layers) {
+    for (TensorView* view :
+         {&layer.attn_norm, &layer.ffn_norm, &layer.hc_attn_fn, &layer.hc_attn_base,
+          &layer.hc_attn_scale, &layer.hc_ffn_fn, &layer.hc_ffn_base, &layer.hc_ffn_scale,
+          &layer.gate_weight, &layer.gate_bias}) {
+      fn(*view);
+    }
+    AttentionParameters& attn = layer.attn;
+    for (ops::LinearWeight* weight :
+         {&attn.wq_a, &attn.wq_b, &attn.wkv, &attn.wo_a, &attn.wo_b, &attn.compressor_wkv,
+          &attn.compressor_wgate, &attn.indexer_wq_b, &attn.indexer_weights_proj,
+          &attn.indexer_wk}) {
+      linear(*weight);
+    }
+    for (TensorView* view : {&attn.q_norm, &attn.kv_norm, &attn.attn_sink, &attn.compressor_norm,
+                             &attn.indexer_k_norm}) {
+      fn(*view);
+    }
+    for (ExpertParameters& e : layer.experts) expert(e);
+    expert(layer.shared_expert);
+    if (layer.engram) {
+      fn(layer.engram->table);
+      fn(layer.engram->table_scale);
+      linear(layer.engram->wkv);
+      fn(layer.engram->qk);
+    }
+  }
+}
+
+std::unique_ptr<ModelParameters> copy_parameters(const ModelParameters& source,
+                                                 Allocator& allocator) {
+  auto result = std::make_unique<ModelParameters>();
+  result->embed = source.embed;
+  result->layers = source.layers;
+  result->norm = source.norm;
+  result->head = source.head;
+  // The same tensor named by several views is copied once.
+  using Key = std::tuple<const void*, DType, std::vector<int64_t>, std::vector<int64_t>>;
+  std::map<Key, TensorView> copies;
+  for_each_view(*result, [&](TensorView& view) {
+    if (view.numel() == 0) {
+      view = TensorView();
+      return;
+    }
+    const Key key{view.raw_data(), view.dtype(),
+                  std::vector<int64_t>(view.shape().span().begin(), view.shape().span().end()),
+                  std::vector<int64_t>(view.strides().span().begin(), view.strides().span().end())};
+    if (auto found = copies.find(key); found != copies.end()) {
+      view = found->second;
+      return;
+    }
+    Tensor tensor = Tensor::empty(view.dtype(), view.shape(), allocator);
+    ops::copy(view, tensor.view());
+    result->owned.push_back(std::move(tensor));
+    copies.emplace(key, result->owned.back().view());
+    view = result->owned.back().view();
+  });
+  ops::synchronize(allocator.device());
+  return result;
 }
 
 }  // namespace deepinfer::deepseek_v41

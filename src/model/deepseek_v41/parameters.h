@@ -5,6 +5,8 @@
 // are converted once at load and owned here.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -72,5 +74,15 @@ struct ModelParameters {
   // Dequantizes a linear weight into an owned dense f32 tensor.
   ops::LinearWeight own_dense(const ops::LinearWeight& weight);
 };
+
+// Calls fn on every tensor view the parameters hold (empty ones included).
+void for_each_view(ModelParameters& parameters, const std::function<void(TensorView&)>& fn);
+
+// A copy of `source` on `allocator`'s device (ops::allocator_for(Device::cuda(0)) for the
+// first GPU): every tensor in its storage format, one copy per distinct tensor (views that
+// name the same tensor share the copy). The result owns its memory; the copy has completed
+// when this returns.
+std::unique_ptr<ModelParameters> copy_parameters(const ModelParameters& source,
+                                                 Allocator& allocator);
 
 }  // namespace deepinfer::deepseek_v41

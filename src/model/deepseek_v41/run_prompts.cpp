@@ -14,7 +14,8 @@ std::vector<float> run_prompts(Model& model, const std::vector<std::vector<int32
   std::vector<int64_t> offsets = {0};  // first output row of each request
   for (const auto& prompt : prompts) {
     const int64_t length = static_cast<int64_t>(prompt.size());
-    states.push_back(std::make_unique<RequestState>(config, StateLimits{length, 0}));
+    states.push_back(std::make_unique<RequestState>(config, StateLimits{length, 0},
+                                                    ops::allocator_for(model.device())));
     offsets.push_back(offsets.back() + length);
   }
   std::vector<float> logits(static_cast<size_t>(offsets.back() * vocab));

@@ -1,8 +1,20 @@
 #include "model/deepseek_v41/state.h"
 
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace deepinfer::deepseek_v41 {
+namespace {
+
+// Zero-filled on any device (entries past the length are never read; zeros keep runs
+// reproducible).
+Tensor zeroed(Shape shape, Allocator& allocator) {
+  Tensor tensor = Tensor::empty(DType::kF32, shape, allocator);
+  ops::fill(tensor.view(), 0.0f);
+  return tensor;
+}
+
+}  // namespace
 
 RequestState::RequestState(const DeepseekV41TextConfig& config, StateLimits limits,
                            Allocator& allocator)
@@ -14,21 +26,21 @@ RequestState::RequestState(const DeepseekV41TextConfig& config, StateLimits limi
   window_capacity_ = config.sliding_window + limits.max_rollback;
   windows_.reserve(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    windows_.push_back(Tensor::zeros(DType::kF32, {window_capacity_, config.head_dim}, allocator));
+    windows_.push_back(zeroed({window_capacity_, config.head_dim}, allocator));
   }
   for (int64_t layer : config.kv_source_layer_ids) {
     SourceState state;
     state.layer = layer;
     state.ratio = config.compress_ratio(layer);
     const int64_t groups = limits.max_tokens / state.ratio + 1;
-    state.compressed_kv = Tensor::zeros(DType::kF32, {groups, config.head_dim}, allocator);
+    state.compressed_kv = zeroed({groups, config.head_dim}, allocator);
     if (config.is_index_source(layer)) {
-      state.index_keys = Tensor::zeros(DType::kF32, {groups, config.index_head_dim}, allocator);
+      state.index_keys = zeroed({groups, config.index_head_dim}, allocator);
     }
     if (state.ratio > 1) {
       const int64_t pending = state.ratio + limits.max_rollback;
-      state.pending_kv = Tensor::zeros(DType::kF32, {pending, config.head_dim}, allocator);
-      state.pending_gate = Tensor::zeros(DType::kF32, {pending, config.head_dim}, allocator);
+      state.pending_kv = zeroed({pending, config.head_dim}, allocator);
+      state.pending_gate = zeroed({pending, config.head_dim}, allocator);
     }
     sources_.push_back(std::move(state));
   }

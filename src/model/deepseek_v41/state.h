@@ -32,6 +32,8 @@ struct StateLimits {
 
 class RequestState {
  public:
+  // `allocator` decides where the tensors live: the model's device (ops::allocator_for). The
+  // engram history stays on the host (the hashing runs there).
   RequestState(const DeepseekV41TextConfig& config, StateLimits limits,
                Allocator& allocator = host_allocator());
 

@@ -99,4 +99,86 @@ void swiglu(const TensorView& gate, const TensorView& up, float limit, const Ten
   });
 }
 
+// Each expert runs once on the rows routed to it (a row's result does not depend on the
+// group), then every token sums its slots in ascending expert id.
+void moe_experts(const TensorView& x, const TensorView& experts, const TensorView& weights,
+                 std::span<const ExpertWeights> expert_weights, float swiglu_limit,
+                 ActivationQuant quant, const TensorView& out) {
+  const cpu::Rows<float> in = cpu::as_rows<float>(x, "moe input");
+  const cpu::Rows<int32_t> chosen = cpu::as_rows<int32_t>(experts, "moe experts");
+  const cpu::Rows<float> route_weights = cpu::as_rows<float>(weights, "moe weights");
+  const cpu::Rows<float> y = cpu::as_rows<float>(out, "moe output");
+  const int64_t n = in.rows;
+  const int64_t dim = in.cols;
+  const int64_t k = chosen.cols;
+  DI_CHECK(chosen.rows == n && route_weights.rows == n && route_weights.cols == k && y.rows == n &&
+               y.cols == dim,
+           "moe_experts shapes: x ", x.to_string(), ", experts ", experts.to_string(), ", weights ",
+           weights.to_string(), ", out ", out.to_string());
+  DI_CHECK(k <= 64, "num_experts_per_tok ", k, " too large");
+  if (n == 0) return;
+  const int64_t expert_count = static_cast<int64_t>(expert_weights.size());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t e = chosen.row(t)[s];
+      if (e < 0 || e >= expert_count) {
+        DI_THROW("moe_experts: token ", t, " slot ", s, " chose expert ", e, " of ", expert_count);
+      }
+    }
+  }
+  const int64_t inter = expert_count > 0 ? expert_weights[0].w1.out_features() : 0;
+  // Grow-only per thread: after the largest call, nothing is allocated here.
+  thread_local std::vector<float> expert_out, rows, gate, up, result, member_weights;
+  thread_local std::vector<int64_t> members;  // token * k + slot, ascending tokens
+  auto grow = [](std::vector<float>& buffer, int64_t count) {
+    if (buffer.size() < static_cast<size_t>(count)) buffer.resize(static_cast<size_t>(count));
+    return buffer.data();
+  };
+  auto f32 = [](float* data, Shape shape) {
+    return TensorView::contiguous(data, DType::kF32, shape);
+  };
+  float* per_slot = grow(expert_out, n * k * dim);
+  for (int64_t e = 0; e < expert_count; ++e) {
+    members.clear();
+    member_weights.clear();
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (chosen.row(i / k)[i % k] == e) {
+        members.push_back(i);
+        member_weights.push_back(route_weights.row(i / k)[i % k]);
+      }
+    }
+    if (members.empty()) continue;
+    const int64_t m = static_cast<int64_t>(members.size());
+    float* gathered = grow(rows, m * dim);
+    for (int64_t j = 0; j < m; ++j) {
+      std::copy_n(in.row(members[static_cast<size_t>(j)] / k), dim, gathered + j * dim);
+    }
+    const ExpertWeights& ex = expert_weights[static_cast<size_t>(e)];
+    float* g = grow(gate, m * inter);
+    float* u = grow(up, m * inter);
+    cpu::linear(f32(gathered, {m, dim}), ex.w1, f32(g, {m, inter}), quant);
+    cpu::linear(f32(gathered, {m, dim}), ex.w3, f32(u, {m, inter}), quant);
+    cpu::swiglu(f32(g, {m, inter}), f32(u, {m, inter}), swiglu_limit,
+                f32(member_weights.data(), {m}), f32(g, {m, inter}));
+    float* r = grow(result, m * dim);
+    cpu::linear(f32(g, {m, inter}), ex.w2, f32(r, {m, dim}), quant);
+    for (int64_t j = 0; j < m; ++j) {
+      std::copy_n(r + j * dim, dim, per_slot + members[static_cast<size_t>(j)] * dim);
+    }
+  }
+  // HF's combine order: routed experts by ascending expert id.
+  for (int64_t t = 0; t < n; ++t) {
+    int64_t order[64];
+    for (int64_t s = 0; s < k; ++s) order[s] = s;
+    std::sort(order, order + k,
+              [&](int64_t a, int64_t b) { return chosen.row(t)[a] < chosen.row(t)[b]; });
+    float* row = y.row(t);
+    std::fill_n(row, dim, 0.0f);
+    for (int64_t s = 0; s < k; ++s) {
+      const float* contribution = per_slot + (t * k + order[s]) * dim;
+      for (int64_t d = 0; d < dim; ++d) row[d] += contribution[d];
+    }
+  }
+}
+
 }  // namespace deepinfer::ops::cpu

@@ -32,6 +32,7 @@ enum KernelError : int {
   kWindowRangeOutOfBounds = 1,
   kCompressedIndexOutOfBounds = 2,
   kEngramIdOutOfBounds = 3,
+  kMoeExpertOutOfBounds = 4,
 };
 
 // The device word kernels record problems into (allocated on first use, one per process).

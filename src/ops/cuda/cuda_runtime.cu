@@ -175,6 +175,8 @@ void synchronize() {
       DI_THROW("sink_attention: a compressed index is past the compressed cache");
     case kEngramIdOutOfBounds:
       DI_THROW("engram_gather: a hash id is outside the engram table");
+    case kMoeExpertOutOfBounds:
+      DI_THROW("moe_experts: a routed expert id is outside the expert list");
     default:
       DI_THROW("a CUDA kernel reported error code ", code);
   }

@@ -2,27 +2,13 @@
 // dequantized while a tile is staged in shared memory; each output element accumulates K in
 // ascending order inside one thread, so a row's result never depends on how many rows are in
 // the call (batch invariance). Part 2 replaces the FMA tile loop with wgmma.
-#include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/linear.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {
 
 using deepinfer::cuda::DeviceRows;
-
-enum class WeightKind : int { kF32, kBF16, kF8, kF4 };
-
-struct DeviceWeight {
-  WeightKind kind = WeightKind::kF32;
-  const uint8_t* bytes = nullptr;
-  int64_t out = 0;
-  int64_t in = 0;
-  int64_t row_bytes = 0;
-  const uint8_t* scale = nullptr;
-  int64_t scale_cols = 0;
-  int64_t block_out = 1;
-  int64_t block_in = 1;
-};
 
 // Block edge for `blocks` scale entries over `extent` values, preferring the checkpoints'
 // powers of two when several edges give the same grid (the CPU reference's rule).
@@ -36,6 +22,8 @@ int64_t scale_block_edge(int64_t extent, int64_t blocks) {
   }
   return 0;
 }
+
+}  // namespace
 
 DeviceWeight describe(const LinearWeight& weight) {
   const TensorView& w = weight.weight;
@@ -87,6 +75,8 @@ DeviceWeight describe(const LinearWeight& weight) {
   return d;
 }
 
+namespace {
+
 __device__ __forceinline__ float weight_value(const DeviceWeight& w, int64_t n, int64_t k) {
   const uint8_t* row = w.bytes + n * w.row_bytes;
   switch (w.kind) {
@@ -114,10 +104,19 @@ constexpr int kTileK = 32;
 constexpr int kGemmThreads = 256;  // 16 x 16 threads, 4 x 4 outputs each
 
 __global__ void __launch_bounds__(kGemmThreads)
-    linear_kernel(DeviceRows<const float> x, DeviceWeight w, DeviceRows<float> out) {
+    linear_kernel(DeviceRows<const float> x, DeviceWeight w, DeviceRows<float> out,
+                  GemmGroups groups) {
   __shared__ float x_tile[kTileK][kTileM + 4];
   __shared__ float w_tile[kTileK][kTileN + 4];
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  int64_t row_begin = 0;
+  int64_t row_end = x.rows;
+  if (groups.offsets != nullptr) {
+    row_begin = groups.offsets[blockIdx.z];
+    row_end = groups.offsets[blockIdx.z + 1];
+    w = groups.weights[blockIdx.z];
+  }
+  const int64_t m0 = row_begin + static_cast<int64_t>(blockIdx.y) * kTileM;
+  if (m0 >= row_end) return;  // the whole block: no thread reaches a barrier
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
   const int tx = threadIdx.x % 16;
   const int ty = threadIdx.x / 16;
@@ -128,7 +127,7 @@ __global__ void __launch_bounds__(kGemmThreads)
       const int kk = idx % kTileK;
       const int64_t m = m0 + r;
       const int64_t k = k0 + kk;
-      x_tile[kk][r] = (m < x.rows && k < w.in) ? x.row(m)[k] : 0.0f;
+      x_tile[kk][r] = (m < row_end && k < w.in) ? x.row(m)[k] : 0.0f;
       const int64_t n = n0 + r;
       w_tile[kk][r] = (n < w.out && k < w.in) ? weight_value(w, n, k) : 0.0f;
     }
@@ -151,7 +150,7 @@ __global__ void __launch_bounds__(kGemmThreads)
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t m = m0 + ty * 4 + i;
-    if (m >= out.rows) continue;
+    if (m >= row_end) continue;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t n = n0 + tx * 4 + j;
@@ -204,24 +203,39 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
              weight.weight.to_string(), ", out ", out.to_string());
   }
   if (in.rows == 0 || w.out == 0) return;
-  const auto stream = deepinfer::cuda::current_stream();
   deepinfer::cuda::StreamBuffer quantized(activation_quant == ActivationQuant::kFp8PerBlock32
                                               ? static_cast<size_t>(in.rows * in.cols) *
                                                     sizeof(float)
                                               : 0);
   if (activation_quant == ActivationQuant::kFp8PerBlock32) {
-    const int64_t blocks_per_row = (in.cols + 31) / 32;
-    constexpr int kThreads = 256;
-    quantize_activation_kernel<<<deepinfer::cuda::blocks_for(in.rows * blocks_per_row * 32,
-                                                             kThreads),
-                                 kThreads, 0, stream>>>(in, quantized.as<float>(), blocks_per_row);
-    DI_CUDA_LAUNCHED(quantize_activation_kernel);
+    quantize_activation(in, quantized.as<float>());
     in = DeviceRows<const float>{quantized.as<float>(), in.rows, in.cols, in.cols};
   }
-  const dim3 grid(deepinfer::cuda::blocks_for(w.out, kTileN),
-                  deepinfer::cuda::blocks_for(in.rows, kTileM));
-  DI_CHECK(grid.y <= 65535, "linear: ", in.rows, " rows exceed one launch");
-  linear_kernel<<<grid, kGemmThreads, 0, stream>>>(in, w, o);
+  launch_linear(in, w, o);
+}
+
+void quantize_activation(DeviceRows<const float> x, float* out) {
+  if (x.rows * x.cols == 0) return;
+  const int64_t blocks_per_row = (x.cols + 31) / 32;
+  constexpr int kThreads = 256;
+  quantize_activation_kernel<<<deepinfer::cuda::blocks_for(x.rows * blocks_per_row * 32, kThreads),
+                               kThreads, 0, deepinfer::cuda::current_stream()>>>(x, out,
+                                                                                 blocks_per_row);
+  DI_CUDA_LAUNCHED(quantize_activation_kernel);
+}
+
+void launch_linear(DeviceRows<const float> x, const DeviceWeight& shape, DeviceRows<float> out,
+                   const GemmGroups& groups) {
+  const bool grouped = groups.offsets != nullptr;
+  const int64_t rows = grouped ? groups.max_rows : x.rows;
+  if (rows == 0 || shape.out == 0 || (grouped && groups.count == 0)) return;
+  const dim3 grid(deepinfer::cuda::blocks_for(shape.out, kTileN),
+                  deepinfer::cuda::blocks_for(rows, kTileM),
+                  grouped ? static_cast<unsigned>(groups.count) : 1u);
+  DI_CHECK(grid.y <= 65535 && grid.z <= 65535, "linear: ", rows, " rows or ", groups.count,
+           " groups exceed one launch");
+  linear_kernel<<<grid, kGemmThreads, 0, deepinfer::cuda::current_stream()>>>(x, shape, out,
+                                                                              groups);
   DI_CUDA_LAUNCHED(linear_kernel);
 }
 

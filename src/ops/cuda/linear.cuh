@@ -1,0 +1,47 @@
+// The CUDA linear layer's pieces that other kernels build on (moe_experts runs the same GEMM
+// per expert group): weights described in their storage format, the tile GEMM launcher, and
+// the released numerics' activation quantizer. Internal to the CUDA backend.
+#pragma once
+
+#include "ops/cuda/common.cuh"
+#include "ops/ops.h"
+
+namespace deepinfer::ops::cuda {
+
+enum class WeightKind : int { kF32, kBF16, kF8, kF4 };
+
+// A linear weight as the kernels read it (plain data, copyable to device memory).
+struct DeviceWeight {
+  WeightKind kind = WeightKind::kF32;
+  const uint8_t* bytes = nullptr;
+  int64_t out = 0;
+  int64_t in = 0;
+  int64_t row_bytes = 0;
+  const uint8_t* scale = nullptr;
+  int64_t scale_cols = 0;
+  int64_t block_out = 1;
+  int64_t block_in = 1;
+};
+
+// Checks a device LinearWeight and describes it; throws Error naming what does not fit.
+DeviceWeight describe(const LinearWeight& weight);
+
+// Grouped mode of launch_linear: group g owns rows [offsets[g], offsets[g + 1]) of x and out
+// and multiplies them by weights[g] (both arrays in device memory, so the grouping can be
+// decided on the device); no group has more than max_rows rows.
+struct GemmGroups {
+  const int32_t* offsets = nullptr;
+  const DeviceWeight* weights = nullptr;
+  int count = 0;
+  int64_t max_rows = 0;
+};
+
+// out = x . W^T on the current stream; `shape` gives out/in features (in grouped mode every
+// group's weight has this shape).
+void launch_linear(deepinfer::cuda::DeviceRows<const float> x, const DeviceWeight& shape,
+                   deepinfer::cuda::DeviceRows<float> out, const GemmGroups& groups = {});
+
+// The released numerics' activation quantization of x into `out` (dense [x.rows, x.cols]).
+void quantize_activation(deepinfer::cuda::DeviceRows<const float> x, float* out);
+
+}  // namespace deepinfer::ops::cuda
