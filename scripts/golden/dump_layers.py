@@ -14,7 +14,6 @@ Prints, per layer, max |ours - oracle| over all positions and the first position
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,41 +25,29 @@ import generate as g  # noqa: E402
 
 
 def oracle_dump(fixture: Path, oracle: str, hf_src: Path, ref_src: Path):
-    _, cfg_mod, mdl_mod = g.install_hf_sources(hf_src)
-    tokenizer = g.build_tokenizer(fixture.parent / "tokenizer.json")
-    reqs = [list(map(int, line.split())) for line in (fixture / "tokens.txt").read_text().splitlines() if line.strip()]
+    fx = g.load_fixture(fixture, hf_src, ref_src if oracle != "hf" else None)
     dumps = {}
 
     def keep(layer, streams):
         dumps.setdefault(layer, []).append(streams[0].float().flatten(1).clone())
 
     if oracle == "hf":
-        model = mdl_mod.DeepseekV41ForCausalLM.from_pretrained(str(fixture / "hf"), dtype=torch.float32).eval()
-        model.config._attn_implementation = "eager"
-        if model.model.engram_layout:
-            model.model.bind_tokenizer(tokenizer)
-        for i, layer in enumerate(model.model.layers):
+        for i, layer in enumerate(fx.hf_model.model.layers):
             layer.register_forward_hook(lambda mod, inp, out, i=i: keep(i, out[0]))
-        logits, _ = g.run_hf(model, reqs, self_checks=False)
+        logits = fx.run_hf()
     else:
-        ref_model, ref_kernel = g.import_reference(ref_src)
-        text = json.loads((fixture / "released/config.json").read_text())["text_config"]
-        full = cfg_mod.DeepseekV41TextConfig(**text).to_dict()
-        meta = json.loads((fixture / "meta.json").read_text())
-        args = g.ref_args(ref_model, full, meta["compressed_vocab_size"], text.get("engram_num_embeddings", []))
-        tensors = load_file(str(fixture / "released/model.safetensors"))
-        block_forward = ref_model.Block.forward
+        block_forward = fx.ref_model.Block.forward
 
         def hooked(self, x, *a, **k):
             out = block_forward(self, x, *a, **k)
             keep(self.layer_id, out[0])
             return out
 
-        ref_model.Block.forward = hooked
+        fx.ref_model.Block.forward = hooked
         try:
-            logits = g.run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, oracle)
+            logits = fx.run_reference(oracle)
         finally:
-            ref_model.Block.forward = block_forward
+            fx.ref_model.Block.forward = block_forward
     out = {"logits": torch.cat(logits).contiguous()}
     for i, parts in dumps.items():
         out[f"layer{i}"] = torch.cat(parts).contiguous()

@@ -4,7 +4,8 @@
 # "Regenerating"). Needs a python3 with the oracle packages; HF_SRC and REF_SRC name the oracle
 # source directories, OUT_DIR where the chosen fixtures go (default tests/data/golden).
 #
-#   HF_SRC=DIR REF_SRC=DIR [PER=10] [BASE=0] scripts/golden/generate_parallel.sh CONFIG:NPROC ...
+#   HF_SRC=DIR REF_SRC=DIR [PER=10] [BASE=0] [BUDGET=seconds] scripts/golden/generate_parallel.sh CONFIG:NPROC ...
+# BUDGET: each process starts no new seed after that many seconds (0: no limit).
 set -u
 : "${HF_SRC:?set HF_SRC}" "${REF_SRC:?set REF_SRC}"
 PER=${PER:-10}
@@ -19,7 +20,7 @@ for spec in "$@"; do
     o=$WORK/${c}_$k
     mkdir -p "$o" && cp tests/data/golden/tokenizer.json "$o/"
     python3 scripts/golden/generate.py --hf-src "$HF_SRC" --ref-src "$REF_SRC" --out "$o" --only "$c" \
-      --first-attempt $((BASE + k * PER)) --max-attempts "$PER" > "$o/log" 2>&1 &
+      --first-attempt $((BASE + k * PER)) --max-attempts "$PER" --time-budget "${BUDGET:-0}" > "$o/log" 2>&1 &
   done
 done
 wait

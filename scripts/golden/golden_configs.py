@@ -9,6 +9,21 @@ multiple of 32.
 VOCAB_SIZE = 288  # 3 specials + 256 byte tokens + 29 merges (tokenizer built by generate.py)
 REQUEST_LENGTHS = (300, 331)  # every prompt >= 300 tokens; two lengths per fixture
 
+# Weight design that makes the released (FP8-activation) comparison well-posed (docs/GOLDEN.md,
+# "Well-posed released comparison"). Measured cause of the misses: an activation element within an
+# ulp of an e4m3 midpoint rounds the other way (a 6-12 % step of that element) and (1) flips an MoE
+# routing decision whose margin is small, or (2) moves the residual stream by ~0.75 % of a
+# branch output, both far above the tolerance (0.1 % of the largest logit).
+#  - ROUTING_PIN_BIAS: the noaux_tc selection bias of two experts per layer (the top-k count);
+#    selection only, so the routed weights still come from every scoring function's scores, and
+#    no routing decision has a margin below ~ROUTING_PIN_BIAS - max score.
+#  - BRANCH_GAIN: scales the std of every residual branch's output projection (attention wo_b,
+#    expert and shared-expert w2), so one flipped element moves the stream by a small fraction of
+#    the tolerance while a semantic error in a branch (O(1) of its output) still moves the logits
+#    by tens of tolerances. A power of two: the FP8/FP4 grid and the ue8m0 scales stay exact.
+ROUTING_PIN_BIAS = 16.0
+BRANCH_GAIN = 2.0**-6
+
 _BASE = dict(
     vocab_size=VOCAB_SIZE,
     hidden_size=64,
@@ -95,6 +110,10 @@ CONFIGS = {
     # source, Reindex decoder sources constrained by the two-level candidate top-k, engram.
     "ced_candidates_engram": dict(
         seed=303,
+        # 7 layers, 5 of them compressed with indexer and candidate selections: at BRANCH_GAIN the
+        # released oracle drifted by 0.78-2.0 tolerances on every seed that reached that check
+        # (about a dozen of 32 tried), above the 0.5 acceptance; half the gain halves the drift.
+        branch_gain=BRANCH_GAIN / 2,
         config=_cfg(
             num_hidden_layers=7,
             compress_ratios=[0, 2, 2, 1, 1, 1, 1],
