@@ -57,4 +57,16 @@ if [ -x "$BIN/model_gpu_forward_test" ]; then
     >"$OUT/memcheck_forward.log" 2>&1 || status=1
   tail -n 8 "$OUT/memcheck_forward.log"
 fi
+# The CUDA sampler against the CPU sampler, when staged (EXTRA_TARGETS=cuda_sampler_test
+# EXTRA_PROGRAMS=<build>/tests/sampling/cuda_sampler_test); memcheck on its small cases.
+if [ -x "$BIN/cuda_sampler_test" ]; then
+  echo "== CUDA sampler test (vs the CPU sampler)"
+  timeout ${SAMPLER_TIMEOUT:-120} "$BIN/cuda_sampler_test" >"$OUT/cuda_sampler.log" 2>&1 || status=1
+  tail -n 10 "$OUT/cuda_sampler.log"
+  echo "== compute-sanitizer --tool memcheck, CUDA sampler (tiny vocabulary, errors, reuse)"
+  timeout ${SANITIZER_TIMEOUT:-100} compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$BIN/cuda_sampler_test" --gtest_filter='*Tiny*:*RowErrors*:*Reused*' --gtest_brief=1 \
+    >"$OUT/cuda_sampler_memcheck.log" 2>&1 || status=1
+  tail -n 4 "$OUT/cuda_sampler_memcheck.log"
+fi
 exit $status
