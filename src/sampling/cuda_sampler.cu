@@ -200,8 +200,10 @@ __device__ ValueAndId block_most_likely(ValueAndId v, Shared& sh) {
   return result;
 }
 
-// The k-th largest (1-based) of key_of(j) over the j in [0, n) for which key_of returns true,
-// by an 8-bit-digit radix select (k must not exceed their number).
+// A threshold t such that exactly the k largest of key_of(j), over the j in [0, n) for which
+// key_of returns true, are >= t, or (with ties at the k-th value) all keys >= the k-th largest:
+// an 8-bit-digit radix select (k must not exceed their number). It stops early once the
+// digit's bucket is taken whole: the prefix with zero low bits then separates the same set.
 template <typename Key, typename KeyOf>
 __device__ Key kth_largest(int64_t n, int k, KeyOf key_of, Shared& sh) {
   Key prefix = 0;
@@ -226,12 +228,15 @@ __device__ Key kth_largest(int64_t n, int k, KeyOf key_of, Shared& sh) {
       }
       sh.prefix = static_cast<uint64_t>(prefix | (static_cast<Key>(digit) << shift));
       sh.remaining = remaining - above;
+      sh.stop = sh.histogram[digit] == remaining - above;
     }
     __syncthreads();
     prefix = static_cast<Key>(sh.prefix);
     remaining = sh.remaining;
     mask |= static_cast<Key>(0xFF) << shift;
+    const bool whole_bucket = sh.stop != 0;
     __syncthreads();
+    if (whole_bucket) break;
   }
   return prefix;
 }
