@@ -1,0 +1,633 @@
+// V4.1-Flash layer GEMMs on the GPU, next to the rooflines measured in the same run.
+//
+//   cuda_layer_bench [json_path]      (default: $OUT/layer_bench.json, else ./layer_bench.json)
+//
+// 1. Rooflines: HBM bandwidth (a streaming read kernel, a copy kernel, cudaMemcpy D2D) and the
+//    dense tensor-core peaks (cuBLASLt 8192^3 e4m3 x e4m3 -> bf16 and bf16 x bf16 -> bf16).
+// 2. Every linear of one layer at decode batch 1, 16, 64, 256 and prefill 8192: our
+//    ops::cuda::linear (weights in their storage format, the released activation quantizer for
+//    FP8 roles) against cuBLASLt on the same shapes (FP8 with a per-tensor scale for FP8 roles —
+//    cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles).
+// 3. The routed experts (384 x 2304, top 6): our grouped FP8 x FP4 GEMM against a per-expert
+//    loop of cuBLASLt calls (BF16-dequantized weights, the nearest SM90 cuBLASLt has to FP4,
+//    and FP8 per-tensor weights), both GEMMs (w1|w3 then w2) of the routed MoE.
+// Times are medians over rounds of CUDA-event-timed calls after warm-up; weights rotate over
+// enough copies (or routings) that each round reads more than the L2 holds.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/moe_grouped_gemm.h"
+
+namespace deepinfer::bench {
+namespace {
+
+namespace rt = deepinfer::cuda;
+using ops::ActivationQuant;
+using ops::LinearWeight;
+
+#define BENCH_CUBLAS_CHECK(expression)                                                             \
+  do {                                                                                             \
+    if (const cublasStatus_t bench_status = (expression); bench_status != CUBLAS_STATUS_SUCCESS) { \
+      DI_THROW("cuBLASLt error ", static_cast<int>(bench_status), " in ", #expression);            \
+    }                                                                                              \
+  } while (false)
+
+// ---- the V4.1-Flash widths (docs/CONFIG.md) -------------------------------------------------
+
+constexpr int64_t kHidden = 5120;
+constexpr int64_t kHeads = 64;
+constexpr int64_t kHeadDim = 512;
+constexpr int64_t kQLora = 1280;
+constexpr int64_t kOGroups = 8;
+constexpr int64_t kOLora = 1024;
+constexpr int64_t kExperts = 384;
+constexpr int64_t kMoeInter = 2304;
+constexpr int kTopK = 6;
+constexpr int64_t kIndexHeads = 32;
+constexpr int64_t kIndexDim = 128;
+const std::vector<int64_t> kBatches = {1, 16, 64, 256, 8192};
+
+// ---- random device data ------------------------------------------------------------------------
+
+__device__ __forceinline__ uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+enum class Fill : int {
+  kAnyByte,  // packed fp4: every code
+  kE4m3,     // e4m3 of magnitude 2^-3..2^3 (no NaN, no huge products)
+  kUe8m0,    // scales 2^-10..2^-6
+  kBf16,     // bf16 of magnitude 2^-8..2^0
+  kF32,      // uniform [-1, 1)
+};
+
+__global__ void fill_kernel(uint8_t* data, size_t bytes, uint64_t seed, Fill fill) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;; i += stride) {
+    const uint64_t h = mix(seed * 0x100000001B3ull + i);
+    switch (fill) {
+      case Fill::kAnyByte:
+        if (i >= bytes) return;
+        data[i] = static_cast<uint8_t>(h);
+        break;
+      case Fill::kE4m3:
+        if (i >= bytes) return;
+        data[i] = static_cast<uint8_t>((h & 0x80) | ((4 + (h >> 8) % 6) << 3) | ((h >> 16) & 7));
+        break;
+      case Fill::kUe8m0:
+        if (i >= bytes) return;
+        data[i] = static_cast<uint8_t>(117 + (h >> 8) % 5);
+        break;
+      case Fill::kBf16:
+        if (i >= bytes / 2) return;
+        reinterpret_cast<uint16_t*>(data)[i] =
+            static_cast<uint16_t>((h & 0x8000) | ((119 + (h >> 16) % 9) << 7) | ((h >> 32) & 0x7F));
+        break;
+      case Fill::kF32:
+        if (i >= bytes / 4) return;
+        reinterpret_cast<float*>(data)[i] = static_cast<float>(h >> 40) * 0x1p-23f - 1.0f;
+        break;
+    }
+  }
+}
+
+void fill(const TensorView& view, Fill kind, uint64_t seed) {
+  fill_kernel<<<4096, 256>>>(static_cast<uint8_t*>(view.raw_data()), view.nbytes(), seed, kind);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
+Tensor device_tensor(DType dtype, Shape shape, Fill kind, uint64_t seed) {
+  Tensor t = Tensor::empty(dtype, shape, rt::device_allocator());
+  fill(t.view(), kind, seed);
+  return t;
+}
+
+// ---- timing -------------------------------------------------------------------------------------
+
+// Median milliseconds per call: one warm-up call, then rounds of `inner` calls between two
+// events, `inner` sized so a round lasts about 2 ms.
+double time_ms(const std::function<void(int)>& call) {
+  cudaEvent_t start, stop;
+  DI_CUDA_CHECK(cudaEventCreate(&start));
+  DI_CUDA_CHECK(cudaEventCreate(&stop));
+  int counter = 0;
+  call(counter++);
+  DI_CUDA_CHECK(cudaEventRecord(start));
+  call(counter++);
+  DI_CUDA_CHECK(cudaEventRecord(stop));
+  DI_CUDA_CHECK(cudaEventSynchronize(stop));
+  float first = 0;
+  DI_CUDA_CHECK(cudaEventElapsedTime(&first, start, stop));
+  const int inner = std::clamp(static_cast<int>(2.0 / std::max(first, 1e-4f)), 1, 200);
+  const int rounds = std::clamp(static_cast<int>(400.0 / (std::max(first, 1e-4f) * inner)), 3, 25);
+  std::vector<double> per_call;
+  for (int r = 0; r < rounds; ++r) {
+    DI_CUDA_CHECK(cudaEventRecord(start));
+    for (int i = 0; i < inner; ++i) call(counter++);
+    DI_CUDA_CHECK(cudaEventRecord(stop));
+    DI_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    DI_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    per_call.push_back(ms / inner);
+  }
+  DI_CUDA_CHECK(cudaGetLastError());
+  DI_CUDA_CHECK(cudaEventDestroy(start));
+  DI_CUDA_CHECK(cudaEventDestroy(stop));
+  std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
+  return per_call[per_call.size() / 2];
+}
+
+// ---- results --------------------------------------------------------------------------------
+
+struct Roofline {
+  double read_gbps = 0;  // the decode bandwidth ceiling
+  double copy_gbps = 0;
+  double memcpy_gbps = 0;
+  double fp8_tflops = 0;
+  double bf16_tflops = 0;
+};
+
+struct Record {
+  std::string section, name, impl;
+  int64_t batch = 0;
+  double ms = 0, bytes = 0, flops = 0;
+  double floor_ms = 0;  // max(bytes / HBM, flops / peak)
+  std::string bound;
+};
+
+std::vector<Record> g_records;
+
+void report(const Roofline& roof, const std::string& section, const std::string& name,
+            const std::string& impl, int64_t batch, double ms, double bytes, double flops,
+            double peak_tflops) {
+  Record r;
+  r.section = section;
+  r.name = name;
+  r.impl = impl;
+  r.batch = batch;
+  r.ms = ms;
+  r.bytes = bytes;
+  r.flops = flops;
+  const double memory_ms = bytes / (roof.read_gbps * 1e9) * 1e3;
+  const double compute_ms = peak_tflops > 0 ? flops / (peak_tflops * 1e12) * 1e3 : 0;
+  r.floor_ms = std::max(memory_ms, compute_ms);
+  r.bound = memory_ms >= compute_ms ? "HBM" : "tensor";
+  std::printf("%-8s %-22s %-16s %6lld %10.4f ms %8.0f GB/s %8.1f TFLOP/s %6.1f%% of %s floor\n",
+              section.c_str(), name.c_str(), impl.c_str(), static_cast<long long>(batch), ms,
+              bytes / ms * 1e-6, flops / ms * 1e-9, 100.0 * r.floor_ms / ms, r.bound.c_str());
+  std::fflush(stdout);
+  g_records.push_back(r);
+}
+
+void write_json(const std::string& path, const Roofline& roof) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  DI_CHECK(f != nullptr, "cannot write ", path);
+  cudaDeviceProp prop{};
+  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::fprintf(f,
+               "{\"gpu\": \"%s\", \"sms\": %d, \"roofline\": {\"read_gbps\": %.1f, "
+               "\"copy_gbps\": %.1f, \"memcpy_d2d_gbps\": %.1f, \"fp8_tflops\": %.1f, "
+               "\"bf16_tflops\": %.1f},\n \"records\": [\n",
+               prop.name, prop.multiProcessorCount, roof.read_gbps, roof.copy_gbps,
+               roof.memcpy_gbps, roof.fp8_tflops, roof.bf16_tflops);
+  for (size_t i = 0; i < g_records.size(); ++i) {
+    const Record& r = g_records[i];
+    std::fprintf(f,
+                 "  {\"section\": \"%s\", \"name\": \"%s\", \"impl\": \"%s\", \"batch\": %lld, "
+                 "\"ms\": %.6f, \"bytes\": %.0f, \"flops\": %.0f, \"floor_ms\": %.6f, "
+                 "\"bound\": \"%s\"}%s\n",
+                 r.section.c_str(), r.name.c_str(), r.impl.c_str(), static_cast<long long>(r.batch),
+                 r.ms, r.bytes, r.flops, r.floor_ms, r.bound.c_str(),
+                 i + 1 < g_records.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+}
+
+// ---- cuBLASLt ---------------------------------------------------------------------------------
+
+enum class LtType { kFp8, kBf16 };
+
+size_t lt_bytes(LtType type) {
+  return type == LtType::kFp8 ? 1 : 2;
+}
+
+// D[M, N] (row-major, bf16) = X[M, K] . W[N, K]^T, optionally `batch` times with strides: the
+// column-major view is D^T = W . X^T with W transposed ("TN", what FP8 requires).
+class LtGemm {
+ public:
+  LtGemm(cublasLtHandle_t handle, LtType type, int64_t m, int64_t n, int64_t k, int64_t ldx,
+         int64_t ldd, int batch = 1, int64_t x_batch_stride = 0, int64_t w_batch_stride = 0,
+         int64_t d_batch_stride = 0)
+      : handle_(handle) {
+    const cudaDataType_t ab = type == LtType::kFp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                      &transpose, sizeof(transpose)));
+    BENCH_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)));
+    if (type == LtType::kFp8) {
+      // Per-tensor scales of 1 (SM90 cuBLASLt has no 32x32 block scales).
+      DI_CUDA_CHECK(cudaMalloc(&one_, sizeof(float)));
+      const float value = 1.0f;
+      DI_CUDA_CHECK(cudaMemcpy(one_, &value, sizeof(float), cudaMemcpyHostToDevice));
+      for (auto attribute :
+           {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER}) {
+        BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, attribute, &one_, sizeof(one_)));
+      }
+    }
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w_, ab, k, n, k));
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x_, ab, k, m, ldx));
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16BF, n, m, ldd));
+    if (batch > 1) {
+      const int32_t count = batch;
+      for (auto [layout, stride] : {std::pair{w_, w_batch_stride}, std::pair{x_, x_batch_stride},
+                                    std::pair{d_, d_batch_stride}}) {
+        BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+        BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+      }
+    }
+    cublasLtMatmulPreference_t preference;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const uint64_t workspace = kWorkspaceBytes;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, w_, x_, d_, d_,
+                                                                 preference, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(preference);
+    ok_ = status == CUBLAS_STATUS_SUCCESS && found > 0;
+    algo_ = result.algo;
+  }
+  ~LtGemm() {
+    cublasLtMatrixLayoutDestroy(w_);
+    cublasLtMatrixLayoutDestroy(x_);
+    cublasLtMatrixLayoutDestroy(d_);
+    cublasLtMatmulDescDestroy(desc_);
+    if (one_ != nullptr) cudaFree(one_);
+  }
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  bool ok() const { return ok_; }
+
+  void run(const void* weight, const void* x, void* d, void* workspace) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    BENCH_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, weight, w_, x, x_, &beta, d, d_, d,
+                                      d_, &algo_, workspace, kWorkspaceBytes, nullptr));
+  }
+
+  static constexpr size_t kWorkspaceBytes = 64ull << 20;
+
+ private:
+  cublasLtHandle_t handle_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t w_ = nullptr, x_ = nullptr, d_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  float* one_ = nullptr;
+  bool ok_ = false;
+};
+
+// ---- rooflines -----------------------------------------------------------------------------
+
+__global__ void read_kernel(const uint4* data, size_t count, unsigned* sink) {
+  uint32_t acc = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    const uint4 v = __ldcs(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) atomicAdd(sink, 1u);  // keeps the loads; practically never true
+}
+
+__global__ void copy_kernel(const uint4* in, uint4* out, size_t count) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    __stcs(out + i, __ldcs(in + i));
+  }
+}
+
+Roofline measure_roofline(cublasLtHandle_t handle, void* workspace) {
+  Roofline roof;
+  cudaDeviceProp prop{};
+  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int grid = prop.multiProcessorCount * 8;
+  constexpr size_t kBytes = 4ull << 30;
+  Tensor a = device_tensor(DType::kI8, {static_cast<int64_t>(kBytes)}, Fill::kAnyByte, 1);
+  Tensor b = device_tensor(DType::kI8, {static_cast<int64_t>(kBytes)}, Fill::kAnyByte, 2);
+  unsigned* sink = nullptr;
+  DI_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+  const auto* a16 = static_cast<const uint4*>(a.view().raw_data());
+  auto* b16 = static_cast<uint4*>(b.view().raw_data());
+  double ms = time_ms([&](int) { read_kernel<<<grid, 512>>>(a16, kBytes / 16, sink); });
+  roof.read_gbps = kBytes / ms * 1e-6;
+  ms = time_ms([&](int) { copy_kernel<<<grid, 512>>>(a16, b16, kBytes / 32); });
+  roof.copy_gbps = kBytes / ms * 1e-6;  // half read, half written
+  ms = time_ms(
+      [&](int) { DI_CUDA_CHECK(cudaMemcpyAsync(b16, a16, kBytes / 2, cudaMemcpyDeviceToDevice)); });
+  roof.memcpy_gbps = kBytes / ms * 1e-6;
+  DI_CUDA_CHECK(cudaFree(sink));
+
+  constexpr int64_t kSide = 8192;
+  const double flops = 2.0 * kSide * kSide * kSide;
+  for (LtType type : {LtType::kFp8, LtType::kBf16}) {
+    const DType dtype = type == LtType::kFp8 ? DType::kF8E4M3 : DType::kBF16;
+    const Fill fill_kind = type == LtType::kFp8 ? Fill::kE4m3 : Fill::kBf16;
+    Tensor x = device_tensor(dtype, {kSide, kSide}, fill_kind, 3);
+    Tensor w = device_tensor(dtype, {kSide, kSide}, fill_kind, 4);
+    Tensor d = Tensor::empty(DType::kBF16, {kSide, kSide}, rt::device_allocator());
+    LtGemm gemm(handle, type, kSide, kSide, kSide, kSide, kSide);
+    DI_CHECK(gemm.ok(), "cuBLASLt has no algorithm for the roofline GEMM");
+    ms = time_ms([&](int) {
+      gemm.run(w.view().raw_data(), x.view().raw_data(), d.view().raw_data(), workspace);
+    });
+    (type == LtType::kFp8 ? roof.fp8_tflops : roof.bf16_tflops) = flops / ms * 1e-9;
+  }
+  std::printf(
+      "roofline: HBM read %.0f GB/s, copy %.0f GB/s (read+write), cudaMemcpy D2D %.0f "
+      "GB/s; cuBLASLt 8192^3 FP8 %.0f TFLOP/s, BF16 %.0f TFLOP/s\n",
+      roof.read_gbps, roof.copy_gbps, roof.memcpy_gbps, roof.fp8_tflops, roof.bf16_tflops);
+  return roof;
+}
+
+// ---- the dense linears of one layer ---------------------------------------------------------
+
+struct Role {
+  const char* name;
+  int64_t in, out;
+  bool fp8;        // FP8 e4m3 32x32 block-scaled (else BF16)
+  int groups = 1;  // wo_a: 8 groups, each [out, in] on its own column slice of the input
+};
+
+const std::vector<Role> kRoles = {
+    {"wq_a", kHidden, kQLora, true},
+    {"wkv", kHidden, kHeadDim, true},
+    {"wq_b", kQLora, kHeads* kHeadDim, true},
+    {"wo_a (8 groups)", kHeads* kHeadDim / kOGroups, kOLora, false, kOGroups},
+    {"wo_b", kOGroups* kOLora, kHidden, true},
+    {"gate", kHidden, kExperts, false},
+    {"shared w1|w3", kHidden, 2 * kMoeInter, true},
+    {"shared w2", kMoeInter, kHidden, true},
+    {"indexer wq_b", kQLora, kIndexHeads* kIndexDim, true},
+    {"compressor wkv|wgate", kHidden, 2 * kHeadDim, false},
+};
+
+// Enough copies of a weight that one round of calls reads more than the L2 holds.
+int copies_for(size_t bytes) {
+  return static_cast<int>(
+      std::clamp<size_t>((256ull << 20) / std::max<size_t>(bytes, 1) + 1, 1, 64));
+}
+
+void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
+  for (const Role& role : kRoles) {
+    const int64_t in = role.in, out = role.out, groups = role.groups;
+    const double weight_elems = static_cast<double>(groups * out * in);
+    // Ours: the storage format (fp8 + ue8m0 32x32 scales, or bf16).
+    std::vector<Tensor> weights, scales;
+    const double scale_bytes = role.fp8 ? groups * ((out + 31) / 32) * ((in + 31) / 32) : 0;
+    const size_t our_weight_bytes =
+        static_cast<size_t>(weight_elems * (role.fp8 ? 1 : 2) + scale_bytes);
+    const int copies = copies_for(our_weight_bytes);
+    for (int c = 0; c < copies; ++c) {
+      weights.push_back(device_tensor(role.fp8 ? DType::kF8E4M3 : DType::kBF16, {groups * out, in},
+                                      role.fp8 ? Fill::kE4m3 : Fill::kBf16, 100 + c));
+      if (role.fp8) {
+        scales.push_back(device_tensor(DType::kF8E8M0, {groups * ((out + 31) / 32), (in + 31) / 32},
+                                       Fill::kUe8m0, 200 + c));
+      }
+    }
+    const LtType lt_type = role.fp8 ? LtType::kFp8 : LtType::kBf16;
+    std::vector<Tensor> lt_weights;
+    for (int c = 0; c < copies_for(static_cast<size_t>(weight_elems * lt_bytes(lt_type))); ++c) {
+      lt_weights.push_back(device_tensor(role.fp8 ? DType::kF8E4M3 : DType::kBF16,
+                                         {groups * out, in}, role.fp8 ? Fill::kE4m3 : Fill::kBf16,
+                                         300 + c));
+    }
+    const double peak = role.fp8 ? roof.fp8_tflops : roof.bf16_tflops;
+    for (int64_t m : kBatches) {
+      const double flops = 2.0 * m * weight_elems;
+      Tensor x = device_tensor(DType::kF32, {m, groups * in}, Fill::kF32, 7);
+      Tensor y = Tensor::empty(DType::kF32, {m, groups * out}, rt::device_allocator());
+      const ActivationQuant quant =
+          role.fp8 ? ActivationQuant::kFp8PerBlock32 : ActivationQuant::kNone;
+      const double ms_ours = time_ms([&](int call) {
+        const int c = call % copies;
+        for (int64_t g = 0; g < groups; ++g) {
+          const TensorView w = weights[c].view().narrow(0, g * out, out);
+          const TensorView s = role.fp8 ? scales[c].view() : TensorView();
+          ops::cuda::linear(x.view().narrow(1, g * in, in), LinearWeight{w, s},
+                            y.view().narrow(1, g * out, out), quant);
+        }
+      });
+      report(roof, "dense", role.name, "ours (FMA)", m, ms_ours,
+             our_weight_bytes + 4.0 * m * groups * (in + out), flops, peak);
+
+      const DType lt_dtype = role.fp8 ? DType::kF8E4M3 : DType::kBF16;
+      Tensor lx =
+          device_tensor(lt_dtype, {m, groups * in}, role.fp8 ? Fill::kE4m3 : Fill::kBf16, 8);
+      Tensor ly = Tensor::empty(DType::kBF16, {m, groups * out}, rt::device_allocator());
+      LtGemm gemm(handle, lt_type, m, out, in, groups * in, groups * out, static_cast<int>(groups),
+                  in, out * in, out);
+      const char* lt_name = role.fp8 ? "cuBLASLt FP8" : "cuBLASLt BF16";
+      if (!gemm.ok()) {
+        std::printf("dense    %-22s %-16s %6lld  no cuBLASLt algorithm\n", role.name, lt_name,
+                    static_cast<long long>(m));
+        continue;
+      }
+      const double ms_lt = time_ms([&](int call) {
+        gemm.run(lt_weights[call % lt_weights.size()].view().raw_data(), lx.view().raw_data(),
+                 ly.view().raw_data(), workspace);
+      });
+      report(roof, "dense", role.name, lt_name, m, ms_lt,
+             weight_elems * lt_bytes(lt_type) + m * groups * (in * lt_bytes(lt_type) + 2.0 * out),
+             flops, peak);
+    }
+  }
+}
+
+// ---- routed experts ------------------------------------------------------------------------
+
+// One routing of `batch` tokens: top-6 distinct experts per token, uniform.
+struct Routing {
+  std::vector<int32_t> counts;   // per expert
+  std::vector<int32_t> offsets;  // E + 1
+  Tensor device_offsets;
+  int64_t active = 0;
+};
+
+Routing make_routing(int64_t batch, uint32_t seed) {
+  Routing r;
+  r.counts.assign(kExperts, 0);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> pick(0, kExperts - 1);
+  for (int64_t t = 0; t < batch; ++t) {
+    std::vector<int> chosen;
+    while (static_cast<int>(chosen.size()) < kTopK) {
+      const int e = pick(rng);
+      if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+    }
+    for (int e : chosen) ++r.counts[e];
+  }
+  r.offsets.push_back(0);
+  for (int32_t c : r.counts) {
+    r.offsets.push_back(r.offsets.back() + c);
+    r.active += c > 0;
+  }
+  Tensor host = Tensor::empty(DType::kI32, {kExperts + 1});
+  std::copy(r.offsets.begin(), r.offsets.end(), host.data<int32_t>());
+  r.device_offsets = rt::to_device(host.view());
+  return r;
+}
+
+void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
+  struct Matrix {
+    const char* name;
+    int64_t n, k;
+  };
+  const Matrix matrices[] = {{"w1|w3", 2 * kMoeInter, kHidden}, {"w2", kHidden, kMoeInter}};
+  constexpr int kRoutings = 8;  // rotated, so repeated calls do not find the experts in L2
+  for (int64_t batch : kBatches) {
+    std::vector<Routing> routings;
+    for (int i = 0; i < kRoutings; ++i) routings.push_back(make_routing(batch, 1000 + i));
+    const int64_t rows = batch * kTopK;
+    double active = 0;
+    for (const Routing& r : routings) active += r.active;
+    active /= kRoutings;
+    std::printf("moe batch %lld: %lld rows, %.1f active experts on average\n",
+                static_cast<long long>(batch), static_cast<long long>(rows), active);
+    double total_ours = 0, total_bf16 = 0, total_fp8 = 0, total_bytes_fp4 = 0, total_flops = 0;
+    for (const Matrix& mat : matrices) {
+      const double flops = 2.0 * rows * mat.n * mat.k;
+      const double fp4_expert_bytes = mat.n * mat.k / 2.0 + mat.n * mat.k / 32.0;
+      const double act_bytes = rows * (4.0 * mat.k + 4.0 * mat.n);
+      // Ours.
+      Tensor weight = device_tensor(DType::kF4E2M1x2, {kExperts, mat.n, mat.k}, Fill::kAnyByte, 11);
+      Tensor scale = device_tensor(DType::kF8E8M0, {kExperts, mat.n, mat.k / 32}, Fill::kUe8m0, 12);
+      Tensor x = device_tensor(DType::kF32, {rows, mat.k}, Fill::kF32, 13);
+      Tensor y = Tensor::empty(DType::kF32, {rows, mat.n}, rt::device_allocator());
+      const double ms_ours = time_ms([&](int call) {
+        ops::cuda::moe_grouped_gemm_fp4(x.view(), routings[call % kRoutings].device_offsets.view(),
+                                        weight.view(), scale.view(), y.view());
+      });
+      const std::string name = std::string("routed ") + mat.name;
+      report(roof, "moe", name, "ours grouped", batch, ms_ours,
+             active * fp4_expert_bytes + act_bytes, flops, roof.fp8_tflops);
+      total_ours += ms_ours;
+      total_bytes_fp4 += active * fp4_expert_bytes + act_bytes;
+      total_flops += flops;
+      weight = Tensor();
+      scale = Tensor();
+      // Per-expert cuBLASLt loops, one algorithm per distinct token count.
+      for (LtType type : {LtType::kBf16, LtType::kFp8}) {
+        const DType dtype = type == LtType::kFp8 ? DType::kF8E4M3 : DType::kBF16;
+        const Fill fill_kind = type == LtType::kFp8 ? Fill::kE4m3 : Fill::kBf16;
+        Tensor lw = device_tensor(dtype, {kExperts, mat.n, mat.k}, fill_kind, 14);
+        Tensor lx = device_tensor(dtype, {rows, mat.k}, fill_kind, 15);
+        Tensor ly = Tensor::empty(DType::kBF16, {rows, mat.n}, rt::device_allocator());
+        std::map<int32_t, std::unique_ptr<LtGemm>> gemms;
+        bool supported = true;
+        for (const Routing& r : routings) {
+          for (int32_t c : r.counts) {
+            if (c > 0 && gemms.count(c) == 0) {
+              gemms[c] = std::make_unique<LtGemm>(handle, type, c, mat.n, mat.k, mat.k, mat.n);
+              supported = supported && gemms[c]->ok();
+            }
+          }
+        }
+        const bool fp8 = type == LtType::kFp8;
+        if (!supported) {
+          std::printf("moe      %-22s %-16s %6lld  no cuBLASLt algorithm for some count\n",
+                      name.c_str(), fp8 ? "cuBLASLt FP8 loop" : "cuBLASLt BF16 loop",
+                      static_cast<long long>(batch));
+          continue;
+        }
+        const size_t elem = lt_bytes(type);
+        const auto* w_base = static_cast<const uint8_t*>(lw.view().raw_data());
+        const auto* x_base = static_cast<const uint8_t*>(lx.view().raw_data());
+        auto* y_base = static_cast<uint8_t*>(ly.view().raw_data());
+        const double ms = time_ms([&](int call) {
+          const Routing& r = routings[call % kRoutings];
+          for (int64_t e = 0; e < kExperts; ++e) {
+            if (r.counts[e] == 0) continue;
+            gemms[r.counts[e]]->run(w_base + e * mat.n * mat.k * elem,
+                                    x_base + r.offsets[e] * mat.k * elem,
+                                    y_base + r.offsets[e] * mat.n * 2, workspace);
+          }
+        });
+        report(roof, "moe", name, fp8 ? "cuBLASLt FP8 loop" : "cuBLASLt BF16 loop", batch, ms,
+               active * mat.n * mat.k * elem + rows * (mat.k * elem + 2.0 * mat.n), flops,
+               fp8 ? roof.fp8_tflops : roof.bf16_tflops);
+        (fp8 ? total_fp8 : total_bf16) += ms;
+      }
+    }
+    report(roof, "moe", "routed total", "ours grouped", batch, total_ours, total_bytes_fp4,
+           total_flops, roof.fp8_tflops);
+    std::printf(
+        "moe batch %lld: grouped %.4f ms, cuBLASLt BF16 loop %.4f ms (%.2fx), FP8 loop "
+        "%.4f ms (%.2fx)\n",
+        static_cast<long long>(batch), total_ours, total_bf16, total_bf16 / total_ours, total_fp8,
+        total_fp8 / total_ours);
+  }
+}
+
+int run(int argc, char** argv) {
+  rt::require_supported_device(0);
+  std::string json_path = "layer_bench.json";
+  if (argc > 1) {
+    json_path = argv[1];
+  } else if (const char* out = std::getenv("OUT")) {
+    json_path = std::string(out) + "/layer_bench.json";
+  }
+  cublasLtHandle_t handle;
+  BENCH_CUBLAS_CHECK(cublasLtCreate(&handle));
+  void* workspace = nullptr;
+  DI_CUDA_CHECK(cudaMalloc(&workspace, LtGemm::kWorkspaceBytes));
+  const Roofline roof = measure_roofline(handle, workspace);
+  const char* only = std::getenv("LAYER_BENCH_ONLY");  // "dense" or "moe"
+  if (only == nullptr || std::string(only) != "moe") bench_dense(roof, handle, workspace);
+  if (only == nullptr || std::string(only) != "dense") bench_moe(roof, handle, workspace);
+  write_json(json_path, roof);
+  std::printf("wrote %s\n", json_path.c_str());
+  DI_CUDA_CHECK(cudaFree(workspace));
+  cublasLtDestroy(handle);
+  return 0;
+}
+
+}  // namespace
+}  // namespace deepinfer::bench
+
+int main(int argc, char** argv) {
+  try {
+    return deepinfer::bench::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_layer_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,270 @@
+// Grouped FP8 x FP4 expert GEMM on the tensor cores (mma.sync m16n8k32 e4m3, sm_89+).
+//
+// The weight rows are the MMA's M side and the tokens its N side, so one expert's 16 weight rows
+// meet 8 tokens per instruction: with the 1-4 tokens an expert sees in decode, the kernel streams
+// each weight byte once (bandwidth bound) and the tensor cores idle. One K step of the MMA is
+// exactly one 32-wide scale block of both operands, so each instruction starts from a zero
+// accumulator and its result is scaled by s_x * s_w (powers of two, exact) and added to the
+// running sum in K order, the released fp8_gemm/fp4_gemm's block-by-block accumulation.
+//
+// Inside a 32-block the MMA sums products in any order we like, so each thread's K slots are
+// permuted to contiguous bytes: thread t of a quad holds K [8t, 8t+8) of the block for both the
+// weight (one 32-bit load of 8 fp4 values) and the activation (one 64-bit load of 8 e4m3 bytes).
+#include <cuda_fp8.h>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/moe_grouped_gemm.h"
+
+namespace deepinfer::ops::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = 16;  // the MMA's M
+constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+constexpr int kScaleBlock = 32;     // the MMA's K, and both operands' scale block
+constexpr int kBlocksPerChunk = 8;  // K blocks loaded together (K % 256 == 0)
+constexpr int kChunk = kScaleBlock * kBlocksPerChunk;
+
+// e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as e4m3 bytes, for prmt lookups.
+constexpr uint32_t kE4m3OfE2m1Low = 0x3C383000u;
+constexpr uint32_t kE4m3OfE2m1High = 0x4C484440u;
+
+// Four fp4 codes (the low 16 bits, element 0 in the lowest nibble) -> four e4m3 bytes. Every
+// e2m1 value is an e4m3 value, so this is exact.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t codes) {
+  const uint32_t magnitudes = __byte_perm(kE4m3OfE2m1Low, kE4m3OfE2m1High, codes & 0x7777u);
+  const uint32_t signs = codes & 0x8888u;  // nibble bit 3 -> byte bit 7
+  const uint32_t sign_bytes = ((signs & 0x8u) << 4) | ((signs & 0x80u) << 8) |
+                              ((signs & 0x800u) << 12) | ((signs & 0x8000u) << 16);
+  return magnitudes | sign_bytes;
+}
+
+// ue8m0 -> float from the exponent bits (common.cuh's e8m0_to_float goes through ldexpf, too
+// slow for two decodes per 32 weights in a bandwidth-bound loop); same values, code 0 is 2^-127.
+__device__ __forceinline__ float e8m0_bits_to_float(uint32_t bits) {
+  if (bits == 0xFF) return __int_as_float(0x7fc00000);
+  return bits == 0 ? __int_as_float(0x00400000) : __int_as_float(bits << 23);
+}
+
+__device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// The released activation quantizer (linear.cu's kFp8PerBlock32) stored as e4m3 bytes and a
+// ue8m0 scale code per block (the scale is a power of two): one warp per 32-block, one value
+// per lane.
+__global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
+                                     uint8_t* scale_codes, int64_t blocks_per_row) {
+  const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (block >= x.rows * blocks_per_row) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = block / blocks_per_row;
+  const int64_t k = (block % blocks_per_row) * kScaleBlock + lane;
+  const float value = x.row(row)[k];
+  const float scale = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
+  const float quantized =
+      deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale, -448.0f), 448.0f));
+  codes[row * x.cols + k] =
+      static_cast<uint8_t>(__nv_cvt_float_to_fp8(quantized, __NV_SATFINITE, __NV_E4M3));
+  if (lane == 0) scale_codes[block] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+}
+
+struct GroupedArgs {
+  const uint8_t* x_codes;   // [R, K] e4m3
+  const uint8_t* x_scales;  // [R, K / 32] ue8m0
+  const int32_t* offsets;   // [E + 1]
+  const uint8_t* weight;    // [E, N, K / 2] packed fp4
+  const uint8_t* w_scales;  // [E, N, K / 32] ue8m0
+  float* out;
+  int64_t out_stride;
+  int64_t rows;  // R
+  int64_t n;
+  int64_t k;
+};
+
+__device__ __forceinline__ int clamp_offset(int32_t offset, int64_t rows) {
+  return static_cast<int>(min(max(static_cast<int64_t>(offset), int64_t{0}), rows));
+}
+
+// Block (x: 64 weight rows, y: expert); warp w owns weight rows [16w, 16w+16) of the block and
+// walks the expert's tokens in tiles of 8 * kTokenTiles.
+template <int kTokenTiles>
+__global__ void __launch_bounds__(kWarps * 32) grouped_fp4_kernel(GroupedArgs args) {
+  const int expert = blockIdx.y;
+  const int first = clamp_offset(args.offsets[expert], args.rows);
+  const int last = max(first, clamp_offset(args.offsets[expert + 1], args.rows));
+  const int count = last - first;
+  const int64_t n_base =
+      static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
+  if (count == 0 || n_base >= args.n) return;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;  // MMA row (weights) / column (tokens) of this thread
+  const int quad = lane & 3;
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t chunks = args.k / kChunk;
+  const int64_t w_row_bytes = args.k / 2;
+  const uint8_t* w_lo = args.weight + (expert * args.n + n_base + group) * w_row_bytes + 4 * quad;
+  const uint8_t* w_hi = w_lo + 8 * w_row_bytes;
+  const uint8_t* s_lo = args.w_scales + (expert * args.n + n_base + group) * k_blocks;
+  const uint8_t* s_hi = s_lo + 8 * k_blocks;
+
+  for (int tile = 0; tile < count; tile += 8 * kTokenTiles) {
+    // Rows this thread loads activations for (MMA column `group`) and accumulates outputs for
+    // (MMA columns 2*quad, 2*quad+1); tokens past the expert's end load its last row and are
+    // never stored.
+    int64_t load_row[kTokenTiles];
+    int64_t acc_row[kTokenTiles][2];
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j) {
+      load_row[j] = first + min(tile + 8 * j + group, count - 1);
+      acc_row[j][0] = first + min(tile + 8 * j + 2 * quad, count - 1);
+      acc_row[j][1] = first + min(tile + 8 * j + 2 * quad + 1, count - 1);
+    }
+    float acc[kTokenTiles][4] = {};
+    uint32_t w_next[2][kBlocksPerChunk];
+    uint2 s_next[2];
+    auto load_chunk = [&](int64_t chunk) {
+#pragma unroll
+      for (int b = 0; b < kBlocksPerChunk; ++b) {
+        w_next[0][b] = __ldg(
+            reinterpret_cast<const uint32_t*>(w_lo + chunk * (kChunk / 2) + b * (kScaleBlock / 2)));
+        w_next[1][b] = __ldg(
+            reinterpret_cast<const uint32_t*>(w_hi + chunk * (kChunk / 2) + b * (kScaleBlock / 2)));
+      }
+      s_next[0] = __ldg(reinterpret_cast<const uint2*>(s_lo + chunk * kBlocksPerChunk));
+      s_next[1] = __ldg(reinterpret_cast<const uint2*>(s_hi + chunk * kBlocksPerChunk));
+    };
+    // The chunk's 8 activation scale codes of the two rows this thread accumulates, per tile.
+    auto x_scale_codes = [&](int j, int which, int64_t chunk) {
+      return __ldg(reinterpret_cast<const uint2*>(args.x_scales + acc_row[j][which] * k_blocks +
+                                                  chunk * kBlocksPerChunk));
+    };
+    load_chunk(0);
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      uint32_t w_cur[2][kBlocksPerChunk];
+      uint2 s_cur[2] = {s_next[0], s_next[1]};
+#pragma unroll
+      for (int b = 0; b < kBlocksPerChunk; ++b) {
+        w_cur[0][b] = w_next[0][b];
+        w_cur[1][b] = w_next[1][b];
+      }
+      if (chunk + 1 < chunks) load_chunk(chunk + 1);
+      uint2 x_codes[kTokenTiles][2];
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        x_codes[j][0] = x_scale_codes(j, 0, chunk);
+        x_codes[j][1] = x_scale_codes(j, 1, chunk);
+      }
+#pragma unroll
+      for (int b = 0; b < kBlocksPerChunk; ++b) {
+        const int64_t k_block = chunk * kBlocksPerChunk + b;
+        const uint32_t a[4] = {e2m1x4_to_e4m3x4(w_cur[0][b]), e2m1x4_to_e4m3x4(w_cur[1][b]),
+                               e2m1x4_to_e4m3x4(w_cur[0][b] >> 16),
+                               e2m1x4_to_e4m3x4(w_cur[1][b] >> 16)};
+        const int shift = 8 * (b & 3);
+        const uint32_t lo_word = b < 4 ? s_cur[0].x : s_cur[0].y;
+        const uint32_t hi_word = b < 4 ? s_cur[1].x : s_cur[1].y;
+        const float w_scale_lo = e8m0_bits_to_float((lo_word >> shift) & 0xFF);
+        const float w_scale_hi = e8m0_bits_to_float((hi_word >> shift) & 0xFF);
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+          const uint2 activation = __ldg(reinterpret_cast<const uint2*>(
+              args.x_codes + load_row[j] * args.k + k_block * kScaleBlock + 8 * quad));
+          float d[4];
+          mma_e4m3(a, activation.x, activation.y, d);
+          const float x_scale0 =
+              e8m0_bits_to_float(((b < 4 ? x_codes[j][0].x : x_codes[j][0].y) >> shift) & 0xFF);
+          const float x_scale1 =
+              e8m0_bits_to_float(((b < 4 ? x_codes[j][1].x : x_codes[j][1].y) >> shift) & 0xFF);
+          acc[j][0] += d[0] * (x_scale0 * w_scale_lo);
+          acc[j][1] += d[1] * (x_scale1 * w_scale_lo);
+          acc[j][2] += d[2] * (x_scale0 * w_scale_hi);
+          acc[j][3] += d[3] * (x_scale1 * w_scale_hi);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j) {
+      const int token = tile + 8 * j + 2 * quad;
+      const int64_t n = n_base + group;
+      if (token < count) {
+        args.out[acc_row[j][0] * args.out_stride + n] = acc[j][0];
+        args.out[acc_row[j][0] * args.out_stride + n + 8] = acc[j][2];
+      }
+      if (token + 1 < count) {
+        args.out[acc_row[j][1] * args.out_stride + n] = acc[j][1];
+        args.out[acc_row[j][1] * args.out_stride + n + 8] = acc[j][3];
+      }
+    }
+  }
+}
+
+const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* what) {
+  DI_CHECK(view.device().is_cuda() && view.dtype() == dtype && view.is_contiguous(), what,
+           " must be a contiguous ", dtype_name(dtype), " device tensor, got ", view.to_string());
+  return static_cast<const uint8_t*>(view.raw_data());
+}
+
+}  // namespace
+
+void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
+                          const TensorView& weight, const TensorView& scale,
+                          const TensorView& out) {
+  const DeviceRows<const float> in = device_rows<const float>(x, "moe_grouped_gemm_fp4 input");
+  const DeviceRows<float> o = device_rows<float>(out, "moe_grouped_gemm_fp4 output");
+  DI_CHECK(weight.rank() == 3, "moe_grouped_gemm_fp4 weight must be [E, N, K], got ",
+           weight.to_string());
+  const int64_t experts = weight.size(0);
+  const int64_t n = weight.size(1);
+  const int64_t k = weight.size(2);
+  DI_CHECK(k % kChunk == 0 && n % kRowsPerWarp == 0, "moe_grouped_gemm_fp4 needs K % ", kChunk,
+           " == 0 and N % ", kRowsPerWarp, " == 0, got weight ", weight.to_string());
+  DI_CHECK(scale.rank() == 3 && scale.size(0) == experts && scale.size(1) == n &&
+               scale.size(2) == k / kScaleBlock,
+           "moe_grouped_gemm_fp4 scale must be [E, N, K / 32], got ", scale.to_string(),
+           " for weight ", weight.to_string());
+  DI_CHECK(expert_offsets.rank() == 1 && expert_offsets.size(0) == experts + 1,
+           "moe_grouped_gemm_fp4 expert_offsets must be [E + 1], got ", expert_offsets.to_string());
+  DI_CHECK(in.cols == k && o.cols == n && o.rows == in.rows,
+           "moe_grouped_gemm_fp4 shapes do not match: x ", x.to_string(), ", weight ",
+           weight.to_string(), ", out ", out.to_string());
+  DI_CHECK(experts <= 65535, "moe_grouped_gemm_fp4: ", experts, " experts exceed one launch");
+  GroupedArgs args{};
+  args.weight = device_bytes(weight, DType::kF4E2M1x2, "moe_grouped_gemm_fp4 weight");
+  args.w_scales = device_bytes(scale, DType::kF8E8M0, "moe_grouped_gemm_fp4 scale");
+  args.offsets = reinterpret_cast<const int32_t*>(
+      device_bytes(expert_offsets, DType::kI32, "moe_grouped_gemm_fp4 expert_offsets"));
+  if (in.rows == 0 || n == 0 || experts == 0) return;
+
+  const auto stream = current_stream();
+  const int64_t blocks_per_row = k / kScaleBlock;
+  StreamBuffer codes(static_cast<size_t>(in.rows * k));
+  StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
+  constexpr int kQuantThreads = 256;
+  quantize_rows_kernel<<<blocks_for(in.rows * k, kQuantThreads), kQuantThreads, 0, stream>>>(
+      in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
+  DI_CUDA_LAUNCHED(quantize_rows_kernel);
+
+  args.x_codes = codes.as<uint8_t>();
+  args.x_scales = scales.as<uint8_t>();
+  args.out = o.data;
+  args.out_stride = o.stride;
+  args.rows = in.rows;
+  args.n = n;
+  args.k = k;
+  const dim3 grid(blocks_for(n, kRowsPerBlock), static_cast<unsigned>(experts));
+  // Many rows per expert (prefill): 64-token tiles reuse each weight load 8 times.
+  if (in.rows >= 16 * experts) {
+    grouped_fp4_kernel<8><<<grid, kWarps * 32, 0, stream>>>(args);
+  } else {
+    grouped_fp4_kernel<1><<<grid, kWarps * 32, 0, stream>>>(args);
+  }
+  DI_CUDA_LAUNCHED(grouped_fp4_kernel);
+}
+
+}  // namespace deepinfer::ops::cuda

@@ -1,0 +1,30 @@
+// The routed experts' GEMM for all experts in one launch (CUDA only): FP8-quantized activations
+// times packed FP4 e2m1 expert weights on the tensor cores, for rows already grouped by expert.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace deepinfer::ops::cuda {
+
+// For every expert e and every row r in [expert_offsets[e], expert_offsets[e+1]):
+//   out[r, n] = sum over K blocks b (of 32, ascending) of
+//               (q(x[r])_b . W[e, n]_b) * s_x[r, b] * s_w[e, n, b]
+// where q(x) is the released activation quantizer (e4m3 with a ue8m0 scale per 32, as
+// ops::linear's kFp8PerBlock32) and W is fp4 e2m1 with ue8m0 scales per 32 along K — the same
+// function as ops::linear(x_rows, {W[e], scale[e]}, out_rows, kFp8PerBlock32).
+//  - x [R, K] f32 (row stride may exceed K), device; rows grouped by expert (the caller permutes).
+//  - expert_offsets [E + 1] i32, device, non-decreasing; offsets are clamped to [0, R] on the
+//    device, so bad offsets skip rows instead of reading outside x.
+//  - weight [E, N, K] kF4E2M1x2 and scale [E, N, K / 32] kF8E8M0, contiguous, device.
+//  - out [R, N] f32, device; rows outside every expert's range are not written.
+// K must be a multiple of 256 and N of 16 (every V4.1 expert matrix is).
+// Batch invariance: each output element is the same sequence of operations (one tensor-core
+// dot per 32-block, scaled, added in K order) whatever the number of rows, the tile that holds
+// it and the other experts' rows, so a row's result does not depend on the batch. It differs
+// from ops::cuda::linear's (one FMA chain) in the last bits.
+// The token tile (8 rows per warp when R / E is small, as in decode; 64 when large, as in
+// prefill) only changes which rows share a weight load, not any row's arithmetic.
+void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
+                          const TensorView& weight, const TensorView& scale, const TensorView& out);
+
+}  // namespace deepinfer::ops::cuda

@@ -1,0 +1,188 @@
+// The grouped FP8 x FP4 expert GEMM (ops::cuda::moe_grouped_gemm_fp4) against the CPU
+// reference: each expert's rows through ops::linear on host views (ops/cpu) with the same fp4
+// weights and the released activation quantizer. Skips without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/moe_grouped_gemm.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace deepinfer::ops {
+namespace {
+
+namespace rt = deepinfer::cuda;
+
+// Hopper's FP8 tensor cores add the 32 products of one block with fewer bits than fp32 (the
+// DeepSeek-V3 report, section 3.3.2, measured about 14); the reference adds them in fp32.
+// Each block's sum can be off by ~2^-14 of its largest product, far under this bound relative
+// to the output's scale (the test prints the measured worst error).
+constexpr double kTolerance = 2e-4;
+
+struct Problem {
+  int64_t experts = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  std::vector<int32_t> offsets;  // E + 1
+  Tensor x;                      // host [R, K] f32
+  Tensor weight;                 // host [E, N, K] fp4
+  Tensor scale;                  // host [E, N, K/32] ue8m0
+};
+
+Tensor random_bytes(DType dtype, Shape shape, uint32_t seed, int lo, int hi) {
+  Tensor t = Tensor::empty(dtype, shape);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(lo, hi);
+  auto* bytes = static_cast<uint8_t*>(t.view().raw_data());
+  for (size_t i = 0; i < t.view().nbytes(); ++i) bytes[i] = static_cast<uint8_t>(byte(rng));
+  return t;
+}
+
+Problem make_problem(int64_t experts, int64_t n, int64_t k, const std::vector<int32_t>& counts,
+                     int64_t extra_rows, uint32_t seed) {
+  Problem p;
+  p.experts = experts;
+  p.n = n;
+  p.k = k;
+  p.offsets.push_back(0);
+  for (int32_t c : counts) p.offsets.push_back(p.offsets.back() + c);
+  const int64_t rows = p.offsets.back() + extra_rows;
+  p.x = Tensor::empty(DType::kF32, {rows, k});
+  const std::vector<float> values = testing::random_values(static_cast<size_t>(rows * k), seed);
+  std::copy(values.begin(), values.end(), p.x.data<float>());
+  p.weight = random_bytes(DType::kF4E2M1x2, {experts, n, k}, seed + 1, 0, 255);
+  // ue8m0 codes near 2^-8: realistic weight magnitudes.
+  p.scale = random_bytes(DType::kF8E8M0, {experts, n, k / 32}, seed + 2, 117, 121);
+  return p;
+}
+
+// The CPU reference, expert by expert; rows outside every expert stay NaN.
+Tensor reference(const Problem& p) {
+  const int64_t rows = p.x.view().size(0);
+  Tensor want = Tensor::empty(DType::kF32, {rows, p.n});
+  std::fill(want.data<float>(), want.data<float>() + want.numel(), NAN);
+  for (int64_t e = 0; e < p.experts; ++e) {
+    const int64_t first = p.offsets[e];
+    const int64_t count = p.offsets[e + 1] - first;
+    if (count == 0) continue;
+    linear(p.x.view().narrow(0, first, count),
+           LinearWeight{p.weight.view().select(0, e), p.scale.view().select(0, e)},
+           want.view().narrow(0, first, count), ActivationQuant::kFp8PerBlock32);
+  }
+  return want;
+}
+
+// Runs the GPU op over x's rows [first_row, first_row + row_count) (all by default).
+Tensor run_gpu(const Problem& p, const std::vector<int32_t>& offsets, int64_t first_row = 0,
+               int64_t row_count = -1) {
+  if (row_count < 0) row_count = p.x.view().size(0);
+  std::vector<int32_t> host_offsets = offsets;
+  Tensor d_offsets =
+      rt::to_device(testing::view_of(host_offsets, {static_cast<int64_t>(host_offsets.size())}));
+  Tensor dx = rt::to_device(p.x.view().narrow(0, first_row, row_count));
+  Tensor dw = rt::to_device(p.weight.view());
+  Tensor ds = rt::to_device(p.scale.view());
+  Tensor out = Tensor::empty(DType::kF32, {row_count, p.n}, rt::device_allocator());
+  rt::fill_bytes(out.view(), 0xFF);  // NaN: an element never written stays NaN
+  cuda::moe_grouped_gemm_fp4(dx.view(), d_offsets.view(), dw.view(), ds.view(), out.view());
+  rt::synchronize();
+  return rt::to_host(out.view());
+}
+
+// Worst |got - want| over max |want|; NaN must match NaN (unwritten rows).
+double worst_error(const Tensor& want, const Tensor& got) {
+  const float* w = want.data<float>();
+  const float* g = got.data<float>();
+  double scale = 1e-30;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (!std::isnan(w[i])) scale = std::max(scale, std::abs(static_cast<double>(w[i])));
+  }
+  double worst = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (std::isnan(w[i]) || std::isnan(g[i])) {
+      if (std::isnan(w[i]) != std::isnan(g[i])) return INFINITY;
+      continue;
+    }
+    worst = std::max(worst, std::abs(static_cast<double>(g[i]) - w[i]) / scale);
+  }
+  return worst;
+}
+
+class MoeGroupedGemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    try {
+      rt::require_supported_device(0);
+    } catch (const Error& e) {
+      GTEST_SKIP() << "no usable GPU: " << e.what();
+    }
+  }
+};
+
+void check_against_reference(const Problem& p, const std::string& what) {
+  const Tensor want = reference(p);
+  const Tensor got = run_gpu(p, p.offsets);
+  const double error = worst_error(want, got);
+  std::printf("%s: worst error %.3g of the output's scale\n", what.c_str(), error);
+  EXPECT_LE(error, kTolerance) << what;
+}
+
+TEST_F(MoeGroupedGemmTest, SmallShapesDecodeAndPrefillTiles) {
+  // Empty experts, one-row experts, a tile's worth plus one, and two trailing rows that belong
+  // to no expert (must stay unwritten).
+  check_against_reference(make_problem(6, 48, 512, {3, 0, 1, 9, 0, 17}, 2, 11),
+                          "decode tiles (30 rows, 6 experts)");
+  // 16+ rows per expert selects the 64-token tile.
+  check_against_reference(make_problem(3, 32, 256, {70, 1, 129}, 0, 21),
+                          "prefill tiles (200 rows, 3 experts)");
+}
+
+TEST_F(MoeGroupedGemmTest, V41FlashExpertShapes) {
+  // w1|w3 concatenated (4608 x 5120) and w2 (5120 x 2304), a few experts and rows.
+  check_against_reference(make_problem(3, 4608, 5120, {2, 1, 3}, 0, 31), "w13 4608x5120");
+  check_against_reference(make_problem(3, 5120, 2304, {1, 4, 2}, 0, 41), "w2 5120x2304");
+}
+
+TEST_F(MoeGroupedGemmTest, RowsDoNotDependOnTheBatch) {
+  // The same rows through the prefill tile (200 rows in the call) and alone (a one-row call,
+  // the decode tile) are bit-equal.
+  const Problem p = make_problem(3, 64, 512, {70, 1, 129}, 0, 51);
+  const Tensor all = run_gpu(p, p.offsets);
+  for (int64_t row : {0, 69, 70, 71, 150, 199}) {
+    const auto expert = static_cast<int64_t>(
+        std::upper_bound(p.offsets.begin(), p.offsets.end(), static_cast<int32_t>(row)) -
+        p.offsets.begin() - 1);
+    std::vector<int32_t> single(p.experts + 1, 0);
+    for (int64_t e = expert + 1; e <= p.experts; ++e) single[e] = 1;
+    const Tensor alone = run_gpu(p, single, row, 1);
+    EXPECT_EQ(0, std::memcmp(all.data<float>() + row * p.n, alone.data<float>(),
+                             static_cast<size_t>(p.n) * sizeof(float)))
+        << "row " << row;
+  }
+}
+
+TEST_F(MoeGroupedGemmTest, BadInput) {
+  Problem p = make_problem(2, 32, 256, {3, 2}, 0, 61);
+  // Offsets past the rows are clamped on the device: no out-of-range reads, the valid rows
+  // are still right.
+  const Tensor got = run_gpu(p, {0, 3, 1000});
+  const Tensor want = reference(p);
+  EXPECT_LE(worst_error(want, got), kTolerance);
+  // K not a multiple of 256 and mismatched scales are refused on the host.
+  Problem odd = make_problem(2, 32, 288, {3, 2}, 0, 71);
+  EXPECT_THROW(run_gpu(odd, odd.offsets), Error);
+  std::vector<int32_t> short_offsets = {0, 5};
+  EXPECT_THROW(run_gpu(p, short_offsets), Error);
+}
+
+}  // namespace
+}  // namespace deepinfer::ops
