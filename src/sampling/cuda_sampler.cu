@@ -629,6 +629,7 @@ struct CudaSampler::State {
   std::vector<int64_t> top_offsets;
   size_t rows = 0;
   size_t top_slots = 0;
+  Device device = Device::cuda(0);  // the last launch's logits device
 };
 
 CudaSampler::CudaSampler() : state_(std::make_unique<State>()) {
@@ -650,6 +651,7 @@ void CudaSampler::launch(const TensorView& logits, std::span<const SamplerRow> r
   State& s = *state_;
   const size_t n = rows.size();
   s.rows = n;
+  s.device = logits.device();
   s.host_errors.assign(n, std::string());
   s.positions.resize(n);
   s.min_tokens.resize(n);
@@ -765,7 +767,7 @@ void CudaSampler::launch(const TensorView& logits, std::span<const SamplerRow> r
 
 TensorView CudaSampler::device_token_ids() const {
   return TensorView::contiguous(state_->tokens.data(), DType::kI32,
-                                {static_cast<int64_t>(state_->rows)}, Device::cuda(0));
+                                {static_cast<int64_t>(state_->rows)}, state_->device);
 }
 
 void CudaSampler::wait(std::span<SampledToken> results) {

@@ -307,5 +307,37 @@ TEST_F(CudaSamplerTest, ReusedSamplerGivesTheSameRows) {
   }
 }
 
+// The engine samples only the tokenizer's columns of a wider (padded) logits matrix: a view
+// with a row stride larger than its width.
+TEST_F(CudaSamplerTest, ColumnSliceOfWiderLogits) {
+  const int64_t vocab = 500;
+  const int64_t padded = 512;
+  std::mt19937_64 rng(31);
+  std::vector<RowData> data;
+  std::vector<float> wide;
+  std::vector<float> narrow;
+  for (int r = 0; r < 12; ++r) {
+    data.push_back(make_row(vocab, r, rng));
+    const std::vector<float> row = random_logits(padded, rng, 2.0f, true);
+    wide.insert(wide.end(), row.begin(), row.end());
+    narrow.insert(narrow.end(), row.begin(), row.begin() + vocab);
+  }
+  std::vector<SamplerRow> rows;
+  for (const RowData& d : data) rows.push_back(d.row());
+  Sampler cpu;
+  const std::vector<SampledToken> want = cpu.sample(narrow, vocab, rows);
+  Tensor host = Tensor::empty(DType::kF32, {12, padded});
+  std::memcpy(host.data<float>(), wide.data(), wide.size() * sizeof(float));
+  const Tensor device = cuda::to_device(host);
+  const TensorView slice(device.view().data<float>(), wide.size() * sizeof(float), 0, DType::kF32,
+                         {12, vocab}, {padded, 1}, Device::cuda(0));
+  CudaSampler gpu;
+  const std::vector<SampledToken> got = gpu.sample(slice, rows);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(got[i].token_id, want[i].token_id) << i;
+    EXPECT_EQ(got[i].error, want[i].error) << i;
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::sampling
