@@ -104,15 +104,15 @@ TEST_P(GpuForwardTest, LogitsMatchTheCpuBackendInEveryMode) {
   // Ragged: lengths cross the window, the ratio-2 groups and the candidate blocks.
   const std::vector<std::vector<int32_t>> prompts = {
       random_tokens(45, vocab, 1), random_tokens(7, vocab, 2), random_tokens(30, vocab, 3)};
-  // Dense numerics: only summation order differs (every GPU linear is within 2e-5 of the CPU's,
-  // docs/CUDA.md), compounded over the tiny model's layers. Released numerics quantize
-  // activations (fp8 per 32) and the caches (fp8 window, fp4 compressed and indexer keys): a
-  // value the backends compute a few ulp apart can round to neighbouring codes, which moves
-  // logits by far more than rounding (docs/GOLDEN.md, "Released numerics"); there the
-  // comparison bounds the deviation loosely and requires the same argmax where the CPU's
-  // margin is clear.
+  // Dense numerics: only summation order differs (each GPU linear is within 2e-5 of the CPU's,
+  // docs/CUDA.md); measured 9.4e-7 on the H200, bound 1e-5 (issue 5's mode-agreement bar).
+  // Released numerics quantize activations (fp8 per 32) and the caches (fp8 window, fp4
+  // compressed entries and indexer keys): a value the backends compute a few ulp apart can
+  // round to neighbouring codes and move logits by far more than rounding (docs/GOLDEN.md,
+  // "Released numerics"). Measured 2.4e-7 here (no code flipped); the bound is the golden
+  // rule's 1e-3, with the same argmax wherever the CPU's margin exceeds it.
   const bool released = numerics == Numerics::kReleased;
-  const double tolerance = released ? 2e-2 : 1e-4;
+  const double tolerance = released ? 1e-3 : 1e-5;
   for (int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{1}}) {
     const std::vector<float> cpu = run_prompts(*models.cpu, prompts, chunk);
     const std::vector<float> gpu = run_prompts(*models.gpu, prompts, chunk);
