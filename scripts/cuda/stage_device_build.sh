@@ -19,7 +19,9 @@ for program in "$BUILD_DIR/tests/ops/backend_ops_test" "$BUILD_DIR/tests/model/m
   "$BUILD_DIR/tests/model/model_golden_test" ${EXTRA_PROGRAMS:-}; do
   strip -o "$BUILD_DIR/device/$(basename "$program")" "$program"
 done
-cp -L "$(ldd "$BUILD_DIR/tests/ops/backend_ops_test" | awk '/libcudart/ {print $3}')" "$BUILD_DIR/device/"
+# The CUDA runtime, and the libraries the GPU machine's image lacks (the tokenizer's).
+cp -L $(ldd "$BUILD_DIR"/device/* | awk '/libcudart|libutf8proc|libpcre2/ {print $3}' | sort -u) \
+  "$BUILD_DIR/device/"
 # The model tests read tests/data through the source path compiled into them.
 echo "$PWD" >"$BUILD_DIR/device/compiled_source_dir"
 du -sh "$BUILD_DIR/device"

@@ -13,56 +13,45 @@
 #include "model/deepseek_v41/random_weights.h"
 #include "model/deepseek_v41/weights.h"
 #include "ops/ops.h"
+#include "sampling/sampler.h"
 #include "tokenizer/engram_map.h"
 #include "tokenizer/tokenizer.h"
 
 #ifdef DEEPINFER_HAS_CUDA
 #include "ops/cuda/cuda_device.h"
-#include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/cuda_runtime.h"  // Stream, StreamScope
+#include "sampling/cuda_sampler.h"
 #endif
 
 namespace deepinfer::engine {
 
 namespace v41 = deepseek_v41;
 
+void ModelRunner::sample(std::span<const sampling::SamplerRow>, std::span<sampling::SampledToken>) {
+  throw InternalError("ModelRunner::sample called on a runner that samples on the host");
+}
+
 #ifdef DEEPINFER_HAS_CUDA
 struct DeepseekRunner::DeviceStream {
   cuda::Stream stream;
+  sampling::CudaSampler sampler;
 };
 #else
 struct DeepseekRunner::DeviceStream {};
 #endif
 
-namespace {
-
-// Long-lived memory on `device`: the host heap, or the GPU's cudaMalloc pool.
-Allocator& allocator_on(Device device) {
-  if (device.is_cpu()) return host_allocator();
-#ifdef DEEPINFER_HAS_CUDA
-  return cuda::device_allocator(device.index);
-#else
-  DI_THROW("a model on ", device.to_string(), " needs a build with -DDEEPINFER_CUDA=ON");
-#endif
-}
-
-}  // namespace
-
 DeepseekRunner::DeepseekRunner(const v41::DeepseekV41TextConfig& config,
                                const v41::ModelParameters& parameters, v41::Numerics numerics,
                                std::shared_ptr<const v41::EngramHasher> engram,
-                               std::shared_ptr<void> keep_alive)
+                               std::shared_ptr<const void> keep_alive)
     : keep_alive_(std::move(keep_alive)),
       config_(config),
       model_(config_, parameters, numerics, std::move(engram)),
       device_(parameters.embed.device()) {
-  if (device_.is_cuda()) {
-    allocator_on(device_);  // fails here, naming the GPU problem, before any step
 #ifdef DEEPINFER_HAS_CUDA
-    // The parameters were uploaded on this thread's stream; steps run on the runner's own.
-    cuda::synchronize();
-    stream_ = std::make_unique<DeviceStream>();
+  // Steps run on the runner's own stream, whichever thread calls forward (the async worker).
+  if (device_.is_cuda()) stream_ = std::make_unique<DeviceStream>();
 #endif
-  }
 }
 
 DeepseekRunner::~DeepseekRunner() = default;
@@ -96,7 +85,7 @@ int64_t DeepseekRunner::state_bytes_per_token() const {
 
 void DeepseekRunner::allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot,
                                     int64_t max_tokens_per_step) {
-  Allocator& allocator = allocator_on(device_);
+  Allocator& allocator = ops::allocator_for(device_);
   slots_.clear();
   for (int32_t i = 0; i < num_slots; ++i) {
     slots_.push_back(std::make_unique<v41::RequestState>(
@@ -107,6 +96,9 @@ void DeepseekRunner::allocate_slots(int32_t num_slots, int64_t max_tokens_per_sl
   step_logits_ = Tensor::empty(DType::kF32, {max_tokens_per_step, config_.vocab_size}, allocator);
   if (device_.is_cuda()) {
     sampled_logits_ = Tensor::empty(DType::kF32, {num_slots, config_.vocab_size}, allocator);
+    // Whatever the states' construction queued on this thread's stream is done before the
+    // runner's own stream (which does not wait for others) touches them.
+    ops::synchronize(device_);
   }
 }
 
@@ -125,7 +117,8 @@ void DeepseekRunner::forward(std::span<const SlotTokens> batch,
   DI_CHECK(total <= step_logits_.shape()[0], "a step of ", total,
            " tokens exceeds the runner's max_tokens_per_step ", step_logits_.shape()[0]);
   const auto rows = static_cast<int64_t>(logits_rows.size());
-  DI_CHECK(static_cast<int64_t>(logits.size()) == rows * config_.vocab_size,
+  const bool keep_on_device = samples_on_device();
+  DI_CHECK(static_cast<int64_t>(logits.size()) == (keep_on_device ? 0 : rows) * config_.vocab_size,
            "logits buffer does not match the sampled rows");
   gather_rows_.clear();
   for (int64_t row : logits_rows) {
@@ -133,26 +126,50 @@ void DeepseekRunner::forward(std::span<const SlotTokens> batch,
              " tokens");
     gather_rows_.push_back(static_cast<int32_t>(row));
   }
-  const TensorView host_out =
-      TensorView::contiguous(logits.data(), DType::kF32, {rows, config_.vocab_size});
 #ifdef DEEPINFER_HAS_CUDA
   std::optional<cuda::StreamScope> on_stream;
   if (stream_) on_stream.emplace(stream_->stream);
 #endif
   const TensorView step_logits = step_logits_.view().narrow(0, 0, total);
+  auto host_out = [&] {
+    return TensorView::contiguous(logits.data(), DType::kF32, {rows, config_.vocab_size});
+  };
   model_.forward(requests_, step_logits);
+  gathered_rows_ = rows;
   // The sampled rows are gathered as an embedding lookup whose "table" is the step's logits.
   if (device_.is_cpu()) {
-    if (rows > 0) ops::embedding(step_logits, gather_rows_, host_out);
+    if (rows > 0) ops::embedding(step_logits, gather_rows_, host_out());
     return;
   }
-#ifdef DEEPINFER_HAS_CUDA
   if (rows > 0) {
     const TensorView gathered = sampled_logits_.view().narrow(0, 0, rows);
     ops::embedding(step_logits, gather_rows_, gathered);
-    cuda::copy(gathered, host_out);
+    if (keep_on_device) return;  // sample() waits
+    ops::copy(gathered, host_out());
   }
-  cuda::synchronize();  // the step's one wait; reports what kernels found in their inputs
+  // The step's one wait; it also reports what kernels found wrong in their inputs.
+  ops::synchronize(device_);
+}
+
+bool DeepseekRunner::samples_on_device() const {
+#ifdef DEEPINFER_HAS_CUDA
+  return device_.is_cuda();
+#else
+  return false;
+#endif
+}
+
+void DeepseekRunner::sample(std::span<const sampling::SamplerRow> rows,
+                            std::span<sampling::SampledToken> results) {
+  DI_CHECK(samples_on_device(), "DeepseekRunner::sample on a runner that samples on the host");
+  DI_CHECK(static_cast<int64_t>(rows.size()) == gathered_rows_ && results.size() == rows.size(),
+           "sample() rows do not match the last forward's logits rows");
+  if (rows.empty()) return;
+#ifdef DEEPINFER_HAS_CUDA
+  cuda::StreamScope on_stream(stream_->stream);
+  stream_->sampler.launch(sampled_logits_.view().narrow(0, 0, gathered_rows_), rows);
+  stream_->sampler.wait(results);
+  ops::synchronize(device_);  // reports what the forward's kernels found wrong in their inputs
 #endif
 }
 
@@ -201,42 +218,21 @@ std::unique_ptr<ModelRunner> runner_on(Accelerator accelerator,
                                        const v41::ModelParameters& host_parameters,
                                        v41::Numerics numerics,
                                        std::shared_ptr<const v41::EngramHasher> engram,
-                                       std::shared_ptr<void> host_owner) {
+                                       std::shared_ptr<const void> host_owner) {
   if (accelerator == Accelerator::kCpu) {
     return std::make_unique<DeepseekRunner>(config, host_parameters, numerics, std::move(engram),
                                             std::move(host_owner));
   }
-  DI_THROW("DEEPINFER_ACCELERATOR=nvidia: the DeepSeek-V4.1 forward does not run on the GPU yet");
+  std::shared_ptr<const v41::ModelParameters> on_gpu =
+      v41::copy_parameters(host_parameters, ops::allocator_for(Device::cuda(0)));
+  return std::make_unique<DeepseekRunner>(config, *on_gpu, numerics, std::move(engram), on_gpu);
 }
 
-// The default model's weights, made in memory, and the parameters that view them.
-struct DefaultModel {
+// Random weights made in memory, and the parameters that view them.
+struct RandomModel {
   std::vector<v41::RandomTensor> tensors;
   std::unique_ptr<v41::ModelParameters> parameters;
 };
-
-std::unique_ptr<ModelRunner> make_default_model_runner(Accelerator accelerator,
-                                                       const tokenizer::Tokenizer* tokenizer) {
-  const std::filesystem::path dir = default_model_dir();
-  const v41::DeepseekV41Config config = v41::load_config(dir / "config.json");
-  constexpr uint64_t kDefaultModelSeed = 0;
-  const auto layout = v41::WeightLayout::kReleased;
-  auto model = std::make_shared<DefaultModel>();
-  const std::vector<v41::WeightSpec> table = v41::build_weight_table(config.text, layout);
-  model->tensors =
-      v41::make_random_weights(table, config.text.initializer_range, kDefaultModelSeed);
-  std::map<std::string, v41::RandomTensor*> by_name;
-  for (auto& tensor : model->tensors) by_name[tensor.spec->name] = &tensor;
-  model->parameters = v41::build_parameters(config.text, layout, [&](const std::string& name) {
-    auto it = by_name.find(name);
-    DI_CHECK(it != by_name.end(), "default model: no random tensor named ", name);
-    v41::RandomTensor& tensor = *it->second;
-    return TensorView::contiguous(tensor.bytes.data(), tensor.spec->dtype,
-                                  Shape(std::span<const int64_t>(tensor.spec->shape)));
-  });
-  return runner_on(accelerator, config.text, *model->parameters, v41::Numerics::kReleased,
-                   make_engram_hasher(config.text, dir, tokenizer), model);
-}
 
 }  // namespace
 
@@ -253,6 +249,27 @@ std::string default_model_dir() {
   DI_THROW("the embedded default model is missing: neither ", DEEPINFER_INSTALLED_MODEL_DIR,
            " nor ", DEEPINFER_SOURCE_MODEL_DIR,
            " holds config.json; set EngineArgs.model / --model or DEEPINFER_HF_MODEL_DIR");
+}
+
+std::unique_ptr<ModelRunner> make_random_model_runner(const std::filesystem::path& config_json,
+                                                      uint64_t seed, Accelerator accelerator,
+                                                      const tokenizer::Tokenizer* tokenizer) {
+  const v41::DeepseekV41Config config = v41::load_config(config_json);
+  const auto layout = v41::WeightLayout::kReleased;
+  auto model = std::make_shared<RandomModel>();
+  const std::vector<v41::WeightSpec> table = v41::build_weight_table(config.text, layout);
+  model->tensors = v41::make_random_weights(table, config.text.initializer_range, seed);
+  std::map<std::string, v41::RandomTensor*> by_name;
+  for (auto& tensor : model->tensors) by_name[tensor.spec->name] = &tensor;
+  model->parameters = v41::build_parameters(config.text, layout, [&](const std::string& name) {
+    auto it = by_name.find(name);
+    DI_CHECK(it != by_name.end(), "random model: no random tensor named ", name);
+    v41::RandomTensor& tensor = *it->second;
+    return TensorView::contiguous(tensor.bytes.data(), tensor.spec->dtype,
+                                  Shape(std::span<const int64_t>(tensor.spec->shape)));
+  });
+  return runner_on(accelerator, config.text, *model->parameters, v41::Numerics::kReleased,
+                   make_engram_hasher(config.text, config_json.parent_path(), tokenizer), model);
 }
 
 std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args,
@@ -272,7 +289,11 @@ std::unique_ptr<ModelRunner> make_model_runner(const EngineArgs& args,
         "(configure with -DDEEPINFER_CUDA=ON); use cpu");
 #endif
   }
-  if (args.model.empty()) return make_default_model_runner(accelerator, tokenizer);
+  if (args.model.empty()) {
+    constexpr uint64_t kDefaultModelSeed = 0;
+    return make_random_model_runner(std::filesystem::path(default_model_dir()) / "config.json",
+                                    kDefaultModelSeed, accelerator, tokenizer);
+  }
   auto loaded = std::make_shared<v41::LoadedModel>(v41::load_model(args.model));
   const auto& config = loaded->config.text;
   auto hasher = make_engram_hasher(config, args.model, tokenizer);

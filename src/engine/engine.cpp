@@ -210,14 +210,20 @@ struct Engine::Impl {
   void execute(PreparedStep& step) {
     try {
       for (int32_t slot : step.reset_slots) runner->reset_slot(slot);
-      // Only the sampled rows come back, as the dense [rows, vocab] block the sampler reads.
-      sample_logits.resize(step.rows.size() * static_cast<size_t>(vocab));
+      // Only the sampled rows leave the model: as the dense [rows, vocab] block the CPU
+      // sampler reads, or not at all when the runner samples on its device.
+      const bool on_device = runner->samples_on_device();
+      sample_logits.resize(on_device ? 0 : step.rows.size() * static_cast<size_t>(vocab));
       notify(StepEvent::kForwardBegin, step.plan.index);
       runner->forward(step.batch, step.row_of_logits, sample_logits);
       notify(StepEvent::kForwardEnd, step.plan.index);
       if (step.masks_ready.valid()) step.masks_ready.wait();
       step.results.resize(step.rows.size());
-      sampler.sample(sample_logits, vocab, step.rows, step.results);
+      if (on_device) {
+        runner->sample(step.rows, step.results);
+      } else {
+        sampler.sample(sample_logits, vocab, step.rows, step.results);
+      }
     } catch (const std::exception& error) {
       step.error = concat("the model step failed: ", error.what());
     }

@@ -9,6 +9,11 @@
 #include <span>
 #include <vector>
 
+namespace deepinfer::sampling {
+struct SamplerRow;
+struct SampledToken;
+}  // namespace deepinfer::sampling
+
 namespace deepinfer::engine {
 
 struct SlotTokens {
@@ -41,6 +46,15 @@ class ModelRunner {
   // reads leave the model, so a runner on a GPU copies those and nothing else to the host.
   virtual void forward(std::span<const SlotTokens> batch, std::span<const int64_t> logits_rows,
                        std::span<float> logits) = 0;
+
+  // A runner whose logits live on a GPU samples there, so that only the sampled tokens and
+  // the requested log-probabilities come back to the host. Then the engine passes forward() an
+  // empty `logits` (the rows stay on the device) and calls sample() for the same step: row r
+  // of `rows` is drawn from the logits of token logits_rows[r], with the CPU sampler's
+  // definitions (src/sampling/sampler.h) and the same tokens.
+  virtual bool samples_on_device() const { return false; }
+  virtual void sample(std::span<const sampling::SamplerRow> rows,
+                      std::span<sampling::SampledToken> results);
 };
 
 }  // namespace deepinfer::engine

@@ -1,6 +1,7 @@
 // The engine on a tiny random DeepSeek-V4.1 model: batched, chunked, preempted and async
 // generation must give each request exactly the tokens of a plain one-request loop (prefill,
-// then one decode token per forward) on its own Model and RequestState.
+// then one decode token per forward) on its own Model and RequestState; on the CPU and, where
+// one is usable, on the GPU (model, states and oracle all on the device).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -10,6 +11,8 @@
 #include "../model/random_model.h"
 #include "deepinfer/llm.h"
 #include "engine/deepseek_runner.h"
+#include "gpu_support.h"
+#include "ops/ops.h"
 #include "sampling/sampler.h"
 
 namespace deepinfer::engine {
@@ -22,12 +25,19 @@ struct TinyModel {
   std::shared_ptr<v41::EngramHasher> hasher = v41::testing::tiny_hasher(config, 5);
   std::unique_ptr<v41::ModelParameters> parameters =
       v41::testing::random_parameters(config, 17, v41::testing::WeightFormat::kDense);
+  std::unique_ptr<v41::ModelParameters> on_gpu;
+
+  const v41::ModelParameters& parameters_on(Device device) {
+    if (device.is_cpu()) return *parameters;
+    if (!on_gpu) on_gpu = v41::copy_parameters(*parameters, ops::allocator_for(device));
+    return *on_gpu;
+  }
 };
 
-std::vector<int32_t> alone(const TinyModel& tiny, const std::vector<int32_t>& prompt,
+std::vector<int32_t> alone(TinyModel& tiny, Device device, const std::vector<int32_t>& prompt,
                            const SamplingParams& params) {
-  v41::Model model(tiny.config, *tiny.parameters, v41::Numerics::kDense, tiny.hasher);
-  v41::RequestState state(tiny.config, v41::StateLimits{256, 0});
+  v41::Model model(tiny.config, tiny.parameters_on(device), v41::Numerics::kDense, tiny.hasher);
+  v41::RequestState state(tiny.config, v41::StateLimits{256, 0}, ops::allocator_for(device));
   sampling::Sampler sampler;
   const int64_t vocab = tiny.config.vocab_size;
   std::vector<int32_t> eos;
@@ -58,7 +68,17 @@ std::vector<int32_t> alone(const TinyModel& tiny, const std::vector<int32_t>& pr
   }
 }
 
-TEST(DeepseekEngine, BatchedChunkedPreemptedAsyncMatchesAlone) {
+class DeepseekEngine : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (GetParam().is_cuda()) {
+      DEEPINFER_SKIP_WITHOUT_GPU();
+    }
+  }
+};
+
+TEST_P(DeepseekEngine, BatchedChunkedPreemptedAsyncMatchesAlone) {
+  const Device device = GetParam();
   TinyModel tiny;
   std::mt19937 rng(3);
   std::vector<std::vector<int32_t>> prompts;
@@ -80,19 +100,24 @@ TEST(DeepseekEngine, BatchedChunkedPreemptedAsyncMatchesAlone) {
       args.max_num_seqs = 4;
       args.max_num_batched_tokens = 9;
       args.async_scheduling = async;
-      auto runner = std::make_unique<DeepseekRunner>(tiny.config, *tiny.parameters,
+      auto runner = std::make_unique<DeepseekRunner>(tiny.config, tiny.parameters_on(device),
                                                      v41::Numerics::kDense, tiny.hasher);
       args.state_pool_bytes = pool_tokens * runner->state_bytes_per_token();
       LLM llm(args, std::move(runner));
       const auto outputs = llm.generate(prompts, params);
       for (size_t i = 0; i < prompts.size(); ++i) {
         ASSERT_FALSE(outputs[i].error) << *outputs[i].error;
-        EXPECT_EQ(outputs[i].outputs[0].token_ids, alone(tiny, prompts[i], params[i]))
+        EXPECT_EQ(outputs[i].outputs[0].token_ids, alone(tiny, device, prompts[i], params[i]))
             << "request " << i << " async " << async << " pool " << pool_tokens;
       }
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, DeepseekEngine, ::testing::Values(Device::cpu(), Device::cuda(0)),
+                         [](const ::testing::TestParamInfo<Device>& param) {
+                           return param.param.is_cpu() ? std::string("cpu") : std::string("cuda");
+                         });
 
 }  // namespace
 }  // namespace deepinfer::engine
