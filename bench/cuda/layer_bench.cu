@@ -8,6 +8,7 @@
 //    ops::cuda::linear (weights in their storage format, the released activation quantizer for
 //    FP8 roles) against cuBLASLt on the same shapes (FP8 with a per-tensor scale for FP8 roles —
 //    cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles).
+//    For FP8 roles also ops::cuda::linear_fp8_mma (the grouped kernel's tensor-core path).
 // 3. The routed experts (384 x 2304, top 6): our grouped FP8 x FP4 GEMM against a per-expert
 //    loop of cuBLASLt calls (BF16-dequantized weights, the nearest SM90 cuBLASLt has to FP4,
 //    and FP8 per-tensor weights), both GEMMs (w1|w3 then w2) of the routed MoE.
@@ -448,6 +449,15 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
       });
       report(roof, "dense", role.name, "ours (FMA)", m, ms_ours,
              our_weight_bytes + 4.0 * m * groups * (in + out), flops, peak);
+      if (role.fp8) {
+        const double ms_mma = time_ms([&](int call) {
+          const int c = call % copies;
+          ops::cuda::linear_fp8_mma(x.view(), LinearWeight{weights[c].view(), scales[c].view()},
+                                    y.view());
+        });
+        report(roof, "dense", role.name, "ours (mma)", m, ms_mma,
+               our_weight_bytes + 4.0 * m * (in + out), flops, peak);
+      }
 
       const DType lt_dtype = role.fp8 ? DType::kF8E4M3 : DType::kBF16;
       Tensor lx =

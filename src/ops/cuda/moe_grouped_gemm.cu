@@ -12,6 +12,8 @@
 // weight (one 32-bit load of 8 fp4 values) and the activation (one 64-bit load of 8 e4m3 bytes).
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/moe_grouped_gemm.h"
 
@@ -24,6 +26,9 @@ constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kScaleBlock = 32;     // the MMA's K, and both operands' scale block
 constexpr int kBlocksPerChunk = 8;  // K blocks loaded together (K % 256 == 0)
 constexpr int kChunk = kScaleBlock * kBlocksPerChunk;
+// Chunks requested into L2 ahead of the loads: the register double buffer alone keeps too few
+// bytes in flight to cover HBM latency (the first version reached 1.3 of 4.5 TB/s in decode).
+constexpr int kPrefetchChunks = 6;
 
 // e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as e4m3 bytes, for prmt lookups.
 constexpr uint32_t kE4m3OfE2m1Low = 0x3C383000u;
@@ -77,9 +82,9 @@ __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
 struct GroupedArgs {
   const uint8_t* x_codes;   // [R, K] e4m3
   const uint8_t* x_scales;  // [R, K / 32] ue8m0
-  const int32_t* offsets;   // [E + 1]
-  const uint8_t* weight;    // [E, N, K / 2] packed fp4
-  const uint8_t* w_scales;  // [E, N, K / 32] ue8m0
+  const int32_t* offsets;   // [E + 1]; null: one group of all R rows
+  const uint8_t* weight;    // fp4: [E, N, K / 2] packed; fp8: [N, K] e4m3
+  const uint8_t* w_scales;  // fp4: [E, N, K / 32]; fp8: [ceil(N / 32), K / 32] (ue8m0)
   float* out;
   int64_t out_stride;
   int64_t rows;  // R
@@ -92,12 +97,22 @@ __device__ __forceinline__ int clamp_offset(int32_t offset, int64_t rows) {
 }
 
 // Block (x: 64 weight rows, y: expert); warp w owns weight rows [16w, 16w+16) of the block and
-// walks the expert's tokens in tiles of 8 * kTokenTiles.
-template <int kTokenTiles>
-__global__ void __launch_bounds__(kWarps * 32) grouped_fp4_kernel(GroupedArgs args) {
+// walks the group's tokens in tiles of 8 * kTokenTiles. kFp8Weight: e4m3 weights with 32x32
+// block scales (the dense FP8 roles, one group); else packed fp4 with per-row scales per 32.
+template <bool kFp8Weight, int kTokenTiles>
+__global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args) {
+  // A thread's 8 weight values of one 32-block: 4 bytes of fp4 or 8 bytes of e4m3.
+  using Word = std::conditional_t<kFp8Weight, uint2, uint32_t>;
+  constexpr int kWordBytes = sizeof(Word);
+  constexpr int kBlockBytes = 4 * kWordBytes;  // one row's 32-block
+  constexpr int kChunkBytes = kBlocksPerChunk * kBlockBytes;
   const int expert = blockIdx.y;
-  const int first = clamp_offset(args.offsets[expert], args.rows);
-  const int last = max(first, clamp_offset(args.offsets[expert + 1], args.rows));
+  int first = 0;
+  int last = static_cast<int>(args.rows);
+  if (args.offsets != nullptr) {
+    first = clamp_offset(args.offsets[expert], args.rows);
+    last = max(first, clamp_offset(args.offsets[expert + 1], args.rows));
+  }
   const int count = last - first;
   const int64_t n_base =
       static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
@@ -107,15 +122,17 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_fp4_kernel(GroupedArgs ar
   const int quad = lane & 3;
   const int64_t k_blocks = args.k / kScaleBlock;
   const int64_t chunks = args.k / kChunk;
-  const int64_t w_row_bytes = args.k / 2;
-  const uint8_t* w_lo = args.weight + (expert * args.n + n_base + group) * w_row_bytes + 4 * quad;
+  const int64_t w_row_bytes = args.k * kWordBytes / 8;
+  const int64_t w_row = expert * args.n + n_base + group;
+  const uint8_t* w_lo = args.weight + w_row * w_row_bytes + kWordBytes * quad;
   const uint8_t* w_hi = w_lo + 8 * w_row_bytes;
-  const uint8_t* s_lo = args.w_scales + (expert * args.n + n_base + group) * k_blocks;
-  const uint8_t* s_hi = s_lo + 8 * k_blocks;
+  // fp8: rows n_base..n_base+15 lie in one 32-row scale block (n_base is a multiple of 16).
+  const uint8_t* s_lo = args.w_scales + (kFp8Weight ? (n_base / kScaleBlock) : w_row) * k_blocks;
+  const uint8_t* s_hi = kFp8Weight ? s_lo : s_lo + 8 * k_blocks;
 
   for (int tile = 0; tile < count; tile += 8 * kTokenTiles) {
     // Rows this thread loads activations for (MMA column `group`) and accumulates outputs for
-    // (MMA columns 2*quad, 2*quad+1); tokens past the expert's end load its last row and are
+    // (MMA columns 2*quad, 2*quad+1); tokens past the group's end load its last row and are
     // never stored.
     int64_t load_row[kTokenTiles];
     int64_t acc_row[kTokenTiles][2];
@@ -126,15 +143,30 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_fp4_kernel(GroupedArgs ar
       acc_row[j][1] = first + min(tile + 8 * j + 2 * quad + 1, count - 1);
     }
     float acc[kTokenTiles][4] = {};
-    uint32_t w_next[2][kBlocksPerChunk];
+    Word w_next[2][kBlocksPerChunk];
     uint2 s_next[2];
+    // Quad lanes 0 and 2 request the two weight rows' 128-byte lines of a chunk (lane 2 only
+    // for fp8's second line), lane 1 the scales.
+    auto prefetch_chunk = [&](int64_t chunk) {
+      if (chunk >= chunks || quad == 3 || (quad == 2 && !kFp8Weight)) return;
+      const int64_t line_offset = chunk * kChunkBytes + (quad == 2 ? 128 : 0);
+      const uint8_t* line[2] = {w_lo - kWordBytes * quad + line_offset,
+                                w_hi - kWordBytes * quad + line_offset};
+      if (quad == 1) {
+        line[0] = s_lo + chunk * kBlocksPerChunk;
+        line[1] = s_hi + chunk * kBlocksPerChunk;
+      }
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line[0]));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line[1]));
+    };
     auto load_chunk = [&](int64_t chunk) {
+      prefetch_chunk(chunk + kPrefetchChunks);
 #pragma unroll
       for (int b = 0; b < kBlocksPerChunk; ++b) {
-        w_next[0][b] = __ldg(
-            reinterpret_cast<const uint32_t*>(w_lo + chunk * (kChunk / 2) + b * (kScaleBlock / 2)));
-        w_next[1][b] = __ldg(
-            reinterpret_cast<const uint32_t*>(w_hi + chunk * (kChunk / 2) + b * (kScaleBlock / 2)));
+        w_next[0][b] =
+            __ldg(reinterpret_cast<const Word*>(w_lo + chunk * kChunkBytes + b * kBlockBytes));
+        w_next[1][b] =
+            __ldg(reinterpret_cast<const Word*>(w_hi + chunk * kChunkBytes + b * kBlockBytes));
       }
       s_next[0] = __ldg(reinterpret_cast<const uint2*>(s_lo + chunk * kBlocksPerChunk));
       s_next[1] = __ldg(reinterpret_cast<const uint2*>(s_hi + chunk * kBlocksPerChunk));
@@ -144,9 +176,10 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_fp4_kernel(GroupedArgs ar
       return __ldg(reinterpret_cast<const uint2*>(args.x_scales + acc_row[j][which] * k_blocks +
                                                   chunk * kBlocksPerChunk));
     };
+    for (int ahead = 1; ahead < kPrefetchChunks; ++ahead) prefetch_chunk(ahead);
     load_chunk(0);
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      uint32_t w_cur[2][kBlocksPerChunk];
+      Word w_cur[2][kBlocksPerChunk];
       uint2 s_cur[2] = {s_next[0], s_next[1]};
 #pragma unroll
       for (int b = 0; b < kBlocksPerChunk; ++b) {
@@ -163,9 +196,18 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_fp4_kernel(GroupedArgs ar
 #pragma unroll
       for (int b = 0; b < kBlocksPerChunk; ++b) {
         const int64_t k_block = chunk * kBlocksPerChunk + b;
-        const uint32_t a[4] = {e2m1x4_to_e4m3x4(w_cur[0][b]), e2m1x4_to_e4m3x4(w_cur[1][b]),
-                               e2m1x4_to_e4m3x4(w_cur[0][b] >> 16),
-                               e2m1x4_to_e4m3x4(w_cur[1][b] >> 16)};
+        uint32_t a[4];
+        if constexpr (kFp8Weight) {
+          a[0] = w_cur[0][b].x;
+          a[1] = w_cur[1][b].x;
+          a[2] = w_cur[0][b].y;
+          a[3] = w_cur[1][b].y;
+        } else {
+          a[0] = e2m1x4_to_e4m3x4(w_cur[0][b]);
+          a[1] = e2m1x4_to_e4m3x4(w_cur[1][b]);
+          a[2] = e2m1x4_to_e4m3x4(w_cur[0][b] >> 16);
+          a[3] = e2m1x4_to_e4m3x4(w_cur[1][b] >> 16);
+        }
         const int shift = 8 * (b & 3);
         const uint32_t lo_word = b < 4 ? s_cur[0].x : s_cur[0].y;
         const uint32_t hi_word = b < 4 ? s_cur[1].x : s_cur[1].y;
@@ -204,10 +246,47 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_fp4_kernel(GroupedArgs ar
   }
 }
 
+// Bad arguments are the caller's error (Error), not an internal one.
+template <typename... Parts>
+void require(bool condition, const Parts&... parts) {
+  if (!condition) DI_THROW(parts...);
+}
+
 const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* what) {
-  DI_CHECK(view.device().is_cuda() && view.dtype() == dtype && view.is_contiguous(), what,
-           " must be a contiguous ", dtype_name(dtype), " device tensor, got ", view.to_string());
+  require(view.device().is_cuda() && view.dtype() == dtype && view.is_contiguous(), what,
+          " must be a contiguous ", dtype_name(dtype), " device tensor, got ", view.to_string());
   return static_cast<const uint8_t*>(view.raw_data());
+}
+
+// Quantizes x's rows (released activation numerics) and runs the kernel over `groups` groups
+// of weight rows; args carries the weight side, n and k.
+template <bool kFp8Weight>
+void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, GroupedArgs args,
+            int64_t groups) {
+  if (in.rows == 0 || args.n == 0 || groups == 0) return;
+  const auto stream = current_stream();
+  const int64_t blocks_per_row = args.k / kScaleBlock;
+  StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
+  StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
+  constexpr int kQuantThreads = 256;
+  quantize_rows_kernel<<<blocks_for(in.rows * args.k, kQuantThreads), kQuantThreads, 0, stream>>>(
+      in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
+  DI_CUDA_LAUNCHED(quantize_rows_kernel);
+  args.x_codes = codes.as<uint8_t>();
+  args.x_scales = scales.as<uint8_t>();
+  args.out = o.data;
+  args.out_stride = o.stride;
+  args.rows = in.rows;
+  const dim3 grid(blocks_for(args.n, kRowsPerBlock), static_cast<unsigned>(groups));
+  // Many rows per group (prefill): wider token tiles reuse each weight load (8 times for fp4;
+  // 4 for fp8, whose double-buffered weight words take twice the registers).
+  constexpr int kWideTiles = kFp8Weight ? 4 : 8;
+  if (in.rows >= 16 * groups) {
+    mma_gemm_kernel<kFp8Weight, kWideTiles><<<grid, kWarps * 32, 0, stream>>>(args);
+  } else {
+    mma_gemm_kernel<kFp8Weight, 1><<<grid, kWarps * 32, 0, stream>>>(args);
+  }
+  DI_CUDA_LAUNCHED(mma_gemm_kernel);
 }
 
 }  // namespace
@@ -217,54 +296,55 @@ void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
                           const TensorView& out) {
   const DeviceRows<const float> in = device_rows<const float>(x, "moe_grouped_gemm_fp4 input");
   const DeviceRows<float> o = device_rows<float>(out, "moe_grouped_gemm_fp4 output");
-  DI_CHECK(weight.rank() == 3, "moe_grouped_gemm_fp4 weight must be [E, N, K], got ",
-           weight.to_string());
+  if (weight.rank() != 3) {
+    DI_THROW("moe_grouped_gemm_fp4 weight must be [E, N, K], got ", weight.to_string());
+  }
   const int64_t experts = weight.size(0);
   const int64_t n = weight.size(1);
   const int64_t k = weight.size(2);
-  DI_CHECK(k % kChunk == 0 && n % kRowsPerWarp == 0, "moe_grouped_gemm_fp4 needs K % ", kChunk,
-           " == 0 and N % ", kRowsPerWarp, " == 0, got weight ", weight.to_string());
-  DI_CHECK(scale.rank() == 3 && scale.size(0) == experts && scale.size(1) == n &&
-               scale.size(2) == k / kScaleBlock,
-           "moe_grouped_gemm_fp4 scale must be [E, N, K / 32], got ", scale.to_string(),
-           " for weight ", weight.to_string());
-  DI_CHECK(expert_offsets.rank() == 1 && expert_offsets.size(0) == experts + 1,
-           "moe_grouped_gemm_fp4 expert_offsets must be [E + 1], got ", expert_offsets.to_string());
-  DI_CHECK(in.cols == k && o.cols == n && o.rows == in.rows,
-           "moe_grouped_gemm_fp4 shapes do not match: x ", x.to_string(), ", weight ",
-           weight.to_string(), ", out ", out.to_string());
-  DI_CHECK(experts <= 65535, "moe_grouped_gemm_fp4: ", experts, " experts exceed one launch");
+  require(k % kChunk == 0 && n % kRowsPerWarp == 0, "moe_grouped_gemm_fp4 needs K % ", kChunk,
+          " == 0 and N % ", kRowsPerWarp, " == 0, got weight ", weight.to_string());
+  require(scale.rank() == 3 && scale.size(0) == experts && scale.size(1) == n &&
+              scale.size(2) == k / kScaleBlock,
+          "moe_grouped_gemm_fp4 scale must be [E, N, K / 32], got ", scale.to_string(),
+          " for weight ", weight.to_string());
+  require(expert_offsets.rank() == 1 && expert_offsets.size(0) == experts + 1,
+          "moe_grouped_gemm_fp4 expert_offsets must be [E + 1], got ", expert_offsets.to_string());
+  require(in.cols == k && o.cols == n && o.rows == in.rows,
+          "moe_grouped_gemm_fp4 shapes do not match: x ", x.to_string(), ", weight ",
+          weight.to_string(), ", out ", out.to_string());
+  require(experts <= 65535, "moe_grouped_gemm_fp4: ", experts, " experts exceed one launch");
   GroupedArgs args{};
   args.weight = device_bytes(weight, DType::kF4E2M1x2, "moe_grouped_gemm_fp4 weight");
   args.w_scales = device_bytes(scale, DType::kF8E8M0, "moe_grouped_gemm_fp4 scale");
   args.offsets = reinterpret_cast<const int32_t*>(
       device_bytes(expert_offsets, DType::kI32, "moe_grouped_gemm_fp4 expert_offsets"));
-  if (in.rows == 0 || n == 0 || experts == 0) return;
+  launch<false>(in, o, args, experts);
+}
 
-  const auto stream = current_stream();
-  const int64_t blocks_per_row = k / kScaleBlock;
-  StreamBuffer codes(static_cast<size_t>(in.rows * k));
-  StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
-  constexpr int kQuantThreads = 256;
-  quantize_rows_kernel<<<blocks_for(in.rows * k, kQuantThreads), kQuantThreads, 0, stream>>>(
-      in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
-  DI_CUDA_LAUNCHED(quantize_rows_kernel);
-
-  args.x_codes = codes.as<uint8_t>();
-  args.x_scales = scales.as<uint8_t>();
-  args.out = o.data;
-  args.out_stride = o.stride;
-  args.rows = in.rows;
+void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const TensorView& out) {
+  const DeviceRows<const float> in = device_rows<const float>(x, "linear_fp8_mma input");
+  const DeviceRows<float> o = device_rows<float>(out, "linear_fp8_mma output");
+  const TensorView& w = weight.weight;
+  const TensorView& scale = weight.scale;
+  require(w.rank() == 2, "linear_fp8_mma weight must be [N, K], got ", w.to_string());
+  const int64_t n = w.size(0);
+  const int64_t k = w.size(1);
+  require(k % kChunk == 0 && n % kRowsPerWarp == 0, "linear_fp8_mma needs K % ", kChunk,
+          " == 0 and N % ", kRowsPerWarp, " == 0, got weight ", w.to_string());
+  require(scale.rank() == 2 && scale.size(0) == (n + kScaleBlock - 1) / kScaleBlock &&
+              scale.size(1) == k / kScaleBlock,
+          "linear_fp8_mma needs 32x32 block scales [ceil(N / 32), K / 32], got ", scale.to_string(),
+          " for weight ", w.to_string());
+  require(in.cols == k && o.cols == n && o.rows == in.rows,
+          "linear_fp8_mma shapes do not match: x ", x.to_string(), ", weight ", w.to_string(),
+          ", out ", out.to_string());
+  GroupedArgs args{};
+  args.weight = device_bytes(w, DType::kF8E4M3, "linear_fp8_mma weight");
+  args.w_scales = device_bytes(scale, DType::kF8E8M0, "linear_fp8_mma scale");
   args.n = n;
   args.k = k;
-  const dim3 grid(blocks_for(n, kRowsPerBlock), static_cast<unsigned>(experts));
-  // Many rows per expert (prefill): 64-token tiles reuse each weight load 8 times.
-  if (in.rows >= 16 * experts) {
-    grouped_fp4_kernel<8><<<grid, kWarps * 32, 0, stream>>>(args);
-  } else {
-    grouped_fp4_kernel<1><<<grid, kWarps * 32, 0, stream>>>(args);
-  }
-  DI_CUDA_LAUNCHED(grouped_fp4_kernel);
+  launch<true>(in, o, args, 1);
 }
 
 }  // namespace deepinfer::ops::cuda

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace deepinfer::ops::cuda {
 
@@ -26,5 +27,11 @@ namespace deepinfer::ops::cuda {
 // prefill) only changes which rows share a weight load, not any row's arithmetic.
 void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
                           const TensorView& weight, const TensorView& scale, const TensorView& out);
+
+// The same kernel over one group with FP8 e4m3 weights [N, K] and ue8m0 32x32 block scales
+// [ceil(N / 32), K / 32] (the released dense roles): ops::linear(x, weight, out,
+// kFp8PerBlock32) on the tensor cores, with the same per-block accumulation and batch
+// invariance as above. K % 256 == 0, N % 16 == 0.
+void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const TensorView& out);
 
 }  // namespace deepinfer::ops::cuda
