@@ -154,10 +154,11 @@ def role_of(name: str) -> str:
     return "bf16"
 
 
-def draw_weights(model, seed: int, branch_gain: float = BRANCH_GAIN):
+def draw_weights(model, seed: int, branch_gain: float = BRANCH_GAIN, routing_pin_bias: float = ROUTING_PIN_BIAS):
     """Seeded weights, already on the grid their released storage format allows. Returns the
-    released-format pieces: name -> (role, tensors) for the released checkpoint. `branch_gain`:
-    golden_configs.BRANCH_GAIN unless the config sets its own."""
+    released-format pieces: name -> (role, tensors) for the released checkpoint. `branch_gain`,
+    `routing_pin_bias`: golden_configs' values unless the config sets its own (0: routing not
+    pinned). The random draws do not depend on either, so fixtures of one seed differ only there."""
     gen = torch.Generator().manual_seed(seed)
     released = {}
 
@@ -183,8 +184,8 @@ def draw_weights(model, seed: int, branch_gain: float = BRANCH_GAIN):
                 w = randn(*shape, std=0.1)
                 layer = int(name.split(".layers.")[1].split(".")[0])
                 top_k = model.config.num_experts_per_tok
-                for j in range(top_k):
-                    w[(top_k * layer + j) % shape[0]] += ROUTING_PIN_BIAS
+                for j in range(top_k if routing_pin_bias else 0):
+                    w[(top_k * layer + j) % shape[0]] += routing_pin_bias
             elif name.endswith("gate.bias_vl"):
                 w = torch.zeros(shape)
             elif name.endswith("embed.weight") and "engram" not in name:
@@ -403,9 +404,14 @@ class QuantizerPerturbation:
 
     def __enter__(self):
         m, r = self.mdl_mod, self.ref_model
-        self._saved = (m._fake_quant_fp8_block, m._fake_quant_fp4_block, r.act_quant, r.fp4_act_quant)
-        fp8, fp4, act, act4 = self._saved
+        self._saved = (m._fake_quant_fp8_block, m._fake_quant_fp4_block)
+        fp8, fp4 = self._saved
         jit = self._jitter
+        m._fake_quant_fp8_block = lambda x, *a, **k: fp8(jit(x), *a, **k)
+        m._fake_quant_fp4_block = lambda x, *a, **k: fp4(jit(x), *a, **k)
+        if r is None:  # HF only (dense-only fixtures run without the reference)
+            return self
+        self._saved_ref = (r.act_quant, r.fp4_act_quant)
 
         def jittered(quant):
             # The reference passes `inplace` positionally as often as by name
@@ -421,16 +427,14 @@ class QuantizerPerturbation:
 
             return call
 
-        act_quant, fp4_act_quant = jittered(act), jittered(act4)
-
-        m._fake_quant_fp8_block = lambda x, *a, **k: fp8(jit(x), *a, **k)
-        m._fake_quant_fp4_block = lambda x, *a, **k: fp4(jit(x), *a, **k)
-        r.act_quant, r.fp4_act_quant = act_quant, fp4_act_quant
+        r.act_quant, r.fp4_act_quant = (jittered(q) for q in self._saved_ref)
         return self
 
     def __exit__(self, *exc):
         m, r = self.mdl_mod, self.ref_model
-        m._fake_quant_fp8_block, m._fake_quant_fp4_block, r.act_quant, r.fp4_act_quant = self._saved
+        m._fake_quant_fp8_block, m._fake_quant_fp4_block = self._saved
+        if r is not None:
+            r.act_quant, r.fp4_act_quant = self._saved_ref
 
 
 def perturbation_drift(run, base, mdl_mod, ref_model, recording=None, with_frozen=True, rel=QuantizerPerturbation.REL):
@@ -505,6 +509,13 @@ def hf_forward(model, ids, chunk=None):
         cache = r.past_key_values
         parts.append(r.logits[0].float())
     return torch.cat(parts)
+
+
+def chunked_drift_over_tol(model, reqs, hf_logits, chunk=37):
+    """Largest |HF chunked-prefill logit - HF one-shot logit| over the fixture tolerance."""
+    tol = 1e-3 * max(float(x.abs().max()) for x in hf_logits)
+    with torch.no_grad():
+        return max(float((hf_forward(model, ids, chunk) - ref).abs().max()) for ids, ref in zip(reqs, hf_logits)) / tol
 
 
 def run_hf(model, reqs, self_checks=True, chunk=37):
@@ -713,6 +724,10 @@ def compact_hf_checkpoint(path: Path):
 def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer, max_attempts: int, first_attempt: int = 0, deadline=None):
     tf_version, cfg_mod, mdl_mod = hf
     ref_model, ref_kernel = ref
+    # Dense-only configs (golden_configs): HF is the only oracle; the released checkpoint is still
+    # written (the golden test checks that the released path's modes agree on it).
+    dense_only = spec.get("dense_only", False)
+    assert dense_only or ref_model is not None, f"{name} needs the reference (--ref-src)"
     cfg = dict(spec["config"])
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
@@ -726,7 +741,7 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer,
     cfg["engram_num_embeddings"] = num_embeddings
     text_cfg = cfg_mod.DeepseekV41TextConfig(**cfg)
     text_cfg._attn_implementation = "eager"
-    args = ref_args(ref_model, text_cfg.to_dict(), compressed_vocab, num_embeddings)
+    args = None if dense_only else ref_args(ref_model, text_cfg.to_dict(), compressed_vocab, num_embeddings)
     hf_dir, rel_dir = out / "hf", out / "released"
 
     # Seeds are tried in turn until both pass/fail oracles select without (near) ties.
@@ -735,7 +750,7 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer,
         seed = spec["seed"] + 1000 * attempt
         torch.manual_seed(seed)
         model = mdl_mod.DeepseekV41ForCausalLM(text_cfg).float().eval()
-        released = draw_weights(model, seed, spec.get("branch_gain", BRANCH_GAIN))
+        released = draw_weights(model, seed, spec.get("branch_gain", BRANCH_GAIN), spec.get("routing_pin_bias", ROUTING_PIN_BIAS))
         if layout:
             model.model.bind_tokenizer(tokenizer)
         reqs = make_requests(seed)
@@ -748,10 +763,17 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer,
                 lambda: run_hf(model, reqs, self_checks=False)[0], hf_logits, mdl_mod, ref_model
             )
         hf_ok = det_hf.clean() and verdict["hf"]["perturbation_drift_over_tol"] <= QuantizerPerturbation.STABLE_FRACTION
+        if hf_ok:
+            # HF's own chunked prefill: ulp-level differences in every op, not only at the
+            # quantizers. At full branch gain with per-token routing a seed can pass the
+            # perturbation test and still move by tens of tolerances here (and the engine then
+            # misses it by as much), so it is part of the validity rule.
+            verdict["hf"]["chunked_vs_prefill_over_tol"] = chunked_drift_over_tol(model, reqs, hf_logits)
+            hf_ok = verdict["hf"]["chunked_vs_prefill_over_tol"] <= QuantizerPerturbation.STABLE_FRACTION
         tensors = write_released_checkpoint(released, {}, rel_dir)
         tensors = load_file(str(rel_dir / "model.safetensors"))
-        ref_ok = False
-        if hf_ok:
+        ref_ok = dense_only
+        if hf_ok and not dense_only:
             with TopkTieDetector(record=True) as det_ref:
                 ref_fp32 = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, "fp32act")
             verdict["fp32act"] = det_ref.summary()
@@ -774,7 +796,7 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer,
         if deadline is not None and time.monotonic() > deadline:
             break
     valid = hf_ok and ref_ok
-    if not det_hf.clean() or not hf_ok or "fp32act" not in verdict:
+    if not dense_only and (not det_hf.clean() or not hf_ok or "fp32act" not in verdict):
         with TopkTieDetector() as det_ref:
             ref_fp32 = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, "fp32act")
 
@@ -794,21 +816,25 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer,
     (hf_dir / "config.json").write_text(json.dumps(composite, indent=2) + "\n")
     save_logits(out / "logits_hf.safetensors", hf_logits, f"transformers {tf_version} + deepseek_v41 @ HF_COMMIT, cache path")
 
-    # (b) released-layout checkpoint + reference logits
+    # (b) released-layout checkpoint + reference logits (the checkpoint alone when dense-only)
     write_released_checkpoint(released, text_only, rel_dir)
     shutil.copy(tok_path, rel_dir / "tokenizer.json")
-    save_logits(out / "logits_ref_fp32act.safetensors", ref_fp32, "deepseek reference model.py (fp32act)")
-    with TopkTieDetector() as det_bf16:
-        ref_bf16 = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, "bf16")
-    save_logits(out / "logits_ref_bf16.safetensors", ref_bf16, "deepseek reference model.py (bf16)")
-    max_abs_hf = max(float(x.abs().max()) for x in hf_logits)
     ref_results = {}
-    for mode, logits, det in (("fp32act", ref_fp32, det_ref), ("bf16", ref_bf16, det_bf16)):
-        ref_results[mode] = dict(
-            det.summary(),
-            max_abs_vs_hf=max(float((a - b).abs().max()) for a, b in zip(logits, hf_logits)),
-            max_abs_hf=max_abs_hf,
-        )
+    if dense_only:
+        for stale in ("logits_ref_fp32act.safetensors", "logits_ref_bf16.safetensors"):
+            (out / stale).unlink(missing_ok=True)
+    else:
+        save_logits(out / "logits_ref_fp32act.safetensors", ref_fp32, "deepseek reference model.py (fp32act)")
+        with TopkTieDetector() as det_bf16:
+            ref_bf16 = run_reference(ref_model, ref_kernel, args, tokenizer, tensors, reqs, "bf16")
+        save_logits(out / "logits_ref_bf16.safetensors", ref_bf16, "deepseek reference model.py (bf16)")
+        max_abs_hf = max(float(x.abs().max()) for x in hf_logits)
+        for mode, logits, det in (("fp32act", ref_fp32, det_ref), ("bf16", ref_bf16, det_bf16)):
+            ref_results[mode] = dict(
+                det.summary(),
+                max_abs_vs_hf=max(float((a - b).abs().max()) for a, b in zip(logits, hf_logits)),
+                max_abs_hf=max_abs_hf,
+            )
 
     (out / "tokens.txt").write_text("".join(" ".join(map(str, r)) + "\n" for r in reqs))
     # The tokenizer-derived compressed vocabulary the engram hashes (the engine cannot derive it
@@ -821,6 +847,7 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer,
     meta = dict(
         seed=seed,
         valid=valid,
+        **(dict(dense_only=True, weight_design=dict(branch_gain=spec["branch_gain"], routing_pin_bias=spec["routing_pin_bias"])) if dense_only else {}),
         acceptance=verdict,
         rejected_seeds=rejected,
         request_lengths=[len(r) for r in reqs],
@@ -837,7 +864,7 @@ def generate_one(name, spec, out_root: Path, tok_path: Path, hf, ref, tokenizer,
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hf-src", type=Path, required=True)
-    ap.add_argument("--ref-src", type=Path, required=True)
+    ap.add_argument("--ref-src", type=Path, help="required unless every selected config is dense-only")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests/data/golden")
     ap.add_argument("--only", action="append")
     ap.add_argument("--max-attempts", type=int, default=12, help="seeds to try per config until one is valid (no top-k (near) ties, stable under quantizer perturbation)")
@@ -848,7 +875,7 @@ def main():
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     hf = install_hf_sources(a.hf_src)
-    ref = import_reference(a.ref_src)
+    ref = import_reference(a.ref_src) if a.ref_src else (None, None)
     tok_path = a.out / "tokenizer.json"
     tokenizer = build_tokenizer(tok_path)
     for name, spec in CONFIGS.items():

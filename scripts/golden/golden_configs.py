@@ -24,6 +24,18 @@ REQUEST_LENGTHS = (300, 331)  # every prompt >= 300 tokens; two lengths per fixt
 ROUTING_PIN_BIAS = 16.0
 BRANCH_GAIN = 2.0**-6
 
+# Per-config overrides of the weight design and the oracles (keys of a CONFIGS entry besides
+# `seed` and `config`):
+#  - branch_gain:      BRANCH_GAIN unless set
+#  - routing_pin_bias: ROUTING_PIN_BIAS unless set; 0 draws the selection bias unpinned
+#                      (N(0, 0.1) only), so every token chooses its own experts
+#  - dense_only:       True: HF is the only oracle. No reference logits are written, so the golden
+#                      test compares the dense path with HF and checks only that the released
+#                      path's modes agree (its checkpoint is still written). For fixtures at full
+#                      strength (unit branch gain, per-token routing): the dense path vs HF is not
+#                      chaotic there, the released path vs the reference is (docs/GOLDEN.md,
+#                      "Dense-only fixtures at full strength").
+
 _BASE = dict(
     vocab_size=VOCAB_SIZE,
     hidden_size=64,
@@ -167,6 +179,44 @@ CONFIGS = {
             index_source_layer_ids=[1, 3],
             engram_layer_ids=[0],
             swiglu_limit=0.3,
+            routed_scaling_factor=2.0,
+        ),
+    ),
+    # Dense-only, full strength (unit branch gain, per-token routing): ratio-1 decoder with
+    # candidates, 2 streams, sigmoid scoring.
+    "dense_full_r1_candidates_hc2_sigmoid": dict(
+        seed=707,
+        branch_gain=1.0,
+        routing_pin_bias=0.0,
+        dense_only=True,
+        config=_cfg(
+            num_hidden_layers=4,
+            compress_ratios=[0, 1, 1, 1],
+            kv_source_layer_ids=[1],
+            index_source_layer_ids=[1, 3],
+            candidate_source_layer_id=1,
+            hc_mult=2,
+            scoring_func="sigmoid",
+            index_topk=16,
+            swiglu_limit=0.25,
+        ),
+    ),
+    # Dense-only, full strength: two KV-source groups of different ratios, engram (3-grams) on two
+    # layers, 4 streams, softmax scoring with gate temperature, YaRN on the compress rope.
+    "dense_full_mixed_engram_hc4": dict(
+        seed=808,
+        branch_gain=1.0,
+        routing_pin_bias=0.0,
+        dense_only=True,
+        config=_cfg(
+            num_hidden_layers=5,
+            compress_ratios=[0, 2, 2, 1, 1],
+            kv_source_layer_ids=[1, 3],
+            index_source_layer_ids=[1, 3],
+            engram_layer_ids=[0, 3],
+            scoring_func="softmax",
+            gate_temp=0.7,
+            rope_scaling=_YARN,
             routed_scaling_factor=2.0,
         ),
     ),

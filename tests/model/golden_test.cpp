@@ -3,6 +3,9 @@
 // checkpoint vs DeepSeek's reference with fp32 activations), in prefill, chunked and decode
 // modes. Rule: |ours - ref| <= 1e-3 * max|ref| everywhere, and the argmax matches wherever the
 // reference's top-two margin exceeds that tolerance. Skips while the fixtures are absent.
+// Dense-only fixtures (no logits_ref_fp32act.safetensors: full-strength weights, where only the
+// dense comparison is well-posed, docs/GOLDEN.md) compare the dense path with HF in every mode and
+// check the released path only for agreement between its modes.
 // BothNumericsAllModesOnGpu runs the same comparison with the weights and state on GPU 0
 // (skips without one).
 #include <gtest/gtest.h>
@@ -131,6 +134,14 @@ void check_fixture(const std::string& fixture, bool on_gpu) {
   const int64_t vocab = hf.config.text.vocab_size;
   // Sanitizer builds run the prefill only: decode is ~600 forwards per numerics.
   const bool sanitized = std::getenv("DEEPINFER_SANITIZER_BUILD") != nullptr;
+  const fs::path released_reference = dir / "logits_ref_fp32act.safetensors";
+  const bool dense_only = !fs::exists(released_reference);
+  if (dense_only) {
+    std::printf(
+        "[ golden   ] %s is dense-only (no %s): dense vs HF in every mode, released modes "
+        "agree with each other\n",
+        fixture.c_str(), released_reference.filename().c_str());
+  }
   std::vector<float> dense_prefill, released_prefill;
   for (int64_t chunk : {int64_t{0}, int64_t{37}, int64_t{1}}) {
     if (sanitized && chunk != 0) continue;
@@ -139,14 +150,17 @@ void check_fixture(const std::string& fixture, bool on_gpu) {
     expect_matches(dense, dir / "logits_hf.safetensors", vocab, fixture + " dense " + mode);
     const std::vector<float> quantized =
         run(released, Numerics::kReleased, hasher, prompts, chunk, on_gpu);
-    expect_matches(quantized, dir / "logits_ref_fp32act.safetensors", vocab,
-                   fixture + " released " + mode);
+    if (!dense_only) {
+      expect_matches(quantized, released_reference, vocab, fixture + " released " + mode);
+    }
     if (chunk == 0) {
       dense_prefill = dense;
       released_prefill = quantized;
     } else {
       expect_modes_agree(dense_prefill, dense, fixture + " dense " + mode);
-      expect_modes_agree(released_prefill, quantized, fixture + " released " + mode);
+      expect_modes_agree(
+          released_prefill, quantized,
+          fixture + (dense_only ? " released (dense-only fixture) " : " released ") + mode);
     }
   }
 }
