@@ -9,9 +9,13 @@
 //
 // Inside a 32-block the MMA sums products in any order we like, so each thread's K slots are
 // permuted to contiguous bytes: thread t of a quad holds K [8t, 8t+8) of the block for both the
-// weight (one 32-bit load of 8 fp4 values) and the activation (one 64-bit load of 8 e4m3 bytes).
+// weight (one 32-bit load of 8 fp4 values or a 64-bit load of 8 e4m3) and the activation (one
+// 64-bit load of 8 e4m3 bytes). For fp4 the 8 values are split even / odd (the even elements are
+// the low nibbles of the 4 bytes, so a mask and two shifts turn 4 of them into e4m3 bytes), and
+// the activation quantizer stores each 8 in that order.
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -26,23 +30,15 @@ constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kScaleBlock = 32;     // the MMA's K, and both operands' scale block
 constexpr int kBlocksPerChunk = 8;  // K blocks loaded together (K % 256 == 0)
 constexpr int kChunk = kScaleBlock * kBlocksPerChunk;
-// Chunks requested into L2 ahead of the loads: the register double buffer alone keeps too few
-// bytes in flight to cover HBM latency (the first version reached 1.3 of 4.5 TB/s in decode).
-constexpr int kPrefetchChunks = 6;
 
-// e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as e4m3 bytes, for prmt lookups.
-constexpr uint32_t kE4m3OfE2m1Low = 0x3C383000u;
-constexpr uint32_t kE4m3OfE2m1High = 0x4C484440u;
-
-// Four fp4 codes (the low 16 bits, element 0 in the lowest nibble) -> four e4m3 bytes. Every
-// e2m1 value is an e4m3 value, so this is exact.
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t codes) {
-  const uint32_t magnitudes = __byte_perm(kE4m3OfE2m1Low, kE4m3OfE2m1High, codes & 0x7777u);
-  const uint32_t signs = codes & 0x8888u;  // nibble bit 3 -> byte bit 7
-  const uint32_t sign_bytes = ((signs & 0x8u) << 4) | ((signs & 0x80u) << 8) |
-                              ((signs & 0x800u) << 12) | ((signs & 0x8000u) << 16);
-  return magnitudes | sign_bytes;
+// Four fp4 codes in the low nibbles of the bytes of `codes` -> four e4m3 bytes of 2^-6 times
+// their value: the magnitude bits (e1 e0 m) placed at byte bits 4..2 read as an e4m3 exponent
+// e1e0 and mantissa m00, which is the e2m1 value scaled by 2^(1-7) for normal and subnormal
+// codes alike; the sign moves to bit 7. Exact: the caller scales the block's sum by 2^6.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4_scaled(uint32_t codes) {
+  return ((codes & 0x07070707u) << 2) | ((codes & 0x08080808u) << 4);
 }
+constexpr float kE2m1Rescale = 64.0f;
 
 // ue8m0 -> float from the exponent bits (common.cuh's e8m0_to_float goes through ldexpf, too
 // slow for two decodes per 32 weights in a bandwidth-bound loop); same values, code 0 is 2^-127.
@@ -63,6 +59,8 @@ __device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, ui
 // The released activation quantizer (linear.cu's kFp8PerBlock32) stored as e4m3 bytes and a
 // ue8m0 scale code per block (the scale is a power of two): one warp per 32-block, one value
 // per lane.
+// kEvenOdd stores each 8 values as elements 0, 2, 4, 6, 1, 3, 5, 7 (the fp4 kernel's order).
+template <bool kEvenOdd>
 __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
                                      uint8_t* scale_codes, int64_t blocks_per_row) {
   const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -74,7 +72,9 @@ __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
   const float scale = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
   const float quantized =
       deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale, -448.0f), 448.0f));
-  codes[row * x.cols + k] =
+  const int in_eight = lane & 7;
+  const int64_t stored = kEvenOdd ? (k & ~int64_t{7}) | ((in_eight & 1) << 2) | (in_eight >> 1) : k;
+  codes[row * x.cols + stored] =
       static_cast<uint8_t>(__nv_cvt_float_to_fp8(quantized, __NV_SATFINITE, __NV_E4M3));
   if (lane == 0) scale_codes[block] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
 }
@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
   const uint8_t* s_lo = args.w_scales + (kFp8Weight ? (n_base / kScaleBlock) : w_row) * k_blocks;
   const uint8_t* s_hi = kFp8Weight ? s_lo : s_lo + 8 * k_blocks;
 
-  for (int tile = 0; tile < count; tile += 8 * kTokenTiles) {
+  // Token tiles are spread over grid.z (one group: the host knows the rows) and then looped.
+  for (int tile = blockIdx.z * 8 * kTokenTiles; tile < count; tile += gridDim.z * 8 * kTokenTiles) {
     // Rows this thread loads activations for (MMA column `group`) and accumulates outputs for
     // (MMA columns 2*quad, 2*quad+1); tokens past the group's end load its last row and are
     // never stored.
@@ -145,22 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
     float acc[kTokenTiles][4] = {};
     Word w_next[2][kBlocksPerChunk];
     uint2 s_next[2];
-    // Quad lanes 0 and 2 request the two weight rows' 128-byte lines of a chunk (lane 2 only
-    // for fp8's second line), lane 1 the scales.
-    auto prefetch_chunk = [&](int64_t chunk) {
-      if (chunk >= chunks || quad == 3 || (quad == 2 && !kFp8Weight)) return;
-      const int64_t line_offset = chunk * kChunkBytes + (quad == 2 ? 128 : 0);
-      const uint8_t* line[2] = {w_lo - kWordBytes * quad + line_offset,
-                                w_hi - kWordBytes * quad + line_offset};
-      if (quad == 1) {
-        line[0] = s_lo + chunk * kBlocksPerChunk;
-        line[1] = s_hi + chunk * kBlocksPerChunk;
-      }
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line[0]));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line[1]));
-    };
     auto load_chunk = [&](int64_t chunk) {
-      prefetch_chunk(chunk + kPrefetchChunks);
 #pragma unroll
       for (int b = 0; b < kBlocksPerChunk; ++b) {
         w_next[0][b] =
@@ -176,7 +162,6 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
       return __ldg(reinterpret_cast<const uint2*>(args.x_scales + acc_row[j][which] * k_blocks +
                                                   chunk * kBlocksPerChunk));
     };
-    for (int ahead = 1; ahead < kPrefetchChunks; ++ahead) prefetch_chunk(ahead);
     load_chunk(0);
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       Word w_cur[2][kBlocksPerChunk];
@@ -203,16 +188,17 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
           a[2] = w_cur[0][b].y;
           a[3] = w_cur[1][b].y;
         } else {
-          a[0] = e2m1x4_to_e4m3x4(w_cur[0][b]);
-          a[1] = e2m1x4_to_e4m3x4(w_cur[1][b]);
-          a[2] = e2m1x4_to_e4m3x4(w_cur[0][b] >> 16);
-          a[3] = e2m1x4_to_e4m3x4(w_cur[1][b] >> 16);
+          a[0] = e2m1x4_to_e4m3x4_scaled(w_cur[0][b]);
+          a[1] = e2m1x4_to_e4m3x4_scaled(w_cur[1][b]);
+          a[2] = e2m1x4_to_e4m3x4_scaled(w_cur[0][b] >> 4);
+          a[3] = e2m1x4_to_e4m3x4_scaled(w_cur[1][b] >> 4);
         }
         const int shift = 8 * (b & 3);
         const uint32_t lo_word = b < 4 ? s_cur[0].x : s_cur[0].y;
         const uint32_t hi_word = b < 4 ? s_cur[1].x : s_cur[1].y;
-        const float w_scale_lo = e8m0_bits_to_float((lo_word >> shift) & 0xFF);
-        const float w_scale_hi = e8m0_bits_to_float((hi_word >> shift) & 0xFF);
+        const float rescale = kFp8Weight ? 1.0f : kE2m1Rescale;
+        const float w_scale_lo = e8m0_bits_to_float((lo_word >> shift) & 0xFF) * rescale;
+        const float w_scale_hi = e8m0_bits_to_float((hi_word >> shift) & 0xFF) * rescale;
 #pragma unroll
         for (int j = 0; j < kTokenTiles; ++j) {
           const uint2 activation = __ldg(reinterpret_cast<const uint2*>(
@@ -269,19 +255,25 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
   StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
   constexpr int kQuantThreads = 256;
-  quantize_rows_kernel<<<blocks_for(in.rows * args.k, kQuantThreads), kQuantThreads, 0, stream>>>(
-      in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
+  quantize_rows_kernel<!kFp8Weight>
+      <<<blocks_for(in.rows * args.k, kQuantThreads), kQuantThreads, 0, stream>>>(
+          in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
   DI_CUDA_LAUNCHED(quantize_rows_kernel);
   args.x_codes = codes.as<uint8_t>();
   args.x_scales = scales.as<uint8_t>();
   args.out = o.data;
   args.out_stride = o.stride;
   args.rows = in.rows;
-  const dim3 grid(blocks_for(args.n, kRowsPerBlock), static_cast<unsigned>(groups));
   // Many rows per group (prefill): wider token tiles reuse each weight load (8 times for fp4;
   // 4 for fp8, whose double-buffered weight words take twice the registers).
   constexpr int kWideTiles = kFp8Weight ? 4 : 8;
-  if (in.rows >= 16 * groups) {
+  const bool wide = in.rows >= 16 * groups;
+  // One group (dense): a block per token tile, so small N still fills the GPU as M grows.
+  // Several groups: their row counts are on the device, each block loops over its group's.
+  const int64_t token_tiles = groups == 1 ? blocks_for(in.rows, 8 * (wide ? kWideTiles : 1)) : 1;
+  const dim3 grid(blocks_for(args.n, kRowsPerBlock), static_cast<unsigned>(groups),
+                  static_cast<unsigned>(std::min<int64_t>(token_tiles, 65535)));
+  if (wide) {
     mma_gemm_kernel<kFp8Weight, kWideTiles><<<grid, kWarps * 32, 0, stream>>>(args);
   } else {
     mma_gemm_kernel<kFp8Weight, 1><<<grid, kWarps * 32, 0, stream>>>(args);
@@ -319,6 +311,8 @@ void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
   args.w_scales = device_bytes(scale, DType::kF8E8M0, "moe_grouped_gemm_fp4 scale");
   args.offsets = reinterpret_cast<const int32_t*>(
       device_bytes(expert_offsets, DType::kI32, "moe_grouped_gemm_fp4 expert_offsets"));
+  args.n = n;
+  args.k = k;
   launch<false>(in, o, args, experts);
 }
 
