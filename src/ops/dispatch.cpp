@@ -48,8 +48,7 @@ RopeTable make_rope_table(int rope_dim, double theta, const YarnParams& yarn) {
   return cpu::make_rope_table(rope_dim, theta, yarn);  // host math for every backend
 }
 
-void rope(const TensorView& x, std::span<const int32_t> positions, const RopeTable& table,
-          bool inverse) {
+void rope(const TensorView& x, const TensorView& positions, const RopeTable& table, bool inverse) {
   DI_DISPATCH(x, rope(x, positions, table, inverse));
 }
 

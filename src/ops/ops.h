@@ -81,9 +81,9 @@ RopeTable make_rope_table(int rope_dim, double theta, const YarnParams& yarn = {
 
 // Rotates the trailing rope_dim channels of every head in place, taking adjacent channels
 // (2i, 2i+1) as one complex number, by angle position * inv_freq[i] (negated when `inverse`).
-// x is [M, H, Dh] (or [M, Dh]); positions has M entries.
-void rope(const TensorView& x, std::span<const int32_t> positions, const RopeTable& table,
-          bool inverse);
+// x is [M, H, Dh] (or [M, Dh]); positions i32 [M] on x's device (the model uploads them once
+// per step with the rest of its metadata).
+void rope(const TensorView& x, const TensorView& positions, const RopeTable& table, bool inverse);
 
 // Softmax over each row of x [M, N] in place.
 void softmax_rows(const TensorView& x);

@@ -381,8 +381,9 @@ TEST_F(BackendOpsTest, RopeForwardAndInverse) {
     for (bool inverse : {false, true}) {
       Tensor x = host_f32({s.rows, s.heads, s.head_dim}, 9);
       Tensor dx = gpu(x);
-      rope(x, positions, table, inverse);
-      cuda::rope(dx, positions, table, inverse);
+      Tensor host_positions = host_i32({s.rows}, positions);
+      rope(x, host_positions, table, inverse);
+      cuda::rope(dx, gpu(host_positions), table, inverse);
       // Same f32 angle and double-precision cos/sin on both sides; only the final products can
       // round differently (FMA contraction on the GPU).
       expect_close(x, dx, 1e-6, s.name + (inverse ? " rope inverse" : " rope"));

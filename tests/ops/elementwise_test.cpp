@@ -80,7 +80,8 @@ TEST(ElementwiseTest, RopeRotatesAdjacentPairsOfTheTailAndInverseUndoesIt) {
   auto original = x;
   std::vector<int32_t> positions = {0, 7, 1000};
   const RopeTable table = make_rope_table(rope_dim, 10000.0);
-  rope(view_of(x, {m, h, d}), positions, table, false);
+  const TensorView position_view = TensorView::contiguous(positions.data(), DType::kI32, {m});
+  rope(view_of(x, {m, h, d}), position_view, table, false);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t head = 0; head < h; ++head) {
       const float* before = original.data() + (i * h + head) * d;
@@ -96,7 +97,7 @@ TEST(ElementwiseTest, RopeRotatesAdjacentPairsOfTheTailAndInverseUndoesIt) {
       }
     }
   }
-  rope(view_of(x, {m, h, d}), positions, table, true);
+  rope(view_of(x, {m, h, d}), position_view, table, true);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], original[i], 1e-5);
 }
 

@@ -54,7 +54,6 @@ struct ForwardWorkspace {
   std::vector<int64_t> staging;
   Scratch metadata;
   std::vector<int32_t> positions, ids;
-  std::vector<int32_t> group_positions;
   // Per request, per forward: the latest index source's selection and the candidate mask.
   std::vector<Scratch> selection, candidates;
   std::vector<TensorView> selection_view, candidates_view;
@@ -156,16 +155,13 @@ class ForwardPass {
     return scratch.take(allocator_, dtype, shape);
   }
   TensorView f32(Scratch& scratch, Shape shape) { return take(scratch, DType::kF32, shape); }
-  std::span<const int32_t> positions(int64_t offset, int64_t count) const {
-    return {ws_.positions.data() + offset, static_cast<size_t>(count)};
-  }
   void prepare_metadata();
   void engram_hashes(int64_t* ids);
   void engram_layer(int64_t layer, int64_t engram_index);
   void attention(int64_t layer, const TensorView& x, const TensorView& out);
   void compressor(int64_t layer, const TensorView& x);
   void publish_compressed(int64_t layer, const RequestSpan& span, const TensorView& latent,
-                          int64_t first_group);
+                          int64_t first_group, const TensorView& group_positions);
   void indexer(int64_t layer, const TensorView& x, const TensorView& qr);
   void moe(int64_t layer, const TensorView& x, const TensorView& out);
 
@@ -186,22 +182,53 @@ class ForwardPass {
   // Views of the uploaded metadata.
   TensorView engram_ids_;     // i64 [engram layers, N, columns]
   TensorView window_ranges_;  // i32 [N, 2], relative to each request's first window row
-  std::vector<std::pair<int64_t, TensorView>> visible_;  // per compress ratio: i32 [N]
-  TensorView streams_;                                   // [N, hc, D]
+  TensorView positions_;      // i32 [N]
+  std::vector<std::pair<int64_t, TensorView>> visible_;  // per index-source ratio: i32 [N]
+  // Per KV-source ratio > 1: the positions of the groups each request completes in this call
+  // (a group's latent stands for its first token), request after request, and each request's
+  // first entry.
+  struct GroupPositions {
+    int64_t ratio = 0;
+    TensorView positions;
+    std::vector<int64_t> offsets;
+  };
+  std::vector<GroupPositions> group_positions_;
+  TensorView streams_;  // [N, hc, D]
 };
 
 // Builds every index the step's ops read on the device, once, and uploads it in one copy.
 void ForwardPass::prepare_metadata() {
   const int64_t engram_words = engram_ != nullptr ? engram_->layers() * n_ * engram_->columns() : 0;
-  std::vector<int64_t> ratios;
+  std::vector<int64_t> ratios;  // of index sources
+  group_positions_.clear();
   for (int64_t layer = 0; layer < c_.num_hidden_layers; ++layer) {
     const int64_t ratio = c_.compress_ratio(layer);
     if (ratio > 0 && c_.is_index_source(layer) &&
         std::find(ratios.begin(), ratios.end(), ratio) == ratios.end()) {
       ratios.push_back(ratio);
     }
+    if (ratio > 1 && c_.is_kv_source(layer) &&
+        std::none_of(group_positions_.begin(), group_positions_.end(),
+                     [&](const GroupPositions& g) { return g.ratio == ratio; })) {
+      GroupPositions groups;
+      groups.ratio = ratio;
+      int64_t total = 0;
+      for (const RequestSpan& span : spans_) {
+        groups.offsets.push_back(total);
+        total += span.end() / ratio - span.start / ratio;
+      }
+      groups.offsets.push_back(total);
+      group_positions_.push_back(std::move(groups));
+    }
   }
-  const int64_t i32_count = n_ * 2 + n_ * static_cast<int64_t>(ratios.size());
+  // i32 layout: window ranges [N, 2], positions [N], visible [N] per index ratio, then the
+  // group positions of each KV ratio.
+  int64_t i32_count = n_ * 3 + n_ * static_cast<int64_t>(ratios.size());
+  std::vector<int64_t> group_starts;
+  for (const GroupPositions& groups : group_positions_) {
+    group_starts.push_back(i32_count);
+    i32_count += groups.offsets.back();
+  }
   const int64_t words = engram_words + (i32_count + 1) / 2;
   if (ws_.staging.size() < static_cast<size_t>(words))
     ws_.staging.resize(static_cast<size_t>(words));
@@ -218,10 +245,20 @@ void ForwardPass::prepare_metadata() {
       range[1] = static_cast<int32_t>(position + 1 - base);
     }
   }
+  std::copy_n(ws_.positions.data(), n_, host_i32 + n_ * 2);
   for (size_t i = 0; i < ratios.size(); ++i) {
-    int32_t* visible = host_i32 + n_ * 2 + n_ * static_cast<int64_t>(i);
+    int32_t* visible = host_i32 + n_ * 3 + n_ * static_cast<int64_t>(i);
     for (int64_t t = 0; t < n_; ++t) {
       visible[t] = static_cast<int32_t>((ws_.positions[static_cast<size_t>(t)] + 1) / ratios[i]);
+    }
+  }
+  for (size_t g = 0; g < group_positions_.size(); ++g) {
+    const int64_t ratio = group_positions_[g].ratio;
+    int32_t* out = host_i32 + group_starts[g];
+    for (const RequestSpan& span : spans_) {
+      for (int64_t group = span.start / ratio; group < span.end() / ratio; ++group) {
+        *out++ = static_cast<int32_t>(group * ratio);
+      }
     }
   }
 
@@ -239,11 +276,16 @@ void ForwardPass::prepare_metadata() {
                                          {engram_->layers(), n_, engram_->columns()}, device);
   }
   window_ranges_ = TensorView::contiguous(base_i32, DType::kI32, {n_, 2}, device);
+  positions_ = TensorView::contiguous(base_i32 + n_ * 2, DType::kI32, {n_}, device);
   visible_.clear();
   for (size_t i = 0; i < ratios.size(); ++i) {
     visible_.emplace_back(ratios[i],
-                          TensorView::contiguous(base_i32 + n_ * 2 + n_ * static_cast<int64_t>(i),
+                          TensorView::contiguous(base_i32 + n_ * 3 + n_ * static_cast<int64_t>(i),
                                                  DType::kI32, {n_}, device));
+  }
+  for (size_t g = 0; g < group_positions_.size(); ++g) {
+    group_positions_[g].positions = TensorView::contiguous(
+        base_i32 + group_starts[g], DType::kI32, {group_positions_[g].offsets.back()}, device);
   }
 }
 
@@ -363,7 +405,7 @@ void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView
   const int64_t head_dim = c_.head_dim;
   const int64_t ratio = c_.compress_ratio(layer);
   const ops::RopeTable& rope = ratio > 0 ? rope_compress_ : rope_main_;
-  const std::span<const int32_t> all_positions = positions(0, n_);
+  const TensorView& all_positions = positions_;
 
   // Low-rank query and the shared K=V latent.
   const TensorView qr_view = f32(ws_.qr, {n_, c_.q_lora_rank});
@@ -451,13 +493,20 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
     // Every token is its own group: a plain projection, normed.
     ops::rmsnorm(kv, ap.compressor_norm, eps, kv);
     for (const RequestSpan& span : spans_) {
-      publish_compressed(layer, span, kv.narrow(0, span.offset, span.count), span.start);
+      publish_compressed(layer, span, kv.narrow(0, span.offset, span.count), span.start,
+                         positions_.narrow(0, span.offset, span.count));
     }
     return;
   }
   const TensorView gate = f32(ws_.comp_gate, {n_, head_dim});
   ops::linear(x, ap.compressor_wgate, gate);
-  for (const RequestSpan& span : spans_) {
+  const GroupPositions* group_positions = nullptr;
+  for (const GroupPositions& groups : group_positions_) {
+    if (groups.ratio == ratio) group_positions = &groups;
+  }
+  DI_CHECK(group_positions != nullptr, "no group positions for ratio ", ratio);
+  for (size_t r = 0; r < spans_.size(); ++r) {
+    const RequestSpan& span = spans_[r];
     RequestState& state = *span.state;
     const TensorView& pending_kv = state.pending_kv(layer);
     const TensorView& pending_gate = state.pending_gate(layer);
@@ -478,7 +527,8 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
       const TensorView latent = f32(ws_.latent, {groups, head_dim});
       ops::compress_pool(gathered_kv, gathered_gate, static_cast<int>(ratio), latent);
       ops::rmsnorm(latent, ap.compressor_norm, eps, latent);
-      publish_compressed(layer, span, latent, first_group);
+      publish_compressed(layer, span, latent, first_group,
+                         group_positions->positions.narrow(0, group_positions->offsets[r], groups));
     }
     const int64_t first = std::max(span.start, span.end() - pending_kv.size(0));
     const int64_t count = span.end() - first;
@@ -491,22 +541,18 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
 // into indexer keys (when the source runs an indexer) and compressed KV entries, both in the
 // request's state.
 void ForwardPass::publish_compressed(int64_t layer, const RequestSpan& span,
-                                     const TensorView& latent, int64_t first_group) {
+                                     const TensorView& latent, int64_t first_group,
+                                     const TensorView& group_positions) {
   const int64_t groups = latent.size(0);
   if (groups == 0) return;
   const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
-  const int64_t ratio = c_.compress_ratio(layer);
   RequestState& state = *span.state;
   if (first_group + groups > state.max_groups(layer)) {
     DI_THROW("compressed cache of layer ", layer, " is full (", state.max_groups(layer),
              " groups)");
   }
-  // A latent stands for its group's first token.
-  ws_.group_positions.resize(static_cast<size_t>(groups));
-  for (int64_t i = 0; i < groups; ++i) {
-    ws_.group_positions[static_cast<size_t>(i)] = static_cast<int32_t>((first_group + i) * ratio);
-  }
-  const std::span<const int32_t> gp(ws_.group_positions);
+  // A latent stands for its group's first token: gp, from the step's metadata.
+  const TensorView& gp = group_positions;
   if (c_.is_index_source(layer)) {
     // linear reads the latent only, so it stays pre-RoPE for the KV entry below.
     const TensorView key_view = state.index_keys(layer).narrow(0, first_group, groups);
@@ -533,7 +579,7 @@ void ForwardPass::indexer(int64_t layer, const TensorView& x, const TensorView& 
   }
   const TensorView q_view = f32(ws_.index_q, {n_, heads, index_dim});
   ops::linear(qr, ap.indexer_wq_b, q_view.view({n_, heads * index_dim}), quant_);
-  ops::rope(q_view, positions(0, n_), rope_compress_, false);
+  ops::rope(q_view, positions_, rope_compress_, false);
   ops::fake_quant_fp4(q_view, 32, ops::Fp4ScaleFormat::kUe8m0);
   const TensorView w_view = f32(ws_.index_w, {n_, heads});
   ops::linear(x, ap.indexer_weights_proj, w_view);

@@ -111,11 +111,12 @@ RopeTable make_rope_table(int rope_dim, double theta, const YarnParams& yarn) {
   return table;
 }
 
-void rope(const TensorView& x, std::span<const int32_t> positions, const RopeTable& table,
+void rope(const TensorView& x, const TensorView& positions_view, const RopeTable& table,
           bool inverse) {
   const Rows<float> rows = cpu::as_rows<float>(x, "rope input");
-  DI_CHECK(rows.rows == static_cast<int64_t>(positions.size()), "rope: ", positions.size(),
+  DI_CHECK(positions_view.numel() == rows.rows, "rope: ", positions_view.to_string(),
            " positions for ", x.to_string());
+  const int32_t* positions = cpu::as_flat<int32_t>(positions_view, "rope positions");
   const int64_t head_dim = x.size(-1);
   const int64_t heads = rows.cols / head_dim;
   const int rope_dim = table.rope_dim;
@@ -123,7 +124,7 @@ void rope(const TensorView& x, std::span<const int32_t> positions, const RopeTab
   const int pairs = rope_dim / 2;
   cpu::parallel_for(rows.rows, 8, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
-      const float position = static_cast<float>(positions[static_cast<size_t>(m)]);
+      const float position = static_cast<float>(positions[m]);
       for (int i = 0; i < pairs; ++i) {
         // The angle is rounded to f32 as the reference does (f32 position times f32 frequency).
         const float angle = position * table.inv_freq[static_cast<size_t>(i)];

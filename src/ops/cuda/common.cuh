@@ -95,6 +95,11 @@ class StreamBuffer {
   StreamHandle stream_ = nullptr;  // freed on the stream it was allocated on
 };
 
+// A device copy of `bytes` host bytes shared by every call with the same content and kept for
+// the process's life: long-lived tables (rope frequencies, expert weight descriptors) upload
+// once instead of once per call. Content must hold no padding bytes.
+const void* resident_copy(const void* host, size_t bytes);
+
 // Copies host metadata (positions, ids, tables) to the device in stream order.
 template <typename T>
 T* upload(StreamBuffer& buffer, const T* host, size_t count) {

@@ -152,11 +152,10 @@ void rmsnorm(const TensorView& x, const TensorView& weight, float eps, const Ten
   DI_CUDA_LAUNCHED(rmsnorm_kernel);
 }
 
-void rope(const TensorView& x, std::span<const int32_t> positions, const RopeTable& table,
-          bool inverse) {
+void rope(const TensorView& x, const TensorView& positions, const RopeTable& table, bool inverse) {
   const DeviceRows<float> rows = device_rows<float>(x, "rope input");
-  DI_CHECK(rows.rows == static_cast<int64_t>(positions.size()), "rope: ", positions.size(),
-           " positions for ", x.to_string());
+  DI_CHECK(positions.numel() == rows.rows, "rope: ", positions.to_string(), " positions for ",
+           x.to_string());
   const int64_t head_dim = x.size(-1);
   const int64_t heads = rows.cols / head_dim;
   DI_CHECK(table.rope_dim <= head_dim, "rope_dim ", table.rope_dim, " exceeds head_dim ", head_dim);
@@ -164,13 +163,9 @@ void rope(const TensorView& x, std::span<const int32_t> positions, const RopeTab
            table.inv_freq.size(), " frequencies for rope_dim ", table.rope_dim);
   const int pairs = table.rope_dim / 2;
   if (rows.rows == 0 || pairs == 0) return;
-  // Part 2 keeps positions on the device and the frequency table resident.
-  StreamBuffer device_positions(positions.size_bytes());
-  StreamBuffer device_freq(table.inv_freq.size() * sizeof(float));
-  const int32_t* pos =
-      deepinfer::cuda::upload(device_positions, positions.data(), positions.size());
-  const float* freq =
-      deepinfer::cuda::upload(device_freq, table.inv_freq.data(), table.inv_freq.size());
+  const int32_t* pos = deepinfer::cuda::device_flat<const int32_t>(positions, "rope positions");
+  const auto* freq = static_cast<const float*>(
+      deepinfer::cuda::resident_copy(table.inv_freq.data(), table.inv_freq.size() * sizeof(float)));
   rope_kernel<<<blocks_for(rows.rows * pairs, kThreads), kThreads, 0, current_stream()>>>(
       rows, head_dim, heads, table.rope_dim, pos, freq, inverse);
   DI_CUDA_LAUNCHED(rope_kernel);

@@ -8,9 +8,10 @@
 
 namespace deepinfer::ops::cuda {
 
-enum class WeightKind : int { kF32, kBF16, kF8, kF4 };
+// 64-bit so that DeviceWeight has no padding (its bytes key resident_copy).
+enum class WeightKind : int64_t { kF32, kBF16, kF8, kF4 };
 
-// A linear weight as the kernels read it (plain data, copyable to device memory).
+// A linear weight as the kernels read it (plain data, copyable to device memory, no padding).
 struct DeviceWeight {
   WeightKind kind = WeightKind::kF32;
   const uint8_t* bytes = nullptr;

@@ -3,8 +3,6 @@
 // through the same tile GEMM as `linear` in one grouped launch per projection, and each token
 // sums its slots in ascending expert id. Part 2 (issue 7) replaces the grouped tile GEMM with a
 // tensor-core FP8 x FP4 one behind the same op.
-#include <cstring>
-#include <mutex>
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
@@ -125,37 +123,6 @@ __global__ void combine_kernel(const float* results, int64_t dim, const int32_t*
   }
 }
 
-// The device table of the experts' weight descriptors ([w1 x E, w3 x E, w2 x E]), uploaded once
-// per distinct weight set: a layer's experts do not move while the model lives, so the table is
-// cached by content and a step uploads nothing.
-const DeviceWeight* expert_table(const std::vector<DeviceWeight>& host) {
-  struct Entry {
-    std::vector<DeviceWeight> host;
-    DeviceWeight* device = nullptr;
-  };
-  static std::mutex mutex;
-  static std::vector<Entry> cache;
-  const auto same = [](const DeviceWeight& a, const DeviceWeight& b) {
-    return a.kind == b.kind && a.bytes == b.bytes && a.out == b.out && a.in == b.in &&
-           a.row_bytes == b.row_bytes && a.scale == b.scale && a.scale_cols == b.scale_cols &&
-           a.block_out == b.block_out && a.block_in == b.block_in;
-  };
-  const std::lock_guard lock(mutex);
-  for (const Entry& entry : cache) {
-    if (entry.host.size() != host.size()) continue;
-    bool equal = true;
-    for (size_t i = 0; i < host.size() && equal; ++i) equal = same(entry.host[i], host[i]);
-    if (equal) return entry.device;
-  }
-  Entry entry;
-  entry.host = host;
-  const size_t bytes = host.size() * sizeof(DeviceWeight);
-  DI_CUDA_CHECK(cudaMalloc(&entry.device, bytes));
-  DI_CUDA_CHECK(cudaMemcpy(entry.device, host.data(), bytes, cudaMemcpyHostToDevice));
-  cache.push_back(std::move(entry));
-  return cache.back().device;
-}
-
 // Describes one role of every expert and checks they share a shape.
 void describe_role(std::span<const ExpertWeights> experts, const LinearWeight ExpertWeights::*role,
                    int64_t out, int64_t in, const char* name, std::vector<DeviceWeight>& table) {
@@ -196,7 +163,11 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
   describe_role(expert_weights, &ExpertWeights::w1, inter, dim, "w1", host_table);
   describe_role(expert_weights, &ExpertWeights::w3, inter, dim, "w3", host_table);
   describe_role(expert_weights, &ExpertWeights::w2, dim, inter, "w2", host_table);
-  const DeviceWeight* table = expert_table(host_table);
+  // A layer's experts do not move while the model lives: their descriptor table is uploaded
+  // once and reused by every step.
+  static_assert(sizeof(DeviceWeight) == 9 * sizeof(int64_t), "DeviceWeight must have no padding");
+  const auto* table = static_cast<const DeviceWeight*>(
+      deepinfer::cuda::resident_copy(host_table.data(), host_table.size() * sizeof(DeviceWeight)));
 
   const int64_t entries = n * k;
   const bool quantized = quant == ActivationQuant::kFp8PerBlock32;
