@@ -41,3 +41,29 @@ for section, records in by_section.items():
             cells.append(f"{r['ms'] * 1e3:.1f} ({pct:.0f}% {bound})")
         print(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     print()
+
+# One layer's GEMMs per batch: the floor (each role once: its storage bytes over HBM read, its
+# FLOPs over the dtype's peak, the larger), the fastest measured implementation of each role, and
+# the same with only our kernels where they exist. Routed experts: the grouped kernel's floor.
+print("### one layer's GEMMs (all dense roles + routed experts), µs\n")
+print("| batch | floor | fastest of all (x floor) | cuBLASLt dense + our grouped MoE (x floor) |")
+print("| --- | --- | --- | --- |")
+batches = sorted({r["batch"] for r in data["records"]})
+for b in batches:
+    roles = defaultdict(list)
+    for r in data["records"]:
+        if r["batch"] != b:
+            continue
+        if r["section"] == "moe" and r["name"] == "routed total":
+            continue
+        roles[r["name"]].append(r)
+    floor = fastest = mixed = 0.0
+    for name, rs in roles.items():
+        ours = [r for r in rs if r["impl"].startswith("ours")]
+        floor += min(r["floor_ms"] for r in ours) if ours else min(r["floor_ms"] for r in rs)
+        fastest += min(r["ms"] for r in rs)
+        pick = [r for r in rs if ("cuBLASLt" in r["impl"] and "loop" not in r["impl"])
+                or r["impl"] == "ours grouped"]
+        mixed += min(r["ms"] for r in pick) if pick else min(r["ms"] for r in rs)
+    print(f"| {b} | {floor * 1e3:.1f} | {fastest * 1e3:.1f} ({fastest / floor:.2f}x) | "
+          f"{mixed * 1e3:.1f} ({mixed / floor:.2f}x) |")

@@ -142,6 +142,13 @@ TEST_F(MoeGroupedGemmTest, SmallShapesDecodeAndPrefillTiles) {
   // to no expert (must stay unwritten).
   check_against_reference(make_problem(6, 48, 512, {3, 0, 1, 9, 0, 17}, 2, 11),
                           "decode tiles (30 rows, 6 experts)");
+  // Fewer rows than experts: blocks walk only the experts that have rows.
+  std::vector<int32_t> sparse(40, 0);
+  sparse[0] = 1;
+  sparse[7] = 2;
+  sparse[39] = 1;
+  check_against_reference(make_problem(40, 32, 256, sparse, 1, 15),
+                          "sparse experts (4 rows, 40 experts)");
   // 16+ rows per expert selects the 64-token tile.
   check_against_reference(make_problem(3, 32, 256, {70, 1, 129}, 0, 21),
                           "prefill tiles (200 rows, 3 experts)");

@@ -87,7 +87,8 @@ struct GroupedArgs {
   const uint8_t* w_scales;  // fp4: [E, N, K / 32]; fp8: [ceil(N / 32), K / 32] (ue8m0)
   float* out;
   int64_t out_stride;
-  int64_t rows;  // R
+  int64_t rows;    // R
+  int64_t groups;  // E
   int64_t n;
   int64_t k;
 };
@@ -96,9 +97,30 @@ __device__ __forceinline__ int clamp_offset(int32_t offset, int64_t rows) {
   return static_cast<int>(min(max(static_cast<int64_t>(offset), int64_t{0}), rows));
 }
 
-// Block (x: 64 weight rows, y: expert); warp w owns weight rows [16w, 16w+16) of the block and
-// walks the group's tokens in tiles of 8 * kTokenTiles. kFp8Weight: e4m3 weights with 32x32
-// block scales (the dense FP8 roles, one group); else packed fp4 with per-row scales per 32.
+// The n-th group (from 0) that has rows, or -1; every thread of a full warp gets it. Offsets are
+// read as the kernel reads them (clamped, a group is empty unless its end passes its start).
+__device__ int nth_nonempty_group(const int32_t* offsets, int64_t groups, int64_t rows, int n) {
+  const int lane = threadIdx.x & 31;
+  int seen = 0;
+  for (int64_t base = 0; base < groups; base += 32) {
+    const int64_t g = base + lane;
+    const bool nonempty =
+        g < groups && clamp_offset(offsets[g + 1], rows) > clamp_offset(offsets[g], rows);
+    unsigned mask = __ballot_sync(0xffffffffu, nonempty);
+    const int here = __popc(mask);
+    if (n < seen + here) {
+      for (int skip = n - seen; skip > 0; --skip) mask &= mask - 1;
+      return static_cast<int>(base) + __ffs(mask) - 1;
+    }
+    seen += here;
+  }
+  return -1;
+}
+
+// Block (x: 64 weight rows, y: expert, or with fewer y than experts the y-th expert with rows);
+// warp w owns weight rows [16w, 16w+16) of the block and walks the group's tokens in tiles of 8 *
+// kTokenTiles. kFp8Weight: e4m3 weights with 32x32 block scales (the dense FP8 roles, one group);
+// else packed fp4 with per-row scales per 32.
 template <bool kFp8Weight, int kTokenTiles>
 __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args) {
   // A thread's 8 weight values of one 32-block: 4 bytes of fp4 or 8 bytes of e4m3.
@@ -106,7 +128,11 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
   constexpr int kWordBytes = sizeof(Word);
   constexpr int kBlockBytes = 4 * kWordBytes;  // one row's 32-block
   constexpr int kChunkBytes = kBlocksPerChunk * kBlockBytes;
-  const int expert = blockIdx.y;
+  int expert = blockIdx.y;
+  if (args.offsets != nullptr && gridDim.y < args.groups) {
+    expert = nth_nonempty_group(args.offsets, args.groups, args.rows, blockIdx.y);
+    if (expert < 0) return;
+  }
   int first = 0;
   int last = static_cast<int>(args.rows);
   if (args.offsets != nullptr) {
@@ -271,7 +297,11 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   // One group (dense): a block per token tile, so small N still fills the GPU as M grows.
   // Several groups: their row counts are on the device, each block loops over its group's.
   const int64_t token_tiles = groups == 1 ? blocks_for(in.rows, 8 * (wide ? kWideTiles : 1)) : 1;
-  const dim3 grid(blocks_for(args.n, kRowsPerBlock), static_cast<unsigned>(groups),
+  // At most R groups have rows: with fewer rows than experts (decode), grid.y walks only the
+  // experts that have some instead of launching a block per expert of the 384.
+  args.groups = groups;
+  const int64_t group_blocks = std::min(groups, in.rows);
+  const dim3 grid(blocks_for(args.n, kRowsPerBlock), static_cast<unsigned>(group_blocks),
                   static_cast<unsigned>(std::min<int64_t>(token_tiles, 65535)));
   if (wide) {
     mma_gemm_kernel<kFp8Weight, kWideTiles><<<grid, kWarps * 32, 0, stream>>>(args);
