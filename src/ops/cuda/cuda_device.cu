@@ -13,7 +13,7 @@ __global__ void probe_kernel() {}
 DeviceInfo require_supported_device(int ordinal) {
   int count = 0;
   if (cudaError_t status = cudaGetDeviceCount(&count); status != cudaSuccess) {
-    DI_THROW("DEEPINFER_ACCELERATOR=nvidia but CUDA is unavailable: ", cudaGetErrorString(status));
+    DI_THROW("CUDA is unavailable: ", cudaGetErrorString(status));
   }
   if (ordinal < 0 || ordinal >= count) {
     DI_THROW("CUDA device ", ordinal, " requested but ", count, " device(s) are visible");
