@@ -155,13 +155,8 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
     if (add_prefix_space_) {
       for (std::string_view& piece : pieces) {
         if (!piece.empty() && piece.front() != ' ') {
-          // Built by append: GCC 12 at -O3 flags `" " + std::string(...)` with a false
-          // -Wrestrict, which breaks Release builds with warnings as errors.
-          std::string& prefixed = scratch.arena.emplace_back();
-          prefixed.reserve(piece.size() + 1);
-          prefixed.push_back(' ');
-          prefixed.append(piece);
-          piece = prefixed;
+          scratch.arena.push_back(" " + std::string(piece));
+          piece = scratch.arena.back();
         }
       }
     }
