@@ -5,10 +5,10 @@
 // 1. Rooflines: HBM bandwidth (a streaming read kernel, a copy kernel, cudaMemcpy D2D) and the
 //    dense tensor-core peaks (cuBLASLt 8192^3 e4m3 x e4m3 -> bf16 and bf16 x bf16 -> bf16).
 // 2. Every linear of one layer at decode batch 1, 16, 64, 256 and prefill 8192: our
-//    ops::cuda::linear (weights in their storage format, the released activation quantizer for
-//    FP8 roles) against cuBLASLt on the same shapes (FP8 with a per-tensor scale for FP8 roles —
-//    cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles).
-//    For FP8 roles also ops::cuda::linear_fp8_mma (the grouped kernel's tensor-core path).
+//    ops::cuda::linear, the model's op (weights in their storage format, the released activation
+//    quantizer for FP8 roles, which it runs on linear_fp8_mma's tensor-core path; BF16 roles on
+//    the FMA tile kernel) against cuBLASLt on the same shapes (FP8 with a per-tensor scale for
+//    FP8 roles — cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles).
 // 3. The routed experts (384 x 2304, top 6): our grouped FP8 x FP4 GEMM against a per-expert
 //    loop of cuBLASLt calls (BF16-dequantized weights, the nearest SM90 cuBLASLt has to FP4,
 //    and FP8 per-tensor weights), both GEMMs (w1|w3 then w2) of the routed MoE.
@@ -447,17 +447,8 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
                             y.view().narrow(1, g * out, out), quant);
         }
       });
-      report(roof, "dense", role.name, "ours (FMA)", m, ms_ours,
-             our_weight_bytes + 4.0 * m * groups * (in + out), flops, peak);
-      if (role.fp8) {
-        const double ms_mma = time_ms([&](int call) {
-          const int c = call % copies;
-          ops::cuda::linear_fp8_mma(x.view(), LinearWeight{weights[c].view(), scales[c].view()},
-                                    y.view());
-        });
-        report(roof, "dense", role.name, "ours (mma)", m, ms_mma,
-               our_weight_bytes + 4.0 * m * (in + out), flops, peak);
-      }
+      report(roof, "dense", role.name, role.fp8 ? "ours (linear: mma)" : "ours (linear: FMA)", m,
+             ms_ours, our_weight_bytes + 4.0 * m * groups * (in + out), flops, peak);
 
       const DType lt_dtype = role.fp8 ? DType::kF8E4M3 : DType::kBF16;
       Tensor lx =
@@ -489,6 +480,7 @@ struct Routing {
   std::vector<int32_t> counts;   // per expert
   std::vector<int32_t> offsets;  // E + 1
   Tensor device_offsets;
+  Tensor device_chosen;  // [batch, top_k] i32: the experts of each token (moe_experts' input)
   int64_t active = 0;
 };
 
@@ -497,6 +489,7 @@ Routing make_routing(int64_t batch, uint32_t seed) {
   r.counts.assign(kExperts, 0);
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> pick(0, kExperts - 1);
+  Tensor all_chosen = Tensor::empty(DType::kI32, {batch, kTopK});
   for (int64_t t = 0; t < batch; ++t) {
     std::vector<int> chosen;
     while (static_cast<int>(chosen.size()) < kTopK) {
@@ -504,7 +497,9 @@ Routing make_routing(int64_t batch, uint32_t seed) {
       if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
     }
     for (int e : chosen) ++r.counts[e];
+    std::copy(chosen.begin(), chosen.end(), all_chosen.data<int32_t>() + t * kTopK);
   }
+  r.device_chosen = rt::to_device(all_chosen.view());
   r.offsets.push_back(0);
   for (int32_t c : r.counts) {
     r.offsets.push_back(r.offsets.back() + c);
@@ -514,6 +509,50 @@ Routing make_routing(int64_t batch, uint32_t seed) {
   std::copy(r.offsets.begin(), r.offsets.end(), host.data<int32_t>());
   r.device_offsets = rt::to_device(host.view());
   return r;
+}
+
+// The model's whole routed MoE op (ops::cuda::moe_experts, released numerics: device sort by
+// expert, gather, the grouped FP8 x FP4 GEMM for w1, w3 and w2, SwiGLU, combine), each expert's
+// weights a separate view as the model holds them.
+void bench_moe_op(const Roofline& roof) {
+  Tensor w13 =
+      device_tensor(DType::kF4E2M1x2, {2 * kExperts * kMoeInter, kHidden}, Fill::kAnyByte, 21);
+  Tensor s13 =
+      device_tensor(DType::kF8E8M0, {2 * kExperts * kMoeInter, kHidden / 32}, Fill::kUe8m0, 22);
+  Tensor w2 = device_tensor(DType::kF4E2M1x2, {kExperts * kHidden, kMoeInter}, Fill::kAnyByte, 23);
+  Tensor s2 = device_tensor(DType::kF8E8M0, {kExperts * kHidden, kMoeInter / 32}, Fill::kUe8m0, 24);
+  std::vector<ops::ExpertWeights> experts(kExperts);
+  for (int64_t e = 0; e < kExperts; ++e) {
+    const auto rows = [](const Tensor& t, int64_t first, int64_t count) {
+      return t.view().narrow(0, first, count);
+    };
+    ops::ExpertWeights& w = experts[static_cast<size_t>(e)];
+    w.w1 = {rows(w13, 2 * e * kMoeInter, kMoeInter), rows(s13, 2 * e * kMoeInter, kMoeInter)};
+    w.w3 = {rows(w13, (2 * e + 1) * kMoeInter, kMoeInter),
+            rows(s13, (2 * e + 1) * kMoeInter, kMoeInter)};
+    w.w2 = {rows(w2, e * kHidden, kHidden), rows(s2, e * kHidden, kHidden)};
+  }
+  const double expert_bytes = 3.0 * kMoeInter * kHidden * (0.5 + 1.0 / 32);
+  constexpr int kRoutings = 8;
+  for (int64_t batch : kBatches) {
+    std::vector<Routing> routings;
+    for (int i = 0; i < kRoutings; ++i) routings.push_back(make_routing(batch, 1000 + i));
+    double active = 0;
+    for (const Routing& r : routings) active += r.active;
+    active /= kRoutings;
+    Tensor x = device_tensor(DType::kF32, {batch, kHidden}, Fill::kF32, 25);
+    Tensor weights = device_tensor(DType::kF32, {batch, kTopK}, Fill::kF32, 26);
+    Tensor y = Tensor::empty(DType::kF32, {batch, kHidden}, rt::device_allocator());
+    const double ms = time_ms([&](int call) {
+      ops::cuda::moe_experts(x.view(), routings[call % kRoutings].device_chosen.view(),
+                             weights.view(), experts, 10.0f, ActivationQuant::kFp8PerBlock32,
+                             y.view());
+    });
+    const double rows = static_cast<double>(batch * kTopK);
+    report(roof, "moe", "routed moe_experts op", "ours (model op)", batch, ms,
+           active * expert_bytes + rows * 4.0 * (2 * kHidden + 3 * kMoeInter),
+           2.0 * rows * 3 * kMoeInter * kHidden, roof.fp8_tflops);
+  }
 }
 
 void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
@@ -622,7 +661,10 @@ int run(int argc, char** argv) {
   const Roofline roof = measure_roofline(handle, workspace);
   const char* only = std::getenv("LAYER_BENCH_ONLY");  // "dense" or "moe"
   if (only == nullptr || std::string(only) != "moe") bench_dense(roof, handle, workspace);
-  if (only == nullptr || std::string(only) != "dense") bench_moe(roof, handle, workspace);
+  if (only == nullptr || std::string(only) != "dense") {
+    bench_moe_op(roof);
+    bench_moe(roof, handle, workspace);
+  }
   write_json(json_path, roof);
   std::printf("wrote %s\n", json_path.c_str());
   DI_CUDA_CHECK(cudaFree(workspace));

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 #include "ops/ops.h"
@@ -240,6 +241,96 @@ TEST_F(MoeGroupedGemmTest, DenseFp8MatchesReference) {
     const Tensor alone = fp8_case(x, w, s, row, 1).second;
     EXPECT_EQ(0, std::memcmp(all.data<float>() + row * 64, alone.data<float>(), 64 * sizeof(float)))
         << "row " << row;
+  }
+}
+
+// ops::cuda::linear, the model's op, takes the tensor-core path for FP8 32x32 weights under the
+// released numerics (same bits as calling linear_fp8_mma) and keeps the FMA tile kernel without
+// activation quantization (within the reference tolerance either way).
+TEST_F(MoeGroupedGemmTest, ModelLinearUsesTheTensorCoresForReleasedFp8) {
+  const Tensor x = random_f32({3, 512}, 101);
+  const Tensor w = random_e4m3({64, 512}, 102);
+  const Tensor s = random_bytes(DType::kF8E8M0, {2, 16}, 103, 117, 121);
+  const Tensor direct = fp8_case(x, w, s, 0, 3).second;
+  Tensor dx = rt::to_device(x.view());
+  Tensor dw = rt::to_device(w.view());
+  Tensor ds = rt::to_device(s.view());
+  for (ActivationQuant quant : {ActivationQuant::kFp8PerBlock32, ActivationQuant::kNone}) {
+    Tensor out = Tensor::empty(DType::kF32, {3, 64}, rt::device_allocator());
+    rt::fill_bytes(out.view(), 0xFF);
+    cuda::linear(dx.view(), LinearWeight{dw.view(), ds.view()}, out.view(), quant);
+    rt::synchronize();
+    const Tensor got = rt::to_host(out.view());
+    if (quant == ActivationQuant::kFp8PerBlock32) {
+      EXPECT_EQ(0, std::memcmp(direct.data<float>(), got.data<float>(), 3 * 64 * sizeof(float)));
+    }
+    Tensor want = Tensor::empty(DType::kF32, {3, 64});
+    linear(x.view(), LinearWeight{w.view(), s.view()}, want.view(), quant);
+    EXPECT_LE(worst_error(want, got), kTolerance);
+  }
+}
+
+// ops::cuda::moe_experts, the model's op, runs FP4 experts of aligned shapes with FP8
+// activations on the grouped tensor-core kernel (each expert its own allocation, as in the
+// model): against the CPU reference, and a token's output alone equal to it inside the batch.
+TEST_F(MoeGroupedGemmTest, ModelMoeExpertsUsesTheGroupedKernel) {
+  constexpr int64_t kExperts = 4, kDim = 256, kInter = 512, kTokens = 40, kTopK = 2;
+  std::vector<Tensor> host_storage, device_storage;
+  std::vector<ExpertWeights> host_experts(kExperts), device_experts(kExperts);
+  uint32_t seed = 300;
+  const auto make = [&](int64_t out, int64_t in, LinearWeight& host, LinearWeight& device) {
+    const Tensor& w =
+        host_storage.emplace_back(random_bytes(DType::kF4E2M1x2, {out, in}, ++seed, 0, 255));
+    const Tensor& sc =
+        host_storage.emplace_back(random_bytes(DType::kF8E8M0, {out, in / 32}, ++seed, 117, 121));
+    const Tensor& dw = device_storage.emplace_back(rt::to_device(w.view()));
+    const Tensor& dsc = device_storage.emplace_back(rt::to_device(sc.view()));
+    host = LinearWeight{w.view(), sc.view()};
+    device = LinearWeight{dw.view(), dsc.view()};
+  };
+  host_storage.reserve(6 * kExperts);
+  device_storage.reserve(6 * kExperts);
+  for (int64_t e = 0; e < kExperts; ++e) {
+    make(kInter, kDim, host_experts[e].w1, device_experts[e].w1);
+    make(kInter, kDim, host_experts[e].w3, device_experts[e].w3);
+    make(kDim, kInter, host_experts[e].w2, device_experts[e].w2);
+  }
+  Tensor chosen = Tensor::empty(DType::kI32, {kTokens, kTopK});
+  std::mt19937 rng(310);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    const auto first = static_cast<int32_t>(rng() % kExperts);
+    chosen.data<int32_t>()[t * kTopK] = first;
+    chosen.data<int32_t>()[t * kTopK + 1] =
+        static_cast<int32_t>((first + 1 + rng() % (kExperts - 1)) % kExperts);
+  }
+  const Tensor weights = random_f32({kTokens, kTopK}, 311);
+  const Tensor x = random_f32({kTokens, kDim}, 312);
+  const auto run = [&](int64_t first, int64_t count) {
+    Tensor dx = rt::to_device(x.view().narrow(0, first, count));
+    Tensor dc = rt::to_device(chosen.view().narrow(0, first, count));
+    Tensor dwt = rt::to_device(weights.view().narrow(0, first, count));
+    Tensor out = Tensor::empty(DType::kF32, {count, kDim}, rt::device_allocator());
+    rt::fill_bytes(out.view(), 0xFF);
+    cuda::moe_experts(dx.view(), dc.view(), dwt.view(), device_experts, 10.0f,
+                      ActivationQuant::kFp8PerBlock32, out.view());
+    rt::synchronize();
+    return rt::to_host(out.view());
+  };
+  const Tensor got = run(0, kTokens);  // 80 rows over 4 experts: the wide token tile
+  Tensor want = Tensor::empty(DType::kF32, {kTokens, kDim});
+  moe_experts(x.view(), chosen.view(), weights.view(), host_experts, 10.0f,
+              ActivationQuant::kFp8PerBlock32, want.view());
+  // As backend_ops_test's moe_experts bound: the intermediate's quantizer can round a value the
+  // backends computed a few ulp apart (summation order) to neighbouring e4m3 codes.
+  const double error = worst_error(want, got);
+  std::printf("moe_experts fp4 fp8-act 4 experts %ldx%ld: worst error %.3g of the output's scale\n",
+              static_cast<long>(kInter), static_cast<long>(kDim), error);
+  EXPECT_LE(error, 2e-3);
+  for (int64_t token : {0, 21, 39}) {
+    const Tensor alone = run(token, 1);  // 2 rows: the decode token tile
+    EXPECT_EQ(
+        0, std::memcmp(got.data<float>() + token * kDim, alone.data<float>(), kDim * sizeof(float)))
+        << "token " << token;
   }
 }
 

@@ -4,6 +4,7 @@
 // the call (batch invariance). Part 2 replaces the FMA tile loop with wgmma.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear.cuh"
+#include "ops/cuda/moe_grouped_gemm.h"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -77,8 +78,13 @@ DeviceWeight describe(const LinearWeight& weight) {
 
 namespace {
 
+// n < out and k < in, both far below 2^31 (checked by describe's callers' shapes): the scale
+// index uses 32-bit divisions, a few instructions instead of a 64-bit division's subroutine.
 __device__ __forceinline__ float weight_value(const DeviceWeight& w, int64_t n, int64_t k) {
   const uint8_t* row = w.bytes + n * w.row_bytes;
+  const auto block_index = [](int64_t i, int64_t edge) {
+    return static_cast<int64_t>(static_cast<uint32_t>(i) / static_cast<uint32_t>(edge));
+  };
   switch (w.kind) {
     case WeightKind::kF32:
       return reinterpret_cast<const float*>(row)[k];
@@ -87,25 +93,46 @@ __device__ __forceinline__ float weight_value(const DeviceWeight& w, int64_t n, 
     case WeightKind::kF8:
       return deepinfer::cuda::e4m3_to_float(row[k]) *
              deepinfer::cuda::e8m0_to_float(
-                 w.scale[(n / w.block_out) * w.scale_cols + k / w.block_in]);
+                 w.scale[block_index(n, w.block_out) * w.scale_cols + block_index(k, w.block_in)]);
     case WeightKind::kF4: {
       const uint8_t byte = row[k >> 1];
       const uint8_t code = (k & 1) ? (byte >> 4) : (byte & 0xF);
       return deepinfer::cuda::e2m1_to_float(code) *
-             deepinfer::cuda::e8m0_to_float(w.scale[n * w.scale_cols + k / w.block_in]);
+             deepinfer::cuda::e8m0_to_float(w.scale[n * w.scale_cols + block_index(k, w.block_in)]);
     }
   }
   return 0.0f;
 }
 
-constexpr int kTileM = 64;
-constexpr int kTileN = 64;
 constexpr int kTileK = 32;
-constexpr int kGemmThreads = 256;  // 16 x 16 threads, 4 x 4 outputs each
+constexpr int kGemmThreads = 256;
 
+// A tile shape of linear_kernel: kTileM rows x kTileN outputs per block, kOutM x kOutN outputs
+// per thread. Every shape computes each output as the same ascending FMA chain over K, so the
+// launch may pick one by row count without changing any result (batch invariance holds).
+template <int kTileMValue, int kTileNValue, int kOutMValue, int kOutNValue>
+struct TileShape {
+  static constexpr int kTileM = kTileMValue;
+  static constexpr int kTileN = kTileNValue;
+  static constexpr int kOutM = kOutMValue;
+  static constexpr int kOutN = kOutNValue;
+  static_assert((kTileM / kOutM) * (kTileN / kOutN) == kGemmThreads);
+};
+// Many rows: 64 x 64 tiles, 4 x 4 outputs a thread (register reuse of each staged value).
+using WideTile = TileShape<64, 64, 4, 4>;
+// Decode (at most 16 rows): 16 x 16 tiles, one output a thread, so an N-wide output gets N / 16
+// blocks instead of N / 64 (wq_a at batch 1: 80 blocks on 132 SMs instead of 20).
+using NarrowTile = TileShape<16, 16, 1, 1>;
+
+template <typename Tile>
 __global__ void __launch_bounds__(kGemmThreads)
     linear_kernel(DeviceRows<const float> x, DeviceWeight w, DeviceRows<float> out,
                   GemmGroups groups) {
+  constexpr int kTileM = Tile::kTileM;
+  constexpr int kTileN = Tile::kTileN;
+  constexpr int kOutM = Tile::kOutM;
+  constexpr int kOutN = Tile::kOutN;
+  constexpr int kThreadsN = kTileN / kOutN;
   __shared__ float x_tile[kTileK][kTileM + 4];
   __shared__ float w_tile[kTileK][kTileN + 4];
   int64_t row_begin = 0;
@@ -118,9 +145,9 @@ __global__ void __launch_bounds__(kGemmThreads)
   const int64_t m0 = row_begin + static_cast<int64_t>(blockIdx.y) * kTileM;
   if (m0 >= row_end) return;  // the whole block: no thread reaches a barrier
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-  const int tx = threadIdx.x % 16;
-  const int ty = threadIdx.x / 16;
-  float acc[4][4] = {};
+  const int tx = threadIdx.x % kThreadsN;
+  const int ty = threadIdx.x / kThreadsN;
+  float acc[kOutM][kOutN] = {};
   for (int64_t k0 = 0; k0 < w.in; k0 += kTileK) {
     for (int idx = threadIdx.x; idx < kTileM * kTileK; idx += kGemmThreads) {
       const int r = idx / kTileK;
@@ -128,35 +155,54 @@ __global__ void __launch_bounds__(kGemmThreads)
       const int64_t m = m0 + r;
       const int64_t k = k0 + kk;
       x_tile[kk][r] = (m < row_end && k < w.in) ? x.row(m)[k] : 0.0f;
+    }
+    for (int idx = threadIdx.x; idx < kTileN * kTileK; idx += kGemmThreads) {
+      const int r = idx / kTileK;
+      const int kk = idx % kTileK;
       const int64_t n = n0 + r;
+      const int64_t k = k0 + kk;
       w_tile[kk][r] = (n < w.out && k < w.in) ? weight_value(w, n, k) : 0.0f;
     }
     __syncthreads();
 #pragma unroll 8
     for (int kk = 0; kk < kTileK; ++kk) {
-      float a[4], b[4];
+      float a[kOutM], b[kOutN];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = x_tile[kk][ty * 4 + i];
+      for (int i = 0; i < kOutM; ++i) a[i] = x_tile[kk][ty * kOutM + i];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = w_tile[kk][tx * 4 + j];
+      for (int j = 0; j < kOutN; ++j) b[j] = w_tile[kk][tx * kOutN + j];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kOutM; ++i) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        for (int j = 0; j < kOutN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
       }
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t m = m0 + ty * 4 + i;
+  for (int i = 0; i < kOutM; ++i) {
+    const int64_t m = m0 + ty * kOutM + i;
     if (m >= row_end) continue;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t n = n0 + tx * 4 + j;
+    for (int j = 0; j < kOutN; ++j) {
+      const int64_t n = n0 + tx * kOutN + j;
       if (n < out.cols) out.row(m)[n] = acc[i][j];
     }
   }
+}
+
+template <typename Tile>
+void launch_tiles(DeviceRows<const float> x, const DeviceWeight& shape, DeviceRows<float> out,
+                  const GemmGroups& groups, int64_t rows) {
+  const bool grouped = groups.offsets != nullptr;
+  const dim3 grid(deepinfer::cuda::blocks_for(shape.out, Tile::kTileN),
+                  deepinfer::cuda::blocks_for(rows, Tile::kTileM),
+                  grouped ? static_cast<unsigned>(groups.count) : 1u);
+  DI_CHECK(grid.y <= 65535 && grid.z <= 65535, "linear: ", rows, " rows or ", groups.count,
+           " groups exceed one launch");
+  linear_kernel<Tile>
+      <<<grid, kGemmThreads, 0, deepinfer::cuda::current_stream()>>>(x, shape, out, groups);
+  DI_CUDA_LAUNCHED(linear_kernel);
 }
 
 // The released numerics' activation quantizer: blocks of 32 along each row, a short last block
@@ -203,6 +249,10 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
              weight.weight.to_string(), ", out ", out.to_string());
   }
   if (in.rows == 0 || w.out == 0) return;
+  if (activation_quant == ActivationQuant::kFp8PerBlock32 && fp8_mma_supports(w)) {
+    linear_fp8_mma(x, weight, out);  // the released FP8 roles, on the tensor cores
+    return;
+  }
   deepinfer::cuda::StreamBuffer quantized(activation_quant == ActivationQuant::kFp8PerBlock32
                                               ? static_cast<size_t>(in.rows * in.cols) *
                                                     sizeof(float)
@@ -229,14 +279,11 @@ void launch_linear(DeviceRows<const float> x, const DeviceWeight& shape, DeviceR
   const bool grouped = groups.offsets != nullptr;
   const int64_t rows = grouped ? groups.max_rows : x.rows;
   if (rows == 0 || shape.out == 0 || (grouped && groups.count == 0)) return;
-  const dim3 grid(deepinfer::cuda::blocks_for(shape.out, kTileN),
-                  deepinfer::cuda::blocks_for(rows, kTileM),
-                  grouped ? static_cast<unsigned>(groups.count) : 1u);
-  DI_CHECK(grid.y <= 65535 && grid.z <= 65535, "linear: ", rows, " rows or ", groups.count,
-           " groups exceed one launch");
-  linear_kernel<<<grid, kGemmThreads, 0, deepinfer::cuda::current_stream()>>>(x, shape, out,
-                                                                              groups);
-  DI_CUDA_LAUNCHED(linear_kernel);
+  if (rows <= NarrowTile::kTileM) {
+    launch_tiles<NarrowTile>(x, shape, out, groups, rows);
+  } else {
+    launch_tiles<WideTile>(x, shape, out, groups, rows);
+  }
 }
 
 }  // namespace deepinfer::ops::cuda

@@ -42,6 +42,16 @@ struct GemmGroups {
 void launch_linear(deepinfer::cuda::DeviceRows<const float> x, const DeviceWeight& shape,
                    deepinfer::cuda::DeviceRows<float> out, const GemmGroups& groups = {});
 
+// The tensor-core GEMMs of moe_grouped_gemm.cu (released numerics only: they quantize x
+// themselves, e4m3 with a ue8m0 scale per 32): whether a weight fits them (fp4 with per-32
+// scales, or fp8 with 32x32 block scales; K % 256 == 0, N % 16 == 0), and the grouped fp4 one
+// over groups.weights (every group's weight must fit). Both are batch invariant; they differ
+// from launch_linear's FMA chain in summation order only.
+bool grouped_fp4_supports(const DeviceWeight& w);
+bool fp8_mma_supports(const DeviceWeight& w);
+void launch_grouped_fp4(deepinfer::cuda::DeviceRows<const float> x, const DeviceWeight& shape,
+                        deepinfer::cuda::DeviceRows<float> out, const GemmGroups& groups);
+
 // The released numerics' activation quantization of x into `out` (dense [x.rows, x.cols]).
 void quantize_activation(deepinfer::cuda::DeviceRows<const float> x, float* out);
 

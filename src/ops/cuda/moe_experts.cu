@@ -1,8 +1,10 @@
 // moe_experts on the GPU: the routed tokens are grouped by expert on the device (a counting
 // sort, so the host never learns the group sizes and never waits), every expert's rows run
 // through the same tile GEMM as `linear` in one grouped launch per projection, and each token
-// sums its slots in ascending expert id. Part 2 (issue 7) replaces the grouped tile GEMM with a
-// tensor-core FP8 x FP4 one behind the same op.
+// sums its slots in ascending expert id. With the released numerics (FP8 activations) and FP4
+// experts of aligned shapes, the three projections run on the grouped FP8 x FP4 tensor-core GEMM
+// (moe_grouped_gemm.cu) instead.
+#include <algorithm>
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
@@ -170,7 +172,11 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
       deepinfer::cuda::resident_copy(host_table.data(), host_table.size() * sizeof(DeviceWeight)));
 
   const int64_t entries = n * k;
-  const bool quantized = quant == ActivationQuant::kFp8PerBlock32;
+  const bool tensor_cores = quant == ActivationQuant::kFp8PerBlock32 &&
+                            std::all_of(host_table.begin(), host_table.end(), grouped_fp4_supports);
+  // The tile GEMM needs the activations quantized beforehand; the tensor-core one does it itself.
+  const bool quantized = quant == ActivationQuant::kFp8PerBlock32 && !tensor_cores;
+  const auto grouped_gemm = tensor_cores ? launch_grouped_fp4 : launch_linear;
   StreamBuffer offsets(static_cast<size_t>(expert_count + 1) * sizeof(int32_t));
   StreamBuffer sorted_token(static_cast<size_t>(entries) * sizeof(int32_t));
   StreamBuffer sorted_weight(static_cast<size_t>(entries) * sizeof(float));
@@ -220,9 +226,9 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
   const DeviceRows<float> gate_rows{gate.as<float>(), entries, inter, inter};
   const DeviceRows<float> up_rows{up.as<float>(), entries, inter, inter};
   groups.weights = table;
-  launch_linear(gemm_in, host_table[0], gate_rows, groups);
+  grouped_gemm(gemm_in, host_table[0], gate_rows, groups);
   groups.weights = table + expert_count;
-  launch_linear(gemm_in, host_table[static_cast<size_t>(expert_count)], up_rows, groups);
+  grouped_gemm(gemm_in, host_table[static_cast<size_t>(expert_count)], up_rows, groups);
 
   const Device device = x.device();
   const auto view = [&](void* data, Shape shape) {
@@ -239,8 +245,8 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
     down_in.data = gate_quantized.as<float>();
   }
   groups.weights = table + 2 * expert_count;
-  launch_linear(down_in, host_table[2 * static_cast<size_t>(expert_count)],
-                DeviceRows<float>{results.as<float>(), entries, dim, dim}, groups);
+  grouped_gemm(down_in, host_table[2 * static_cast<size_t>(expert_count)],
+               DeviceRows<float>{results.as<float>(), entries, dim, dim}, groups);
 
   combine_kernel<<<static_cast<unsigned>(n), kThreads, 0, current_stream()>>>(
       results.as<float>(), dim, chosen.data, chosen.stride, slot_position.as<int32_t>(),

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/linear.cuh"
 #include "ops/cuda/moe_grouped_gemm.h"
 
 namespace deepinfer::ops::cuda {
@@ -40,11 +41,9 @@ __device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4_scaled(uint32_t codes) {
 }
 constexpr float kE2m1Rescale = 64.0f;
 
-// ue8m0 -> float from the exponent bits (common.cuh's e8m0_to_float goes through ldexpf, too
-// slow for two decodes per 32 weights in a bandwidth-bound loop); same values, code 0 is 2^-127.
-__device__ __forceinline__ float e8m0_bits_to_float(uint32_t bits) {
-  if (bits == 0xFF) return __int_as_float(0x7fc00000);
-  return bits == 0 ? __int_as_float(0x00400000) : __int_as_float(bits << 23);
+// The ue8m0 scale held in bits [shift, shift + 8) of a word of four codes.
+__device__ __forceinline__ float scale_code(uint32_t codes, int shift) {
+  return deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(codes >> shift));
 }
 
 __device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
@@ -85,6 +84,9 @@ struct GroupedArgs {
   const int32_t* offsets;   // [E + 1]; null: one group of all R rows
   const uint8_t* weight;    // fp4: [E, N, K / 2] packed; fp8: [N, K] e4m3
   const uint8_t* w_scales;  // fp4: [E, N, K / 32]; fp8: [ceil(N / 32), K / 32] (ue8m0)
+  // fp4 only, optional: expert e's [N, K / 2] weight and [N, K / 32] scale are experts[e].bytes
+  // and .scale (the model's experts are separate allocations); weight / w_scales are unused.
+  const DeviceWeight* experts;
   float* out;
   int64_t out_stride;
   int64_t rows;    // R
@@ -149,11 +151,18 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
   const int64_t k_blocks = args.k / kScaleBlock;
   const int64_t chunks = args.k / kChunk;
   const int64_t w_row_bytes = args.k * kWordBytes / 8;
-  const int64_t w_row = expert * args.n + n_base + group;
-  const uint8_t* w_lo = args.weight + w_row * w_row_bytes + kWordBytes * quad;
+  const uint8_t* weight = args.weight;
+  const uint8_t* w_scales = args.w_scales;
+  int64_t w_row = expert * args.n + n_base + group;
+  if (!kFp8Weight && args.experts != nullptr) {
+    weight = args.experts[expert].bytes;
+    w_scales = args.experts[expert].scale;
+    w_row = n_base + group;
+  }
+  const uint8_t* w_lo = weight + w_row * w_row_bytes + kWordBytes * quad;
   const uint8_t* w_hi = w_lo + 8 * w_row_bytes;
   // fp8: rows n_base..n_base+15 lie in one 32-row scale block (n_base is a multiple of 16).
-  const uint8_t* s_lo = args.w_scales + (kFp8Weight ? (n_base / kScaleBlock) : w_row) * k_blocks;
+  const uint8_t* s_lo = w_scales + (kFp8Weight ? (n_base / kScaleBlock) : w_row) * k_blocks;
   const uint8_t* s_hi = kFp8Weight ? s_lo : s_lo + 8 * k_blocks;
 
   // Token tiles are spread over grid.z (one group: the host knows the rows) and then looped.
@@ -223,18 +232,16 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
         const uint32_t lo_word = b < 4 ? s_cur[0].x : s_cur[0].y;
         const uint32_t hi_word = b < 4 ? s_cur[1].x : s_cur[1].y;
         const float rescale = kFp8Weight ? 1.0f : kE2m1Rescale;
-        const float w_scale_lo = e8m0_bits_to_float((lo_word >> shift) & 0xFF) * rescale;
-        const float w_scale_hi = e8m0_bits_to_float((hi_word >> shift) & 0xFF) * rescale;
+        const float w_scale_lo = scale_code(lo_word, shift) * rescale;
+        const float w_scale_hi = scale_code(hi_word, shift) * rescale;
 #pragma unroll
         for (int j = 0; j < kTokenTiles; ++j) {
           const uint2 activation = __ldg(reinterpret_cast<const uint2*>(
               args.x_codes + load_row[j] * args.k + k_block * kScaleBlock + 8 * quad));
           float d[4];
           mma_e4m3(a, activation.x, activation.y, d);
-          const float x_scale0 =
-              e8m0_bits_to_float(((b < 4 ? x_codes[j][0].x : x_codes[j][0].y) >> shift) & 0xFF);
-          const float x_scale1 =
-              e8m0_bits_to_float(((b < 4 ? x_codes[j][1].x : x_codes[j][1].y) >> shift) & 0xFF);
+          const float x_scale0 = scale_code(b < 4 ? x_codes[j][0].x : x_codes[j][0].y, shift);
+          const float x_scale1 = scale_code(b < 4 ? x_codes[j][1].x : x_codes[j][1].y, shift);
           acc[j][0] += d[0] * (x_scale0 * w_scale_lo);
           acc[j][1] += d[1] * (x_scale1 * w_scale_lo);
           acc[j][2] += d[2] * (x_scale0 * w_scale_hi);
@@ -312,6 +319,29 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
 }
 
 }  // namespace
+
+bool grouped_fp4_supports(const DeviceWeight& w) {
+  return w.kind == WeightKind::kF4 && w.block_in == kScaleBlock && w.in % kChunk == 0 &&
+         w.out % kRowsPerWarp == 0;
+}
+
+bool fp8_mma_supports(const DeviceWeight& w) {
+  return w.kind == WeightKind::kF8 && w.block_out == kScaleBlock && w.block_in == kScaleBlock &&
+         w.in % kChunk == 0 && w.out % kRowsPerWarp == 0;
+}
+
+void launch_grouped_fp4(DeviceRows<const float> x, const DeviceWeight& shape, DeviceRows<float> out,
+                        const GemmGroups& groups) {
+  DI_CHECK(grouped_fp4_supports(shape) && groups.offsets != nullptr && groups.weights != nullptr &&
+               x.cols == shape.in && out.cols == shape.out && out.rows == x.rows,
+           "launch_grouped_fp4: unsupported weight [", shape.out, ", ", shape.in, "] or shapes");
+  GroupedArgs args{};
+  args.offsets = groups.offsets;
+  args.experts = groups.weights;
+  args.n = shape.out;
+  args.k = shape.in;
+  launch<false>(x, out, args, groups.count);
+}
 
 void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
                           const TensorView& weight, const TensorView& scale,
