@@ -184,6 +184,13 @@ CONFIGS = {
     ),
     # Dense-only, full strength (unit branch gain, per-token routing): ratio-1 decoder with
     # candidates, 2 streams, sigmoid scoring.
+    # Selections are kept few so that every one can have the backend margin the acceptance
+    # requires (generate.py, TopkTieDetector.BACKEND_MARGIN_RELATIVE): the indexer picks 300
+    # entries, so it selects only from position 300 of the 331-token request on (index_topk <
+    # visible groups there), and 38 candidate blocks of 8 (304 entries) select only from 305
+    # visible entries on; layers 2-3 then pick 300 of their <= 304 candidate entries. Before
+    # (index_topk 16, 4 blocks) there were ~1800 indexer/candidate selections per run and the
+    # smallest relative margin was ~2e-5 on every seed.
     "dense_full_r1_candidates_hc2_sigmoid": dict(
         seed=707,
         branch_gain=1.0,
@@ -197,12 +204,15 @@ CONFIGS = {
             candidate_source_layer_id=1,
             hc_mult=2,
             scoring_func="sigmoid",
-            index_topk=16,
+            index_topk=300,
+            candidate_topk_blocks=38,
             swiglu_limit=0.25,
         ),
     ),
     # Dense-only, full strength: two KV-source groups of different ratios, engram (3-grams) on two
     # layers, 4 streams, softmax scoring with gate temperature, YaRN on the compress rope.
+    # index_topk 300 for the backend margin (as above): the ratio-1 layers select from position
+    # 300 on, the ratio-2 layers (<= 165 groups) take every visible group.
     "dense_full_mixed_engram_hc4": dict(
         seed=808,
         branch_gain=1.0,
@@ -218,6 +228,7 @@ CONFIGS = {
             gate_temp=0.7,
             rope_scaling=_YARN,
             routed_scaling_factor=2.0,
+            index_topk=300,
         ),
     ),
 }
