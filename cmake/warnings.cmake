@@ -16,6 +16,8 @@ endfunction()
 function(deepinfer_add_test name)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE deepinfer GTest::gtest GTest::gtest_main)
+  # tests/ holds headers every layer's tests share (gpu_support.h).
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_compile_definitions(${name} PRIVATE
     DEEPINFER_SHARED_DIR="${DEEPINFER_SHARED_DIR}"
     DEEPINFER_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

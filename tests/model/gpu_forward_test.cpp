@@ -10,32 +10,15 @@
 #include <cstdio>
 #include <random>
 
+#include "gpu_support.h"
 #include "model/deepseek_v41/model.h"
 #include "ops/ops.h"
 #include "random_model.h"
-#ifdef DEEPINFER_HAS_CUDA
-#include "ops/cuda/cuda_device.h"
-#endif
 
 namespace deepinfer::deepseek_v41 {
 namespace {
 
 using testing::WeightFormat;
-
-bool gpu_available(std::string& why) {
-#ifdef DEEPINFER_HAS_CUDA
-  try {
-    cuda::require_supported_device(0);
-    return true;
-  } catch (const Error& error) {
-    why = error.what();
-    return false;
-  }
-#else
-  why = "built without the CUDA backend (-DDEEPINFER_CUDA=ON)";
-  return false;
-#endif
-}
 
 std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -91,10 +74,7 @@ Comparison compare(const std::vector<float>& cpu, const std::vector<float>& gpu,
 
 class GpuForwardTest : public ::testing::TestWithParam<std::tuple<WeightFormat, Numerics>> {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!gpu_available(why)) GTEST_SKIP() << "no usable GPU: " << why;
-  }
+  void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
 
 TEST_P(GpuForwardTest, LogitsMatchTheCpuBackendInEveryMode) {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/dtype_convert.h"
-#include "ops/cuda/cuda_device.h"
+#include "gpu_support.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/ops.h"
@@ -233,13 +233,7 @@ void expect_equal(const TensorView& want, const TensorView& got_device, const st
 
 class BackendOpsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    try {
-      rt::require_supported_device(0);
-    } catch (const Error& e) {
-      GTEST_SKIP() << "no usable GPU: " << e.what();
-    }
-  }
+  void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
 
 // ---- linear -----------------------------------------------------------------------------------

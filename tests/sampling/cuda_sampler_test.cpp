@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "ops/cuda/cuda_device.h"
+#include "gpu_support.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "sampling/cuda_sampler.h"
 #include "sampling/sampler.h"
@@ -29,13 +29,7 @@ constexpr double kLogprobTolerance = 2e-6;
 
 class CudaSamplerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    try {
-      cuda::require_supported_device(0);
-    } catch (const Error& e) {
-      GTEST_SKIP() << "no usable GPU: " << e.what();
-    }
-  }
+  void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
 
 // Everything a SamplerRow points to, owned.

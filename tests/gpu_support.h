@@ -1,5 +1,5 @@
-// What the engine's GPU tests share: whether GPU 0 can run the CUDA backend (they skip where it
-// cannot) and the source tree (the GPU machine runs staged binaries from a copy elsewhere).
+// What the GPU tests share: whether GPU 0 can run the CUDA backend (they skip where it cannot)
+// and the source tree (the GPU machine runs staged binaries from a copy elsewhere).
 #pragma once
 
 #include <cstdlib>
@@ -12,7 +12,7 @@
 #include "ops/cuda/cuda_device.h"
 #endif
 
-namespace deepinfer::engine::testing {
+namespace deepinfer::testing {
 
 // Empty when GPU 0 can run the CUDA backend; otherwise why it cannot.
 inline std::string gpu_unavailable() {
@@ -34,8 +34,8 @@ inline std::filesystem::path source_dir() {
   return dir != nullptr && *dir != '\0' ? dir : DEEPINFER_SOURCE_DIR;
 }
 
-}  // namespace deepinfer::engine::testing
+}  // namespace deepinfer::testing
 
-#define DEEPINFER_SKIP_WITHOUT_GPU()                                                         \
-  if (const std::string why = ::deepinfer::engine::testing::gpu_unavailable(); !why.empty()) \
+#define DEEPINFER_SKIP_WITHOUT_GPU()                                                 \
+  if (const std::string why = ::deepinfer::testing::gpu_unavailable(); !why.empty()) \
   GTEST_SKIP() << "no usable GPU: " << why
