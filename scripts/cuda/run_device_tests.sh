@@ -69,4 +69,12 @@ if [ -x "$BIN/cuda_sampler_test" ]; then
     >"$OUT/cuda_sampler_memcheck.log" 2>&1 || status=1
   tail -n 4 "$OUT/cuda_sampler_memcheck.log"
 fi
+if [ -x "$BIN/moe_grouped_gemm_test" ]; then
+  echo "== tensor-core GEMMs (grouped FP8 x FP4 experts, FP8 dense) vs the CPU reference"
+  timeout ${MODEL_TIMEOUT:-180} "$BIN/moe_grouped_gemm_test" >"$OUT/moe_grouped_gemm.log" 2>&1 || status=1
+  tail -n 4 "$OUT/moe_grouped_gemm.log"
+fi
+if [ -x "$BIN/engine_test" ] && [ -x "$BIN/deepinfer" ]; then
+  BIN="$BIN" OUT="$OUT" "$(dirname "$0")/run_engine_device_tests.sh" || status=1
+fi
 exit $status

@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
 # The engine on the GPU, on the GPU machine (the device tool's `run`, repo root as working
-# directory), over what this stages (here):
-#   BUILD_DIR=build-gpuengine-cuda EXTRA_TARGETS="engine_test deepinfer_cli" \
-#     EXTRA_PROGRAMS="build-gpuengine-cuda/tests/engine/engine_test build-gpuengine-cuda/deepinfer" \
-#     scripts/cuda/stage_device_build.sh
-#   run (carry: ["build-gpuengine-cuda/device"]): scripts/cuda/run_engine_device_tests.sh
+# directory), over the programs scripts/cuda/stage_device_build.sh staged in $BIN
+# (default build-cuda/device); scripts/cuda/run_device_tests.sh calls it.
 # Logs to $OUT (./device-out by hand): engine.log/.xml, generate_{cpu,nvidia}.json,
 # memcheck_generate.log, racecheck_generate.log.
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
-BIN=$PWD/${BUILD_DIR:-build-gpuengine-cuda}/device
+BIN=${BIN:-$PWD/build-cuda/device}
 export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
 export DEEPINFER_SOURCE_DIR=$PWD DEEPINFER_DEFAULT_MODEL_DIR=$PWD/models/default
 # tests/model/random_model.cpp reads tests/data through the checkout path compiled into it.

@@ -12,11 +12,15 @@ export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_CUDA=ON \
   -DDEEPINFER_BUILD_TESTS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
-cmake --build "$BUILD_DIR" -j"${JOBS:-2}" --target backend_ops_test model_gpu_forward_test \
-  model_golden_test ${EXTRA_TARGETS:-}
+# Every program with GPU tests, and the CLI (the engine script diffs its cpu and nvidia output).
+cmake --build "$BUILD_DIR" -j"${JOBS:-2}" --target backend_ops_test moe_grouped_gemm_test \
+  model_gpu_forward_test model_golden_test cuda_sampler_test engine_test deepinfer_cli \
+  ${EXTRA_TARGETS:-}
 rm -rf "$BUILD_DIR/device" && mkdir -p "$BUILD_DIR/device"
-for program in "$BUILD_DIR/tests/ops/backend_ops_test" "$BUILD_DIR/tests/model/model_gpu_forward_test" \
-  "$BUILD_DIR/tests/model/model_golden_test" ${EXTRA_PROGRAMS:-}; do
+for program in "$BUILD_DIR"/tests/ops/{backend_ops_test,moe_grouped_gemm_test} \
+  "$BUILD_DIR"/tests/model/{model_gpu_forward_test,model_golden_test} \
+  "$BUILD_DIR/tests/sampling/cuda_sampler_test" "$BUILD_DIR/tests/engine/engine_test" \
+  "$BUILD_DIR/deepinfer" ${EXTRA_PROGRAMS:-}; do
   strip -o "$BUILD_DIR/device/$(basename "$program")" "$program"
 done
 # The CUDA runtime, and the libraries the GPU machine's image lacks (the tokenizer's).

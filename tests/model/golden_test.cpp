@@ -20,12 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "gpu_support.h"
 #include "io/safetensors.h"
 #include "model/deepseek_v41/loader.h"
 #include "model/deepseek_v41/model.h"
-#ifdef DEEPINFER_HAS_CUDA
-#include "ops/cuda/cuda_device.h"
-#endif
 
 namespace deepinfer::deepseek_v41 {
 namespace {
@@ -172,16 +170,8 @@ TEST_P(GoldenTest, BothNumericsAllModes) {
 }
 
 TEST_P(GoldenTest, BothNumericsAllModesOnGpu) {
-#ifdef DEEPINFER_HAS_CUDA
-  try {
-    cuda::require_supported_device(0);
-  } catch (const Error& error) {
-    GTEST_SKIP() << "no usable GPU: " << error.what();
-  }
+  DEEPINFER_SKIP_WITHOUT_GPU();
   check_fixture(GetParam(), true);
-#else
-  GTEST_SKIP() << "built without the CUDA backend";
-#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::ValuesIn(fixture_names()),

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "ops/cuda/cuda_device.h"
+#include "gpu_support.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/moe_grouped_gemm.h"
@@ -121,13 +121,7 @@ double worst_error(const Tensor& want, const Tensor& got) {
 
 class MoeGroupedGemmTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    try {
-      rt::require_supported_device(0);
-    } catch (const Error& e) {
-      GTEST_SKIP() << "no usable GPU: " << e.what();
-    }
-  }
+  void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
 
 void check_against_reference(const Problem& p, const std::string& what) {
