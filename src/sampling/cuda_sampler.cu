@@ -155,49 +155,34 @@ __device__ __forceinline__ int32_t composite_id(uint64_t c) {
 }
 
 // Block-wide reductions whose result every thread gets (cub's order is fixed: deterministic).
-__device__ int block_sum(int v, Shared& sh) {
-  const int total = ReduceInt(sh.reduce.ints).Sum(v);
-  if (threadIdx.x == 0) sh.int_result = total;
+// Thread 0 holds cub's result; `slot` is the shared word it is broadcast through.
+template <typename T>
+__device__ T broadcast_from_thread0(T value, T& slot) {
+  if (threadIdx.x == 0) slot = value;
   __syncthreads();
-  const int result = sh.int_result;
+  const T result = slot;
   __syncthreads();
   return result;
+}
+
+__device__ int block_sum(int v, Shared& sh) {
+  return broadcast_from_thread0(ReduceInt(sh.reduce.ints).Sum(v), sh.int_result);
 }
 
 __device__ int block_min(int v, Shared& sh) {
-  const int total = ReduceInt(sh.reduce.ints).Reduce(v, MinOp());
-  if (threadIdx.x == 0) sh.int_result = total;
-  __syncthreads();
-  const int result = sh.int_result;
-  __syncthreads();
-  return result;
+  return broadcast_from_thread0(ReduceInt(sh.reduce.ints).Reduce(v, MinOp()), sh.int_result);
 }
 
 __device__ float block_max(float v, Shared& sh) {
-  const float total = ReduceFloat(sh.reduce.floats).Reduce(v, MaxOp());
-  if (threadIdx.x == 0) sh.float_result = total;
-  __syncthreads();
-  const float result = sh.float_result;
-  __syncthreads();
-  return result;
+  return broadcast_from_thread0(ReduceFloat(sh.reduce.floats).Reduce(v, MaxOp()), sh.float_result);
 }
 
 __device__ double block_sum(double v, Shared& sh) {
-  const double total = ReduceDouble(sh.reduce.doubles).Sum(v);
-  if (threadIdx.x == 0) sh.double_result = total;
-  __syncthreads();
-  const double result = sh.double_result;
-  __syncthreads();
-  return result;
+  return broadcast_from_thread0(ReduceDouble(sh.reduce.doubles).Sum(v), sh.double_result);
 }
 
 __device__ ValueAndId block_most_likely(ValueAndId v, Shared& sh) {
-  const ValueAndId best = ReduceArg(sh.reduce.args).Reduce(v, MoreLikely());
-  if (threadIdx.x == 0) sh.best = best;
-  __syncthreads();
-  const ValueAndId result = sh.best;
-  __syncthreads();
-  return result;
+  return broadcast_from_thread0(ReduceArg(sh.reduce.args).Reduce(v, MoreLikely()), sh.best);
 }
 
 // A threshold t such that exactly the k largest of key_of(j), over the j in [0, n) for which
