@@ -173,6 +173,167 @@ TEST_F(MoeGroupedGemmTest, RowsDoNotDependOnTheBatch) {
   }
 }
 
+// ---- the prefill tile (rows >= 16 x experts, N % 128 == 0) ---------------------------------
+
+// A problem's tensors on the device, uploaded once for many calls.
+struct DeviceProblem {
+  explicit DeviceProblem(const Problem& p)
+      : x(rt::to_device(p.x.view())),
+        weight(rt::to_device(p.weight.view())),
+        scale(rt::to_device(p.scale.view())) {}
+  Tensor x;
+  Tensor weight;
+  Tensor scale;
+};
+
+// One call over x rows [first, first + count) with `offsets` relative to `first`: [count, N] on
+// the host, NaN where nothing was written.
+Tensor call_gpu(const DeviceProblem& d, int64_t n, const std::vector<int32_t>& offsets,
+                int64_t first, int64_t count) {
+  std::vector<int32_t> host_offsets = offsets;
+  Tensor d_offsets =
+      rt::to_device(testing::view_of(host_offsets, {static_cast<int64_t>(host_offsets.size())}));
+  Tensor out = Tensor::empty(DType::kF32, {count, n}, rt::device_allocator());
+  rt::fill_bytes(out.view(), 0xFF);
+  cuda::moe_grouped_gemm_fp4(d.x.view().narrow(0, first, count), d_offsets.view(), d.weight.view(),
+                             d.scale.view(), out.view());
+  rt::synchronize();
+  return rt::to_host(out.view());
+}
+
+// The offsets a call over rows [first, first + count) sees.
+std::vector<int32_t> window_offsets(const std::vector<int32_t>& offsets, int64_t first,
+                                    int64_t count) {
+  std::vector<int32_t> result;
+  for (int32_t offset : offsets) {
+    result.push_back(static_cast<int32_t>(std::clamp<int64_t>(offset - first, 0, count)));
+  }
+  return result;
+}
+
+// Every row of `all` (one call over all rows: the prefill tile) equals the same row from calls
+// over windows of fewer than 16 rows per expert (the decode tile), bit for bit; rows outside
+// every expert are unwritten in both.
+void check_bits_against_decode_tile(const Problem& p, const DeviceProblem& d, const Tensor& all,
+                                    const std::string& what) {
+  const int64_t rows = p.x.view().size(0);
+  const int64_t window = 16 * p.experts - 1;
+  int64_t mismatched = 0;
+  int64_t first_mismatch = -1;
+  for (int64_t first = 0; first < rows; first += window) {
+    const int64_t count = std::min(window, rows - first);
+    const Tensor part = call_gpu(d, p.n, window_offsets(p.offsets, first, count), first, count);
+    for (int64_t r = 0; r < count; ++r) {
+      if (std::memcmp(all.data<float>() + (first + r) * p.n, part.data<float>() + r * p.n,
+                      static_cast<size_t>(p.n) * sizeof(float)) != 0) {
+        if (first_mismatch < 0) first_mismatch = first + r;
+        ++mismatched;
+      }
+    }
+  }
+  std::printf("%s: %ld of %ld rows differ from the decode tile's bits\n", what.c_str(),
+              static_cast<long>(mismatched), static_cast<long>(rows));
+  EXPECT_EQ(mismatched, 0) << what << ", first differing row " << first_mismatch;
+}
+
+// Against the CPU reference on rows around the tile edges of each expert (the full reference at
+// these shapes takes the CPU too long; the bit check above covers every row); rows outside every
+// expert must be unwritten.
+void check_sampled_rows(const Problem& p, const Tensor& got, const std::string& what) {
+  const int64_t rows = p.x.view().size(0);
+  double scale = 1e-30;
+  double worst = 0.0;
+  for (int64_t e = 0; e < p.experts; ++e) {
+    const int64_t first = p.offsets[e];
+    const int64_t count = p.offsets[e + 1] - first;
+    std::vector<int64_t> picked;
+    for (int64_t local : {int64_t{0}, int64_t{97}, int64_t{128}, count - 1}) {
+      if (local >= 0 && local < count &&
+          std::find(picked.begin(), picked.end(), local) == picked.end()) {
+        picked.push_back(local);
+      }
+    }
+    for (int64_t local : picked) {
+      const int64_t row = first + local;
+      Tensor want = Tensor::empty(DType::kF32, {1, p.n});
+      linear(p.x.view().narrow(0, row, 1),
+             LinearWeight{p.weight.view().select(0, e), p.scale.view().select(0, e)}, want.view(),
+             ActivationQuant::kFp8PerBlock32);
+      for (int64_t i = 0; i < p.n; ++i) {
+        const double w = want.data<float>()[i];
+        const double g = got.data<float>()[row * p.n + i];
+        scale = std::max(scale, std::abs(w));
+        worst = std::max(worst, std::isnan(g) ? INFINITY : std::abs(g - w));
+      }
+    }
+  }
+  std::printf("%s: worst error %.3g of the sampled rows' scale\n", what.c_str(), worst / scale);
+  EXPECT_LE(worst / scale, kTolerance) << what;
+  for (int64_t row = p.offsets.back(); row < rows; ++row) {
+    for (int64_t i = 0; i < p.n; ++i) {
+      ASSERT_TRUE(std::isnan(got.data<float>()[row * p.n + i])) << what << ": row " << row;
+    }
+  }
+}
+
+TEST_F(MoeGroupedGemmTest, PrefillTileSmallShapes) {
+  // 177 rows over 3 experts: a full 128-row tile plus a 2-row remainder, an empty expert, a
+  // 45-row expert in two 32-row tiles, two rows in no expert. Small enough for memcheck and
+  // racecheck.
+  const Problem p = make_problem(3, 256, 512, {130, 0, 45}, 2, 111);
+  check_against_reference(p, "prefill tile (177 rows, 3 experts, 256x512)");
+  const DeviceProblem d(p);
+  const Tensor all = call_gpu(d, p.n, p.offsets, 0, p.x.view().size(0));
+  check_bits_against_decode_tile(p, d, all, "prefill tile 256x512");
+  // A remainder of more than 96 rows takes a full-size tile: 100 and 97 + 128 rows.
+  const Problem q = make_problem(2, 128, 256, {100, 225}, 0, 121);
+  check_against_reference(q, "prefill tile (100 and 225 rows, 128x256)");
+  const DeviceProblem dq(q);
+  check_bits_against_decode_tile(q, dq, call_gpu(dq, q.n, q.offsets, 0, q.x.view().size(0)),
+                                 "prefill tile 128x256");
+  // Offsets past the rows are clamped as in the decode tile; decreasing ones overlap experts'
+  // rows (which expert's result a row keeps is then unspecified) but read and write nothing
+  // outside x, out and the tile lists.
+  const Tensor clamped = call_gpu(d, p.n, {0, 130, 130, 100000}, 0, p.x.view().size(0));
+  // The same seed and row count: the same x and weights with the last expert's end at 177.
+  const Problem clamped_problem = make_problem(3, 256, 512, {130, 0, 47}, 0, 111);
+  EXPECT_LE(worst_error(reference(clamped_problem), clamped), kTolerance);
+  // Two experts over all 177 rows list more tiles than 177 rows bound: the extra is dropped.
+  EXPECT_NO_THROW(call_gpu(d, p.n, {0, 177, 0, 177}, 0, p.x.view().size(0)));
+}
+
+TEST_F(MoeGroupedGemmTest, PrefillTileV41FlashExpertShapes) {
+  // 8 experts with ragged counts at the real w1|w3 and w2 shapes: 300 (2 full tiles + 44 rows),
+  // empty, 129 (a full tile + 1 row), 128, 1, 97 (one full-size tile), 33 (two 32-row tiles),
+  // 250 (two full-size tiles); 3 trailing rows in no expert (941 rows, not a tile multiple).
+  const std::vector<int32_t> counts = {300, 0, 129, 128, 1, 97, 33, 250};
+  const struct {
+    int64_t n, k;
+    uint32_t seed;
+    const char* what;
+  } cases[] = {{4608, 5120, 131, "prefill tile w13 4608x5120"},
+               {5120, 2304, 141, "prefill tile w2 5120x2304"}};
+  for (const auto& c : cases) {
+    const Problem p = make_problem(8, c.n, c.k, counts, 3, c.seed);
+    const DeviceProblem d(p);
+    const Tensor all = call_gpu(d, p.n, p.offsets, 0, p.x.view().size(0));
+    check_sampled_rows(p, all, c.what);
+    check_bits_against_decode_tile(p, d, all, c.what);
+    // A row alone (a one-row call) equals it inside the big call.
+    for (int64_t row : {int64_t{0}, int64_t{299}, int64_t{429}, int64_t{937}}) {
+      const auto expert = static_cast<int64_t>(
+          std::upper_bound(p.offsets.begin(), p.offsets.end(), static_cast<int32_t>(row)) -
+          p.offsets.begin() - 1);
+      std::vector<int32_t> single(p.experts + 1, 0);
+      for (int64_t e = expert + 1; e <= p.experts; ++e) single[e] = 1;
+      const Tensor alone = call_gpu(d, p.n, single, row, 1);
+      EXPECT_EQ(0, std::memcmp(all.data<float>() + row * p.n, alone.data<float>(),
+                               static_cast<size_t>(p.n) * sizeof(float)))
+          << c.what << ", row " << row;
+    }
+  }
+}
+
 // ---- the dense FP8 path (linear_fp8_mma) ----------------------------------------------------
 
 Tensor random_f32(Shape shape, uint32_t seed) {

@@ -16,6 +16,8 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -58,8 +60,21 @@ __device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, ui
 // The released activation quantizer (linear.cu's kFp8PerBlock32) stored as e4m3 bytes and a
 // ue8m0 scale code per block (the scale is a power of two): one warp per 32-block, one value
 // per lane.
-// kEvenOdd stores each 8 values as elements 0, 2, 4, 6, 1, 3, 5, 7 (the fp4 kernel's order).
-template <bool kEvenOdd>
+// Where the quantizer stores each activation inside its 32-block, chosen by the GEMM that reads
+// it. Every layout puts the same K position in the same MMA k-slot; they differ in which loads
+// fetch it.
+enum class CodeLayout {
+  kNatural,  // K order (the fp8-weight kernel's 64-bit loads of 8 consecutive K)
+  // Each 8 values as elements 0, 2, 4, 6, 1, 3, 5, 7 (the fp4 kernel's 64-bit loads: 8t..8t+7
+  // gives thread t its even K in b0 and its odd K in b1).
+  kEvenOdd8,
+  // K 8t + 2i at byte 4t + i and K 8t + 2i + 1 at byte 16 + 4t + i: the same k-slots, but b0 and
+  // b1 are then words t of the block's two 16-byte halves, which is what ldmatrix hands thread t
+  // of a quad when the halves are two 8x8 matrices (the prefill tile).
+  kMmaHalves,
+};
+
+template <CodeLayout kLayout>
 __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
                                      uint8_t* scale_codes, int64_t blocks_per_row) {
   const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -72,7 +87,12 @@ __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
   const float quantized =
       deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale, -448.0f), 448.0f));
   const int in_eight = lane & 7;
-  const int64_t stored = kEvenOdd ? (k & ~int64_t{7}) | ((in_eight & 1) << 2) | (in_eight >> 1) : k;
+  int64_t stored = k;
+  if constexpr (kLayout == CodeLayout::kEvenOdd8) {
+    stored = (k & ~int64_t{7}) | ((in_eight & 1) << 2) | (in_eight >> 1);
+  } else if constexpr (kLayout == CodeLayout::kMmaHalves) {
+    stored = (k & ~int64_t{31}) | ((lane & 1) << 4) | ((lane >> 3) << 2) | (in_eight >> 1);
+  }
   codes[row * x.cols + stored] =
       static_cast<uint8_t>(__nv_cvt_float_to_fp8(quantized, __NV_SATFINITE, __NV_E4M3));
   if (lane == 0) scale_codes[block] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
@@ -265,6 +285,361 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
   }
 }
 
+// ---- prefill: shared-memory tiles ---------------------------------------------------------
+//
+// With many rows per expert the kernel above reloads each activation from L1 for every MMA and
+// keeps its weights in registers. Here a block stages a 128-row weight tile and a token tile in
+// shared memory (cp.async, kStages-deep) and its 8 warps (4 along the weight rows x 2 along the
+// tokens, 32 rows x kWarpTokens tokens each) take their MMA fragments with ldmatrix. Every
+// output element is computed exactly as above: the same instruction with the same K position in
+// each k-slot (the fp4 word of thread t is bytes 4t..4t+3 of the row's 16-byte block, as before;
+// the activations use CodeLayout::kMmaHalves, which puts the same K in the same slots), one MMA
+// per 32-block from zero, times the same scale product, added in ascending K. So a row's bits do
+// not depend on which kernel ran it, which keeps batch invariance across the two.
+//
+// The host does not know the experts' row counts, so a one-block kernel lists the token tiles:
+// 128-token tiles, and each expert's remainder in 32-token tiles unless it needs 4 of them (then
+// one more 128-token tile), so an expert wastes fewer than 32 token slots instead of up to 127.
+// The two tile sizes run as two launches whose grids are bounded by what the host knows
+// (R / 97 and min(R, 3E) tiles); blocks past the listed count return at once.
+
+// false: prefill takes mma_gemm_kernel's wide token tile again (the path before the tile).
+constexpr bool kUsePrefillTiles = true;
+
+constexpr int kTileRows = 128;  // weight rows per block
+constexpr int kTileWarpsAlongRows = 4;
+constexpr int kTileWarpsAlongTokens = 2;
+constexpr int kTileWarpRows = kTileRows / kTileWarpsAlongRows;  // two 16-row MMA tiles
+constexpr int kTileThreads = 32 * kTileWarpsAlongRows * kTileWarpsAlongTokens;
+constexpr int kStepBlocks = 4;  // 32-blocks of K per pipeline stage
+constexpr int kStepK = kStepBlocks * kScaleBlock;
+constexpr int kStages = 3;
+constexpr int kBigTileTokens = 128;   // warps of 64 tokens
+constexpr int kSmallTileTokens = 32;  // warps of 16 tokens
+// A remainder of more rows than 3 small tiles hold takes a full-size tile (still under 32 slots
+// wasted): every listed big tile has at least this many rows, which bounds their number.
+constexpr int kBigTileMinRows = kBigTileTokens - kSmallTileTokens + 1;
+constexpr int kMaxSmallTilesPerGroup = kBigTileTokens / kSmallTileTokens - 1;
+
+// Rows [first, min(first + tile tokens, end)) of `expert`, whose rows end at `end`.
+struct TokenTile {
+  int expert;
+  int first;
+  int end;
+};
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    list_token_tiles_kernel(const int32_t* offsets, int64_t groups, int64_t rows,
+                            TokenTile* big_tiles, int max_big_tiles, TokenTile* small_tiles,
+                            int max_small_tiles, int* tile_counts) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  int big_base = 0;
+  int small_base = 0;
+  for (int64_t base = 0; base < groups; base += kThreads) {
+    const int64_t expert = base + threadIdx.x;
+    int first = 0;
+    int end = 0;
+    if (expert < groups) {  // read as mma_gemm_kernel reads them
+      first = clamp_offset(offsets[expert], rows);
+      end = max(first, clamp_offset(offsets[expert + 1], rows));
+    }
+    int big_here = (end - first) / kBigTileTokens;
+    const int rest_first = first + big_here * kBigTileTokens;
+    int small_here = (end - rest_first + kSmallTileTokens - 1) / kSmallTileTokens;
+    if (small_here > kMaxSmallTilesPerGroup) {
+      ++big_here;
+      small_here = 0;
+    }
+    int big_at = 0;
+    int small_at = 0;
+    int big_total = 0;
+    int small_total = 0;
+    Scan(scan_storage).ExclusiveSum(big_here, big_at, big_total);
+    __syncthreads();  // the scan's storage is reused
+    Scan(scan_storage).ExclusiveSum(small_here, small_at, small_total);
+    __syncthreads();
+    // Overlapping ranges (offsets that decrease) can list more tiles than the rows bound the
+    // lists by; those past the end are dropped.
+    for (int t = 0; t < big_here && big_base + big_at + t < max_big_tiles; ++t) {
+      big_tiles[big_base + big_at + t] = {static_cast<int>(expert), first + t * kBigTileTokens,
+                                          end};
+    }
+    for (int t = 0; t < small_here && small_base + small_at + t < max_small_tiles; ++t) {
+      small_tiles[small_base + small_at + t] = {static_cast<int>(expert),
+                                                rest_first + t * kSmallTileTokens, end};
+    }
+    big_base += big_total;
+    small_base += small_total;
+  }
+  if (threadIdx.x == 0) {
+    tile_counts[0] = min(big_base, max_big_tiles);
+    tile_counts[1] = min(small_base, max_small_tiles);
+  }
+}
+
+// One pipeline stage in shared memory. Weights: 128 rows of 64 bytes (128 fp4), 16-byte chunk c
+// of row r at chunk c ^ ((r / 2) % 4); activations: a row of 128 e4m3 per token, chunk c of
+// token t at c ^ (t % 8). Either way the 8 rows of one ldmatrix 8x8 matrix (same logical chunk)
+// land in 8 different 16-byte bank groups. Scales are decoded to floats once per stage (the
+// weights' with the fp4 rescale folded in, as the other kernel's w_scale).
+template <int kWarpTokens>
+struct PrefillTile {
+  static constexpr int kTokens = kTileWarpsAlongTokens * kWarpTokens;
+  static constexpr int kTokenMmas = kWarpTokens / 8;  // 8-token MMA tiles per warp
+  static constexpr int kWeightRowBytes = kStepK / 2;
+  static constexpr int kCodeRowBytes = kStepK;
+  static constexpr int kWeightBytes = kTileRows * kWeightRowBytes;
+  static constexpr int kCodeBytes = kTokens * kCodeRowBytes;
+  static constexpr int kWeightScaleBytes = kStepBlocks * kTileRows * 4;  // [block][row] f32
+  static constexpr int kCodeScaleBytes = kStepBlocks * kTokens * 4;      // [block][token] f32
+  static constexpr int kCodeOffset = kWeightBytes;
+  static constexpr int kWeightScaleOffset = kCodeOffset + kCodeBytes;
+  static constexpr int kCodeScaleOffset = kWeightScaleOffset + kWeightScaleBytes;
+  static constexpr int kStageBytes = kCodeScaleOffset + kCodeScaleBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kTokenMmas % 2 == 0, "ldmatrix.x4 takes two token tiles");
+  static_assert(kTileRows <= kTileThreads && kTokens <= kTileThreads - kTileRows,
+                "one thread per weight row and per token loads a stage's scale codes");
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void copy_16_async(uint32_t shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(global) : "memory");
+}
+
+__device__ __forceinline__ void commit_copies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void load_matrices_x4(uint32_t (&r)[4], uint32_t shared) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared)
+               : "memory");
+}
+
+// mma_e4m3 without `volatile`, so the compiler may interleave the tile's independent MMAs with
+// their scaling; the same instruction, so the same bits.
+__device__ __forceinline__ void mma_e4m3_free(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                              float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// Block (x: 128 weight rows, y: entry of the token tile list). fp4 weights only.
+template <int kWarpTokens>
+__global__ void __launch_bounds__(kTileThreads, 1)
+    prefill_tile_kernel(GroupedArgs args, const TokenTile* tiles, const int* tile_count) {
+  using Tile = PrefillTile<kWarpTokens>;
+  if (static_cast<int>(blockIdx.y) >= *tile_count) return;
+  extern __shared__ __align__(128) uint8_t shared[];
+  const TokenTile tile = tiles[blockIdx.y];
+  const int tokens = min(tile.end - tile.first, Tile::kTokens);  // >= 1
+  const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int warp = thread >> 5;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  const int warp_row = (warp % kTileWarpsAlongRows) * kTileWarpRows;
+  const int warp_token = (warp / kTileWarpsAlongRows) * kWarpTokens;
+  const int64_t n_first = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  const int steps = static_cast<int>(args.k / kStepK);
+  const uint8_t* weight = args.weight;
+  const uint8_t* w_scales = args.w_scales;
+  int64_t w_row_first = tile.expert * args.n + n_first;
+  if (args.experts != nullptr) {
+    weight = args.experts[tile.expert].bytes;
+    w_scales = args.experts[tile.expert].scale;
+    w_row_first = n_first;
+  }
+  // Tokens past the tile's rows load the last row and are never stored.
+  const auto token_row = [&](int token) -> int64_t { return tile.first + min(token, tokens - 1); };
+
+  const auto stage_base = [&](int slot) { return shared + slot * Tile::kStageBytes; };
+  const auto copy_stage = [&](int step, int slot) {
+    uint8_t* base = stage_base(slot);
+    constexpr int kWeightChunks = kTileRows * Tile::kWeightRowBytes / 16;
+    for (int chunk = thread; chunk < kWeightChunks; chunk += kTileThreads) {
+      const int row = chunk / (Tile::kWeightRowBytes / 16);
+      const int c = chunk % (Tile::kWeightRowBytes / 16);
+      copy_16_async(
+          shared_address(base + row * Tile::kWeightRowBytes + ((c ^ ((row >> 1) & 3)) << 4)),
+          weight + (w_row_first + row) * w_row_bytes +
+              static_cast<int64_t>(step) * Tile::kWeightRowBytes + c * 16);
+    }
+    constexpr int kCodeChunks = Tile::kTokens * Tile::kCodeRowBytes / 16;
+    for (int chunk = thread; chunk < kCodeChunks; chunk += kTileThreads) {
+      const int token = chunk / (Tile::kCodeRowBytes / 16);
+      const int c = chunk % (Tile::kCodeRowBytes / 16);
+      copy_16_async(shared_address(base + Tile::kCodeOffset + token * Tile::kCodeRowBytes +
+                                   ((c ^ (token & 7)) << 4)),
+                    args.x_codes + token_row(token) * args.k +
+                        static_cast<int64_t>(step) * Tile::kCodeRowBytes + c * 16);
+    }
+  };
+  // The stage's 4 scale codes of this thread's weight row (threads [0, 128)) or token (the next
+  // kTokens threads), as one word; the others load nothing.
+  const auto load_scale_codes = [&](int step) -> uint32_t {
+    const int64_t block = static_cast<int64_t>(step) * kStepBlocks;
+    if (thread < kTileRows) {
+      return __ldg(
+          reinterpret_cast<const uint32_t*>(w_scales + (w_row_first + thread) * k_blocks + block));
+    }
+    if (thread < kTileRows + Tile::kTokens) {
+      return __ldg(reinterpret_cast<const uint32_t*>(
+          args.x_scales + token_row(thread - kTileRows) * k_blocks + block));
+    }
+    return 0;
+  };
+  const auto store_scales = [&](uint32_t codes, int slot) {
+    uint8_t* base = stage_base(slot);
+    if (thread < kTileRows) {
+      auto* w_scale = reinterpret_cast<float*>(base + Tile::kWeightScaleOffset);
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        w_scale[b * kTileRows + thread] = scale_code(codes, 8 * b) * kE2m1Rescale;
+      }
+    } else if (thread < kTileRows + Tile::kTokens) {
+      auto* x_scale = reinterpret_cast<float*>(base + Tile::kCodeScaleOffset);
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        x_scale[b * Tile::kTokens + thread - kTileRows] = scale_code(codes, 8 * b);
+      }
+    }
+  };
+
+  // ldmatrix addresses: lane l gives row l % 8 of matrix l / 8.
+  const int matrix = lane >> 3;
+  const int matrix_row = lane & 7;
+  // Weights: matrices (rows 0-7, block b), (rows 8-15, b), (rows 0-7, b + 1), (rows 8-15, b + 1)
+  // of a 16-row MMA tile, so registers 0/1 are the low/high rows' words of block b, 2/3 of b + 1.
+  int weight_row[2];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) weight_row[m] = warp_row + 16 * m + (matrix & 1) * 8 + matrix_row;
+  const int weight_block_offset = matrix >> 1;
+  // Activations: matrices (tokens 0-7, half 0), (0-7, half 1), (8-15, half 0), (8-15, half 1) of
+  // two 8-token MMA tiles, so registers 0/1 are b0/b1 of the first tile, 2/3 of the second.
+  const int code_half = matrix & 1;
+  const int code_token_offset = (matrix >> 1) * 8 + matrix_row;
+
+  const bool warp_has_tokens = warp_token < tokens;
+  float acc[2][Tile::kTokenMmas][4] = {};
+
+  const auto compute_stage = [&](int slot) {
+    const uint8_t* base = stage_base(slot);
+    const uint32_t weight_base = shared_address(base);
+    const uint32_t code_base = shared_address(base + Tile::kCodeOffset);
+    const auto* w_scale = reinterpret_cast<const float*>(base + Tile::kWeightScaleOffset);
+    const auto* x_scale = reinterpret_cast<const float*>(base + Tile::kCodeScaleOffset);
+    // Not unrolled: the whole stage at once takes more than 255 registers.
+#pragma unroll 1
+    for (int pair = 0; pair < kStepBlocks; pair += 2) {
+      uint32_t words[2][4];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int row = weight_row[m];
+        const int c = pair + weight_block_offset;
+        load_matrices_x4(words[m],
+                         weight_base + row * Tile::kWeightRowBytes + ((c ^ ((row >> 1) & 3)) << 4));
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int b = pair + half;
+        uint32_t a[2][4];
+        float w_scale_lo[2];
+        float w_scale_hi[2];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const uint32_t lo = words[m][2 * half];
+          const uint32_t hi = words[m][2 * half + 1];
+          a[m][0] = e2m1x4_to_e4m3x4_scaled(lo);
+          a[m][1] = e2m1x4_to_e4m3x4_scaled(hi);
+          a[m][2] = e2m1x4_to_e4m3x4_scaled(lo >> 4);
+          a[m][3] = e2m1x4_to_e4m3x4_scaled(hi >> 4);
+          w_scale_lo[m] = w_scale[b * kTileRows + warp_row + 16 * m + group];
+          w_scale_hi[m] = w_scale[b * kTileRows + warp_row + 16 * m + group + 8];
+        }
+#pragma unroll
+        for (int jp = 0; jp < Tile::kTokenMmas; jp += 2) {
+          uint32_t codes[4];
+          const int token = warp_token + 8 * jp + code_token_offset;
+          const int c = 2 * b + code_half;
+          load_matrices_x4(codes,
+                           code_base + token * Tile::kCodeRowBytes + ((c ^ (token & 7)) << 4));
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = jp + jj;
+            const float2 x_scales = *reinterpret_cast<const float2*>(x_scale + b * Tile::kTokens +
+                                                                     warp_token + 8 * j + 2 * quad);
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              float d[4];
+              mma_e4m3_free(a[m], codes[2 * jj], codes[2 * jj + 1], d);
+              acc[m][j][0] += d[0] * (x_scales.x * w_scale_lo[m]);
+              acc[m][j][1] += d[1] * (x_scales.y * w_scale_lo[m]);
+              acc[m][j][2] += d[2] * (x_scales.x * w_scale_hi[m]);
+              acc[m][j][3] += d[3] * (x_scales.y * w_scale_hi[m]);
+            }
+          }
+        }
+      }
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) {
+      copy_stage(s, s);
+      store_scales(load_scale_codes(s), s);
+    }
+    commit_copies();
+  }
+  for (int step = 0; step < steps; ++step) {
+    const int ahead = step + kStages - 1;
+    // Loaded now, stored after this step's MMAs: the load's latency hides behind them.
+    const uint32_t ahead_codes = ahead < steps ? load_scale_codes(ahead) : 0;
+    wait_copies<kStages - 2>();
+    __syncthreads();  // stage `step` is in; every warp is done with the slot `ahead` reuses
+    if (ahead < steps) copy_stage(ahead, ahead % kStages);
+    commit_copies();
+    if (warp_has_tokens) compute_stage(step % kStages);
+    if (ahead < steps) store_scales(ahead_codes, ahead % kStages);
+  }
+
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const int64_t n = n_first + warp_row + 16 * m + group;
+#pragma unroll
+    for (int j = 0; j < Tile::kTokenMmas; ++j) {
+      const int token = warp_token + 8 * j + 2 * quad;
+      if (token < tokens) {
+        float* out = args.out + (tile.first + token) * args.out_stride + n;
+        out[0] = acc[m][j][0];
+        out[8] = acc[m][j][2];
+      }
+      if (token + 1 < tokens) {
+        float* out = args.out + (tile.first + token + 1) * args.out_stride + n;
+        out[0] = acc[m][j][1];
+        out[8] = acc[m][j][3];
+      }
+    }
+  }
+}
+
 // Bad arguments are the caller's error (Error), not an internal one.
 template <typename... Parts>
 void require(bool condition, const Parts&... parts) {
@@ -277,36 +652,90 @@ const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* wha
   return static_cast<const uint8_t*>(view.raw_data());
 }
 
+// The prefill tile kernel with kWarpTokens tokens per warp over the listed tiles (at most
+// max_tiles, the grid's height).
+template <int kWarpTokens, typename Stream>
+void launch_prefill_tiles(const GroupedArgs& args, const TokenTile* tiles, const int* tile_count,
+                          int64_t max_tiles, Stream stream) {
+  if (max_tiles == 0) return;
+  constexpr int kSmemBytes = PrefillTile<kWarpTokens>::kSmemBytes;
+  static const bool configured = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(prefill_tile_kernel<kWarpTokens>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(args.n / kTileRows), static_cast<unsigned>(max_tiles));
+  prefill_tile_kernel<kWarpTokens>
+      <<<grid, kTileThreads, kSmemBytes, stream>>>(args, tiles, tile_count);
+  DI_CUDA_LAUNCHED(prefill_tile_kernel);
+}
+
 // Quantizes x's rows (released activation numerics) and runs the kernel over `groups` groups
-// of weight rows; args carries the weight side, n and k.
+// of weight rows; args carries the weight side, n and k. tile_aligned: the fp4 weight rows start
+// on 16 bytes and the scale rows on 4 (the prefill tile's copies).
 template <bool kFp8Weight>
 void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, GroupedArgs args,
-            int64_t groups) {
+            int64_t groups, bool tile_aligned = false) {
   if (in.rows == 0 || args.n == 0 || groups == 0) return;
   const auto stream = current_stream();
   const int64_t blocks_per_row = args.k / kScaleBlock;
+  // Many rows per group (prefill): wider token tiles reuse each weight load (8 times for fp4;
+  // 4 for fp8, whose double-buffered weight words take twice the registers).
+  constexpr int kWideTiles = kFp8Weight ? 4 : 8;
+  const bool wide = in.rows >= 16 * groups;
+  // fp4 prefill over several groups: the shared-memory tile, when the grids fit.
+  const int64_t max_big_tiles = in.rows / kBigTileMinRows;
+  const int64_t max_small_tiles = std::min(in.rows, kMaxSmallTilesPerGroup * groups);
+  const bool prefill_tiles = !kFp8Weight && kUsePrefillTiles && wide && tile_aligned &&
+                             args.offsets != nullptr && args.n % kTileRows == 0 &&
+                             args.k % kStepK == 0 && max_big_tiles <= 65535 &&
+                             max_small_tiles <= 65535;
   StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
   StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
   constexpr int kQuantThreads = 256;
-  quantize_rows_kernel<!kFp8Weight>
-      <<<blocks_for(in.rows * args.k, kQuantThreads), kQuantThreads, 0, stream>>>(
-          in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
+  const unsigned quant_blocks = blocks_for(in.rows * args.k, kQuantThreads);
+  if (kFp8Weight) {
+    quantize_rows_kernel<CodeLayout::kNatural><<<quant_blocks, kQuantThreads, 0, stream>>>(
+        in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
+  } else if (prefill_tiles) {
+    quantize_rows_kernel<CodeLayout::kMmaHalves><<<quant_blocks, kQuantThreads, 0, stream>>>(
+        in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
+  } else {
+    quantize_rows_kernel<CodeLayout::kEvenOdd8><<<quant_blocks, kQuantThreads, 0, stream>>>(
+        in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
+  }
   DI_CUDA_LAUNCHED(quantize_rows_kernel);
   args.x_codes = codes.as<uint8_t>();
   args.x_scales = scales.as<uint8_t>();
   args.out = o.data;
   args.out_stride = o.stride;
   args.rows = in.rows;
-  // Many rows per group (prefill): wider token tiles reuse each weight load (8 times for fp4;
-  // 4 for fp8, whose double-buffered weight words take twice the registers).
-  constexpr int kWideTiles = kFp8Weight ? 4 : 8;
-  const bool wide = in.rows >= 16 * groups;
+  args.groups = groups;
+  if (prefill_tiles) {
+    // Tile counts first (16 bytes), then the full tiles, then the remainders' tiles.
+    constexpr size_t kCountBytes = 16;
+    StreamBuffer tile_list(kCountBytes + static_cast<size_t>(max_big_tiles + max_small_tiles) *
+                                             sizeof(TokenTile));
+    auto* tile_counts = tile_list.as<int>();
+    auto* big_tiles = reinterpret_cast<TokenTile*>(tile_list.as<uint8_t>() + kCountBytes);
+    TokenTile* small_tiles = big_tiles + max_big_tiles;
+    constexpr int kListThreads = 512;
+    list_token_tiles_kernel<kListThreads><<<1, kListThreads, 0, stream>>>(
+        args.offsets, groups, args.rows, big_tiles, static_cast<int>(max_big_tiles), small_tiles,
+        static_cast<int>(max_small_tiles), tile_counts);
+    DI_CUDA_LAUNCHED(list_token_tiles_kernel);
+    launch_prefill_tiles<kBigTileTokens / kTileWarpsAlongTokens>(args, big_tiles, tile_counts,
+                                                                 max_big_tiles, stream);
+    launch_prefill_tiles<kSmallTileTokens / kTileWarpsAlongTokens>(
+        args, small_tiles, tile_counts + 1, max_small_tiles, stream);
+    return;
+  }
   // One group (dense): a block per token tile, so small N still fills the GPU as M grows.
   // Several groups: their row counts are on the device, each block loops over its group's.
   const int64_t token_tiles = groups == 1 ? blocks_for(in.rows, 8 * (wide ? kWideTiles : 1)) : 1;
   // At most R groups have rows: with fewer rows than experts (decode), grid.y walks only the
   // experts that have some instead of launching a block per expert of the 384.
-  args.groups = groups;
   const int64_t group_blocks = std::min(groups, in.rows);
   const dim3 grid(blocks_for(args.n, kRowsPerBlock), static_cast<unsigned>(group_blocks),
                   static_cast<unsigned>(std::min<int64_t>(token_tiles, 65535)));
@@ -318,11 +747,17 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   DI_CUDA_LAUNCHED(mma_gemm_kernel);
 }
 
+bool aligned_to(const void* pointer, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
 }  // namespace
 
 bool grouped_fp4_supports(const DeviceWeight& w) {
+  // The prefill tile copies weight rows in 16-byte pieces; the other kernel loads scales 8 at a
+  // time.
   return w.kind == WeightKind::kF4 && w.block_in == kScaleBlock && w.in % kChunk == 0 &&
-         w.out % kRowsPerWarp == 0;
+         w.out % kRowsPerWarp == 0 && aligned_to(w.bytes, 16) && aligned_to(w.scale, 8);
 }
 
 bool fp8_mma_supports(const DeviceWeight& w) {
@@ -340,7 +775,8 @@ void launch_grouped_fp4(DeviceRows<const float> x, const DeviceWeight& shape, De
   args.experts = groups.weights;
   args.n = shape.out;
   args.k = shape.in;
-  launch<false>(x, out, args, groups.count);
+  // Every group's weight passed grouped_fp4_supports, alignment included.
+  launch<false>(x, out, args, groups.count, /*tile_aligned=*/true);
 }
 
 void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
@@ -373,7 +809,7 @@ void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
       device_bytes(expert_offsets, DType::kI32, "moe_grouped_gemm_fp4 expert_offsets"));
   args.n = n;
   args.k = k;
-  launch<false>(in, o, args, experts);
+  launch<false>(in, o, args, experts, aligned_to(args.weight, 16) && aligned_to(args.w_scales, 8));
 }
 
 void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const TensorView& out) {
