@@ -300,8 +300,8 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
 // The host does not know the experts' row counts, so a one-block kernel lists the token tiles:
 // 128-token tiles, and each expert's remainder in 32-token tiles unless it needs 4 of them (then
 // one more 128-token tile), so an expert wastes fewer than 32 token slots instead of up to 127.
-// The two tile sizes run as two launches whose grids are bounded by what the host knows
-// (R / 97 and min(R, 3E) tiles); blocks past the listed count return at once.
+// Both sizes run in one launch whose grid is bounded by what the host knows (R / 97 + min(R, 3E)
+// tiles); blocks past the listed count return at once.
 
 // false: prefill takes mma_gemm_kernel's wide token tile again (the path before the tile).
 constexpr bool kUsePrefillTiles = true;
@@ -321,22 +321,24 @@ constexpr int kSmallTileTokens = 32;  // warps of 16 tokens
 constexpr int kBigTileMinRows = kBigTileTokens - kSmallTileTokens + 1;
 constexpr int kMaxSmallTilesPerGroup = kBigTileTokens / kSmallTileTokens - 1;
 
-// Rows [first, min(first + tile tokens, end)) of `expert`, whose rows end at `end`.
+// Rows [first, min(first + tile tokens, end)) of `expert`, whose rows end at `end`; tile tokens
+// is kSmallTileTokens if `small`, else kBigTileTokens.
 struct TokenTile {
   int expert;
   int first;
   int end;
+  int small;
 };
 
+// The token tiles in expert order (an expert's full-size tiles, then its small ones), so the
+// blocks that share an expert's weights run close together and find them in L2.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
-    list_token_tiles_kernel(const int32_t* offsets, int64_t groups, int64_t rows,
-                            TokenTile* big_tiles, int max_big_tiles, TokenTile* small_tiles,
-                            int max_small_tiles, int* tile_counts) {
+    list_token_tiles_kernel(const int32_t* offsets, int64_t groups, int64_t rows, TokenTile* tiles,
+                            int max_tiles, int* tile_count) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
-  int big_base = 0;
-  int small_base = 0;
+  int listed = 0;
   for (int64_t base = 0; base < groups; base += kThreads) {
     const int64_t expert = base + threadIdx.x;
     int first = 0;
@@ -352,31 +354,22 @@ __global__ void __launch_bounds__(kThreads)
       ++big_here;
       small_here = 0;
     }
-    int big_at = 0;
-    int small_at = 0;
-    int big_total = 0;
-    int small_total = 0;
-    Scan(scan_storage).ExclusiveSum(big_here, big_at, big_total);
-    __syncthreads();  // the scan's storage is reused
-    Scan(scan_storage).ExclusiveSum(small_here, small_at, small_total);
-    __syncthreads();
+    int at = 0;
+    int total = 0;
+    Scan(scan_storage).ExclusiveSum(big_here + small_here, at, total);
+    __syncthreads();  // the scan's storage is reused by the next chunk of experts
     // Overlapping ranges (offsets that decrease) can list more tiles than the rows bound the
-    // lists by; those past the end are dropped.
-    for (int t = 0; t < big_here && big_base + big_at + t < max_big_tiles; ++t) {
-      big_tiles[big_base + big_at + t] = {static_cast<int>(expert), first + t * kBigTileTokens,
-                                          end};
+    // list by; those past the end are dropped.
+    const int expert_id = static_cast<int>(expert);
+    for (int t = 0; t < big_here + small_here && listed + at + t < max_tiles; ++t) {
+      tiles[listed + at + t] =
+          t < big_here
+              ? TokenTile{expert_id, first + t * kBigTileTokens, end, 0}
+              : TokenTile{expert_id, rest_first + (t - big_here) * kSmallTileTokens, end, 1};
     }
-    for (int t = 0; t < small_here && small_base + small_at + t < max_small_tiles; ++t) {
-      small_tiles[small_base + small_at + t] = {static_cast<int>(expert),
-                                                rest_first + t * kSmallTileTokens, end};
-    }
-    big_base += big_total;
-    small_base += small_total;
+    listed += total;
   }
-  if (threadIdx.x == 0) {
-    tile_counts[0] = min(big_base, max_big_tiles);
-    tile_counts[1] = min(small_base, max_small_tiles);
-  }
+  if (threadIdx.x == 0) *tile_count = min(listed, max_tiles);
 }
 
 // One pipeline stage in shared memory. Weights: 128 rows of 64 bytes (128 fp4), 16-byte chunk c
@@ -438,14 +431,11 @@ __device__ __forceinline__ void mma_e4m3_free(const uint32_t (&a)[4], uint32_t b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
-// Block (x: 128 weight rows, y: entry of the token tile list). fp4 weights only.
+// One block's work: 128 weight rows (from blockIdx.x) times one token tile. fp4 weights only.
 template <int kWarpTokens>
-__global__ void __launch_bounds__(kTileThreads, 1)
-    prefill_tile_kernel(GroupedArgs args, const TokenTile* tiles, const int* tile_count) {
+__device__ __forceinline__ void prefill_tile(const GroupedArgs& args, const TokenTile& tile,
+                                             uint8_t* shared) {
   using Tile = PrefillTile<kWarpTokens>;
-  if (static_cast<int>(blockIdx.y) >= *tile_count) return;
-  extern __shared__ __align__(128) uint8_t shared[];
-  const TokenTile tile = tiles[blockIdx.y];
   const int tokens = min(tile.end - tile.first, Tile::kTokens);  // >= 1
   const int thread = threadIdx.x;
   const int lane = thread & 31;
@@ -640,6 +630,23 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   }
 }
 
+// Block (x: 128 weight rows, y: entry of the token tile list); both tile sizes in one launch,
+// so an expert's tiles stay in list order.
+__global__ void __launch_bounds__(kTileThreads, 1)
+    prefill_tile_kernel(GroupedArgs args, const TokenTile* tiles, const int* tile_count) {
+  if (static_cast<int>(blockIdx.y) >= *tile_count) return;
+  extern __shared__ __align__(128) uint8_t shared[];
+  const TokenTile tile = tiles[blockIdx.y];
+  if (tile.small != 0) {
+    prefill_tile<kSmallTileTokens / kTileWarpsAlongTokens>(args, tile, shared);
+  } else {
+    prefill_tile<kBigTileTokens / kTileWarpsAlongTokens>(args, tile, shared);
+  }
+}
+constexpr int kPrefillSmemBytes =
+    std::max(PrefillTile<kSmallTileTokens / kTileWarpsAlongTokens>::kSmemBytes,
+             PrefillTile<kBigTileTokens / kTileWarpsAlongTokens>::kSmemBytes);
+
 // Bad arguments are the caller's error (Error), not an internal one.
 template <typename... Parts>
 void require(bool condition, const Parts&... parts) {
@@ -650,25 +657,6 @@ const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* wha
   require(view.device().is_cuda() && view.dtype() == dtype && view.is_contiguous(), what,
           " must be a contiguous ", dtype_name(dtype), " device tensor, got ", view.to_string());
   return static_cast<const uint8_t*>(view.raw_data());
-}
-
-// The prefill tile kernel with kWarpTokens tokens per warp over the listed tiles (at most
-// max_tiles, the grid's height).
-template <int kWarpTokens, typename Stream>
-void launch_prefill_tiles(const GroupedArgs& args, const TokenTile* tiles, const int* tile_count,
-                          int64_t max_tiles, Stream stream) {
-  if (max_tiles == 0) return;
-  constexpr int kSmemBytes = PrefillTile<kWarpTokens>::kSmemBytes;
-  static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(prefill_tile_kernel<kWarpTokens>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(static_cast<unsigned>(args.n / kTileRows), static_cast<unsigned>(max_tiles));
-  prefill_tile_kernel<kWarpTokens>
-      <<<grid, kTileThreads, kSmemBytes, stream>>>(args, tiles, tile_count);
-  DI_CUDA_LAUNCHED(prefill_tile_kernel);
 }
 
 // Quantizes x's rows (released activation numerics) and runs the kernel over `groups` groups
@@ -689,8 +677,7 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   const int64_t max_small_tiles = std::min(in.rows, kMaxSmallTilesPerGroup * groups);
   const bool prefill_tiles = !kFp8Weight && kUsePrefillTiles && wide && tile_aligned &&
                              args.offsets != nullptr && args.n % kTileRows == 0 &&
-                             args.k % kStepK == 0 && max_big_tiles <= 65535 &&
-                             max_small_tiles <= 65535;
+                             args.k % kStepK == 0 && max_big_tiles + max_small_tiles <= 65535;
   StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
   StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
   constexpr int kQuantThreads = 256;
@@ -713,22 +700,25 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   args.rows = in.rows;
   args.groups = groups;
   if (prefill_tiles) {
-    // Tile counts first (16 bytes), then the full tiles, then the remainders' tiles.
+    // The tile count first (16 bytes), then the tiles.
     constexpr size_t kCountBytes = 16;
-    StreamBuffer tile_list(kCountBytes + static_cast<size_t>(max_big_tiles + max_small_tiles) *
-                                             sizeof(TokenTile));
-    auto* tile_counts = tile_list.as<int>();
-    auto* big_tiles = reinterpret_cast<TokenTile*>(tile_list.as<uint8_t>() + kCountBytes);
-    TokenTile* small_tiles = big_tiles + max_big_tiles;
+    const int64_t max_tiles = max_big_tiles + max_small_tiles;
+    StreamBuffer tile_list(kCountBytes + static_cast<size_t>(max_tiles) * sizeof(TokenTile));
+    auto* tile_count = tile_list.as<int>();
+    auto* tiles = reinterpret_cast<TokenTile*>(tile_list.as<uint8_t>() + kCountBytes);
     constexpr int kListThreads = 512;
     list_token_tiles_kernel<kListThreads><<<1, kListThreads, 0, stream>>>(
-        args.offsets, groups, args.rows, big_tiles, static_cast<int>(max_big_tiles), small_tiles,
-        static_cast<int>(max_small_tiles), tile_counts);
+        args.offsets, groups, args.rows, tiles, static_cast<int>(max_tiles), tile_count);
     DI_CUDA_LAUNCHED(list_token_tiles_kernel);
-    launch_prefill_tiles<kBigTileTokens / kTileWarpsAlongTokens>(args, big_tiles, tile_counts,
-                                                                 max_big_tiles, stream);
-    launch_prefill_tiles<kSmallTileTokens / kTileWarpsAlongTokens>(
-        args, small_tiles, tile_counts + 1, max_small_tiles, stream);
+    static const bool configured = [] {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(
+          prefill_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefillSmemBytes));
+      return true;
+    }();
+    (void)configured;
+    const dim3 grid(static_cast<unsigned>(args.n / kTileRows), static_cast<unsigned>(max_tiles));
+    prefill_tile_kernel<<<grid, kTileThreads, kPrefillSmemBytes, stream>>>(args, tiles, tile_count);
+    DI_CUDA_LAUNCHED(prefill_tile_kernel);
     return;
   }
   // One group (dense): a block per token tile, so small N still fills the GPU as M grows.

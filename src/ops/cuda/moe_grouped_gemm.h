@@ -23,8 +23,10 @@ namespace deepinfer::ops::cuda {
 // dot per 32-block, scaled, added in K order) whatever the number of rows, the tile that holds
 // it and the other experts' rows, so a row's result does not depend on the batch. It differs
 // from ops::cuda::linear's (one FMA chain) in the last bits.
-// The token tile (8 rows per warp when R / E is small, as in decode; 64 when large, as in
-// prefill) only changes which rows share a weight load, not any row's arithmetic.
+// The tile (8 rows per warp when R / E is small, as in decode; with R >= 16 E, N % 128 == 0 and
+// aligned weights, as in prefill, a shared-memory tile of 128 weight rows x 128 or 32 tokens; a
+// 64-token register tile otherwise) only changes which rows share a weight load, not any row's
+// arithmetic.
 void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
                           const TensorView& weight, const TensorView& scale, const TensorView& out);
 
