@@ -300,8 +300,7 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
 // The host does not know the experts' row counts, so a one-block kernel lists the token tiles:
 // 128-token tiles, and each expert's remainder in 32-token tiles unless it needs 4 of them (then
 // one more 128-token tile), so an expert wastes fewer than 32 token slots instead of up to 127.
-// Both sizes run in one launch whose grid is bounded by what the host knows (R / 97 + min(R, 3E)
-// tiles); blocks past the listed count return at once.
+// The list holds at most R / 97 + min(R, 3E) tiles, which bounds its scratch.
 
 // false: prefill takes mma_gemm_kernel's wide token tile again (the path before the tile).
 constexpr bool kUsePrefillTiles = true;
@@ -431,10 +430,10 @@ __device__ __forceinline__ void mma_e4m3_free(const uint32_t (&a)[4], uint32_t b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
-// One block's work: 128 weight rows (from blockIdx.x) times one token tile. fp4 weights only.
+// One work item: weight rows [128 row_tile, +128) times one token tile. fp4 weights only.
 template <int kWarpTokens>
 __device__ __forceinline__ void prefill_tile(const GroupedArgs& args, const TokenTile& tile,
-                                             uint8_t* shared) {
+                                             int row_tile, uint8_t* shared) {
   using Tile = PrefillTile<kWarpTokens>;
   const int tokens = min(tile.end - tile.first, Tile::kTokens);  // >= 1
   const int thread = threadIdx.x;
@@ -444,7 +443,7 @@ __device__ __forceinline__ void prefill_tile(const GroupedArgs& args, const Toke
   const int quad = lane & 3;
   const int warp_row = (warp % kTileWarpsAlongRows) * kTileWarpRows;
   const int warp_token = (warp / kTileWarpsAlongRows) * kWarpTokens;
-  const int64_t n_first = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int64_t n_first = static_cast<int64_t>(row_tile) * kTileRows;
   const int64_t k_blocks = args.k / kScaleBlock;
   const int64_t w_row_bytes = args.k / 2;
   const int steps = static_cast<int>(args.k / kStepK);
@@ -630,17 +629,23 @@ __device__ __forceinline__ void prefill_tile(const GroupedArgs& args, const Toke
   }
 }
 
-// Block (x: 128 weight rows, y: entry of the token tile list); both tile sizes in one launch,
-// so an expert's tiles stay in list order.
+// Persistent blocks (one per SM) walk the work items (token tile, 128 weight rows) in list
+// order, weight rows fastest: the items in flight at any time are a few consecutive tiles, so
+// an expert's weights are read from HBM about once. Both tile sizes run in the one launch.
 __global__ void __launch_bounds__(kTileThreads, 1)
     prefill_tile_kernel(GroupedArgs args, const TokenTile* tiles, const int* tile_count) {
-  if (static_cast<int>(blockIdx.y) >= *tile_count) return;
   extern __shared__ __align__(128) uint8_t shared[];
-  const TokenTile tile = tiles[blockIdx.y];
-  if (tile.small != 0) {
-    prefill_tile<kSmallTileTokens / kTileWarpsAlongTokens>(args, tile, shared);
-  } else {
-    prefill_tile<kBigTileTokens / kTileWarpsAlongTokens>(args, tile, shared);
+  const int row_tiles = static_cast<int>(args.n / kTileRows);
+  const int64_t items = static_cast<int64_t>(*tile_count) * row_tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const TokenTile tile = tiles[item / row_tiles];
+    const int row_tile = static_cast<int>(item % row_tiles);
+    if (tile.small != 0) {
+      prefill_tile<kSmallTileTokens / kTileWarpsAlongTokens>(args, tile, row_tile, shared);
+    } else {
+      prefill_tile<kBigTileTokens / kTileWarpsAlongTokens>(args, tile, row_tile, shared);
+    }
+    __syncthreads();  // the next item's first stages overwrite what slow warps may still read
   }
 }
 constexpr int kPrefillSmemBytes =
@@ -677,7 +682,7 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   const int64_t max_small_tiles = std::min(in.rows, kMaxSmallTilesPerGroup * groups);
   const bool prefill_tiles = !kFp8Weight && kUsePrefillTiles && wide && tile_aligned &&
                              args.offsets != nullptr && args.n % kTileRows == 0 &&
-                             args.k % kStepK == 0 && max_big_tiles + max_small_tiles <= 65535;
+                             args.k % kStepK == 0 && max_big_tiles + max_small_tiles <= INT32_MAX;
   StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
   StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
   constexpr int kQuantThreads = 256;
@@ -716,8 +721,14 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
       return true;
     }();
     (void)configured;
-    const dim3 grid(static_cast<unsigned>(args.n / kTileRows), static_cast<unsigned>(max_tiles));
-    prefill_tile_kernel<<<grid, kTileThreads, kPrefillSmemBytes, stream>>>(args, tiles, tile_count);
+    int device = 0;
+    int sms = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int64_t max_items = max_tiles * (args.n / kTileRows);
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(max_items, sms));
+    prefill_tile_kernel<<<blocks, kTileThreads, kPrefillSmemBytes, stream>>>(args, tiles,
+                                                                             tile_count);
     DI_CUDA_LAUNCHED(prefill_tile_kernel);
     return;
   }
