@@ -14,8 +14,8 @@
 //   cuda_model_bench --device cpu --tiny      (the host logic on the tests' tiny config)
 #include <algorithm>
 #include <chrono>
-#include <compare>
 #include <cmath>
+#include <compare>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -67,7 +67,7 @@ struct Options {
   std::string device = "cuda";
   bool tiny = false;
   std::string mix = "representative";  // or "first"
-  int64_t layers = 4;                   // with --mix first
+  int64_t layers = 4;                  // with --mix first
   std::string config_path = "tests/data/configs/deepseek_v41_flash_config.json";
   std::string tiny_config_path = "tests/data/configs/tiny_forward_text.json";
   std::vector<int64_t> batches = {1, 16, 64, 256};
@@ -75,12 +75,14 @@ struct Options {
   int steps = 5;
   int64_t prefill_tokens = 8192;
   int64_t prefill_split = 4;  // also as this many requests of prefill_tokens / split (0: off)
-  double fp8_peak_tflops = 1448.0;  // docs/BENCHMARKS.md's cuBLASLt 8192^3; the lead passes the run's
-  double bandwidth_gbps = 0.0;      // 0: measure
-  double time_budget_s = 80.0;
+  double fp8_peak_tflops =
+      1448.0;                   // docs/BENCHMARKS.md's cuBLASLt 8192^3; the lead passes the run's
+  double bandwidth_gbps = 0.0;  // 0: measure
+  double time_budget_s = 60.0;  // cases not started by then are skipped
   int64_t engram_vocab_size = 160000;  // shrinks the engram tables (see the report)
   uint64_t seed = 20261130;
   std::string json_path;
+  bool dry_run = false;  // config and cost model only
 };
 
 // ---- progress -------------------------------------------------------------------------------
@@ -245,8 +247,8 @@ std::unique_ptr<RandomModel> make_random_model(const DeepseekV41TextConfig& conf
       case WeightRole::kPlain:
         fill.kind = FillKind::kNormal;
         fill.mean = spec.init == deepseek_v41::WeightInit::kOnes ? 1.0f : 0.0f;
-        fill.stddev = spec.init == deepseek_v41::WeightInit::kNormal ? static_cast<float>(sigma)
-                                                                      : 0.0f;
+        fill.stddev =
+            spec.init == deepseek_v41::WeightInit::kNormal ? static_cast<float>(sigma) : 0.0f;
         break;
       case WeightRole::kFp8Block:
       case WeightRole::kEngramTable:
@@ -346,8 +348,8 @@ std::unique_ptr<RequestState> filled_state(const DeepseekV41TextConfig& c, int64
     fill_tensor(state->pending_gate(layer), rows, seed ^ hash_name("pending_gate" + tag));
   }
   if (state->history_capacity() > 0) {
-    const TensorView history = TensorView::contiguous(state->engram_history(), DType::kI32,
-                                                      {state->history_capacity()});
+    const TensorView history =
+        TensorView::contiguous(state->engram_history(), DType::kI32, {state->history_capacity()});
     FillSpec ids{FillKind::kIndex};
     ids.index_bound = static_cast<int32_t>(c.engram_compressed_vocab_size);
     fill_tensor(history, ids, seed ^ hash_name("history"));
@@ -369,11 +371,12 @@ class CostModel {
     layer_bytes_.assign(static_cast<size_t>(c_.num_hidden_layers), 0.0);
     layer_bytes_here_.assign(static_cast<size_t>(c_.num_hidden_layers), 0.0);
     for (const WeightSpec& spec : table) {
-      const double bytes = static_cast<double>(
-          dtype_storage_bytes(spec.dtype, spec.element_count()));
+      const double bytes =
+          static_cast<double>(dtype_storage_bytes(spec.dtype, spec.element_count()));
       if (spec.layer < 0) {
         if (spec.name.rfind("head.", 0) == 0) head_bytes_ += bytes;
-        if (spec.name == "embed.weight") embed_row_bytes_ = bytes / static_cast<double>(c_.vocab_size);
+        if (spec.name == "embed.weight")
+          embed_row_bytes_ = bytes / static_cast<double>(c_.vocab_size);
         continue;
       }
       const std::string expert0 = "layers." + std::to_string(spec.layer) + ".ffn.experts.0.";
@@ -437,9 +440,9 @@ class CostModel {
       b.weights_here += layer_bytes_here_[static_cast<size_t>(layer)] + distinct * expert_bytes_;
     }
     const double dh = static_cast<double>(c_.head_dim), di = static_cast<double>(c_.index_head_dim);
-    const double window_row = dh + dh / 32.0;          // e4m3 + a ue8m0 scale per 32
+    const double window_row = dh + dh / 32.0;            // e4m3 + a ue8m0 scale per 32
     const double compressed_row = dh / 2.0 + dh / 16.0;  // e2m1 + an e4m3 scale per 16
-    const double key_row = di / 2.0 + di / 32.0;        // e2m1 + a ue8m0 scale per 32
+    const double key_row = di / 2.0 + di / 32.0;         // e2m1 + a ue8m0 scale per 32
     for (int64_t layer = 0; layer < c_.num_hidden_layers; ++layer) {
       const double window = static_cast<double>(std::min(context + 1, c_.sliding_window));
       double selected = 0, scored = 0;
@@ -471,9 +474,9 @@ class CostModel {
     double flops = 0;
     for (int64_t layer = 0; layer < c_.num_hidden_layers; ++layer) {
       const int64_t ratio = c_.compress_ratio(layer);
-      flops += 2 * 2 * hc * d * mix_rows;                                 // hc mixes, 2 sites
-      flops += 2 * d * lq + 2 * lq * h * dh + 2 * d * dh;                 // wq_a, wq_b, wkv
-      flops += 2 * h * dh * static_cast<double>(c_.o_lora_rank)           // wo_a (grouped)
+      flops += 2 * 2 * hc * d * mix_rows;                                    // hc mixes, 2 sites
+      flops += 2 * d * lq + 2 * lq * h * dh + 2 * d * dh;                    // wq_a, wq_b, wkv
+      flops += 2 * h * dh * static_cast<double>(c_.o_lora_rank)              // wo_a (grouped)
                + 2 * static_cast<double>(c_.o_groups * c_.o_lora_rank) * d;  // wo_b
       double keys = static_cast<double>(std::min(position + 1, c_.sliding_window));
       if (ratio > 0) keys += static_cast<double>(std::min(c_.index_topk, entries(layer, position)));
@@ -483,10 +486,10 @@ class CostModel {
         if (c_.is_index_source(layer) && (position + 1) % ratio == 0) flops += 2 * dh * di;  // wk
       }
       if (c_.is_index_source(layer) && ratio > 0) {
-        flops += 2 * lq * hi * di + 2 * d * hi;                                  // wq_b, weights
+        flops += 2 * lq * hi * di + 2 * d * hi;  // wq_b, weights
         flops += 2 * hi * di * static_cast<double>(scored_entries(layer, position));  // scores
       }
-      flops += 2 * d * static_cast<double>(c_.n_routed_experts);  // gate
+      flops += 2 * d * static_cast<double>(c_.n_routed_experts);                     // gate
       flops += static_cast<double>(c_.num_experts_per_tok + 1) * 3 * 2 * d * inter;  // experts
       if (c_.engram_index(layer) >= 0) {
         flops += 2 * static_cast<double>(c_.engram_hash_columns() * c_.engram_head_dim) * d *
@@ -547,6 +550,7 @@ struct Projection {
   bool complete = true;
   double step_ms = 0;
   std::vector<std::string> missing;
+  Json kind_ms = Json::object();  // measured mean per layer kind, plus the engram delta
 };
 
 Projection project(const DeepseekV41TextConfig& measured, const std::vector<double>& layer_ms,
@@ -566,6 +570,8 @@ Projection project(const DeepseekV41TextConfig& measured, const std::vector<doub
   }
   Projection projection;
   projection.step_ms = outside_ms;
+  for (const auto& [kind, ms] : kind_ms) projection.kind_ms[kind.name()] = ms;
+  if (engram_delta) projection.kind_ms["engram_delta"] = *engram_delta;
   for (int64_t layer = 0; layer < full.num_hidden_layers; ++layer) {
     const LayerKind kind = kind_of(full, layer);
     if (auto it = kind_ms.find(kind); it != kind_ms.end()) {
@@ -679,9 +685,8 @@ constexpr bool kHasRowForward = requires(M& m, std::span<const ForwardRequest> r
 // The forward with logits of `rows` only where this Model has that overload (the LM head is
 // then computed for the sampled rows of a prefill, as the engine does); else every row's.
 template <typename M>
-bool forward_rows(M& model, std::span<const ForwardRequest> requests,
-                  std::span<const int32_t> rows, const TensorView& row_logits,
-                  const TensorView& all_logits) {
+bool forward_rows(M& model, std::span<const ForwardRequest> requests, std::span<const int32_t> rows,
+                  const TensorView& row_logits, const TensorView& all_logits) {
   if constexpr (kHasRowForward<M>) {
     model.forward(requests, rows, row_logits);
     return true;
@@ -704,7 +709,10 @@ class Bench {
     progress("skipped %s: past the time budget of %.0f s", what, o_.time_budget_s);
     return true;
   }
-  void setup();
+  void setup();         // config and cost model (host only)
+  void setup_device();  // roofline, weights, model
+  void print_config() const;
+  bool dry_run() const;  // false when the default mix misses a layer kind
   void decode_context(int64_t context);
   void prefill(int64_t requests, int64_t tokens_each);
   Json case_floor(double bytes, double flops) const;
@@ -739,9 +747,11 @@ void Bench::setup() {
   Json composite = read_json(o_.config_path);
   if (o_.tiny) {
     Json text = read_json(o_.tiny_config_path);
-    if (!text.contains("quantization_config")) text["quantization_config"] = released_quantization();
+    if (!text.contains("quantization_config"))
+      text["quantization_config"] = released_quantization();
     config_ = deepseek_v41::parse_config(text, o_.tiny_config_path).text;
-    for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) real_layers_.push_back(layer);
+    for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer)
+      real_layers_.push_back(layer);
   } else {
     full_config_ = deepseek_v41::parse_config(composite, o_.config_path).text;
     if (o_.mix == "representative") {
@@ -762,7 +772,10 @@ void Bench::setup() {
   if (o_.tiny) full_config_ = config_;  // the tiny model projects onto itself
   cost_ = std::make_unique<CostModel>(config_);
   full_cost_ = std::make_unique<CostModel>(full_config_);
+  if (o_.dry_run) return;
+}
 
+void Bench::setup_device() {
   if (device_.is_cuda()) {
     cuda::device_allocator(0);  // checks the GPU
     if (o_.bandwidth_gbps <= 0) {
@@ -772,17 +785,7 @@ void Bench::setup() {
     }
   }
   if (bandwidth_gbps_ <= 0) bandwidth_gbps_ = o_.bandwidth_gbps > 0 ? o_.bandwidth_gbps : 4558.0;
-  progress("config: %lld layers (released layers %s), hidden %lld, %lld experts, vocab %lld",
-           static_cast<long long>(config_.num_hidden_layers),
-           Json(real_layers_).dump().c_str(), static_cast<long long>(config_.hidden_size),
-           static_cast<long long>(config_.n_routed_experts),
-           static_cast<long long>(config_.vocab_size));
-  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-    progress("  layer %lld (released %lld): %s", static_cast<long long>(layer),
-             static_cast<long long>(real_layers_[static_cast<size_t>(layer)]),
-             kind_of(config_, layer).name().c_str());
-  }
-
+  print_config();
   weights_ = make_random_model(config_, device_, o_.seed);
   ops::synchronize(device_);
   progress("random weights on %s: %.2f GB", device_.to_string().c_str(),
@@ -805,6 +808,19 @@ void Bench::setup() {
                          {"fp8_peak_tflops", o_.fp8_peak_tflops}};
   report_["decode"] = Json::array();
   report_["prefill"] = Json::array();
+}
+
+void Bench::print_config() const {
+  progress("config: %lld layers (released layers %s), hidden %lld, %lld experts, vocab %lld",
+           static_cast<long long>(config_.num_hidden_layers), Json(real_layers_).dump().c_str(),
+           static_cast<long long>(config_.hidden_size),
+           static_cast<long long>(config_.n_routed_experts),
+           static_cast<long long>(config_.vocab_size));
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    progress("  layer %lld (released %lld): %s", static_cast<long long>(layer),
+             static_cast<long long>(real_layers_[static_cast<size_t>(layer)]),
+             kind_of(config_, layer).name().c_str());
+  }
 }
 
 Json Bench::case_floor(double bytes, double flops) const {
@@ -865,26 +881,27 @@ void Bench::decode_context(int64_t context) {
                           std::span<const int32_t>(&tokens[static_cast<size_t>(r)], 1)});
     Tensor logits = Tensor::empty(DType::kF32, {batch, config_.vocab_size}, allocator);
     std::vector<std::vector<double>> runs;
-    for (int step = 0; step <= o_.steps; ++step) {  // step 0 warms up
+    int steps = o_.steps;
+    for (int step = 0; step <= steps; ++step) {  // step 0 warms up
       marks.record(0);
       model_->forward(requests, logits.view());
       marks.record(marks.slots() - 1);
       const std::vector<double> intervals = marks.intervals();
       if (step > 0) runs.push_back(intervals);
+      if (step == 0 && intervals[0] > 1000.0) steps = std::min(steps, 2);  // slow: fewer steps
       // Forget the token so the context stays put.
       for (const ForwardRequest& request : requests) request.state->rollback(1);
     }
     const FiniteCheck finite = check_logits(logits.view());
     const StepTimes times = summarize(runs, config_.num_hidden_layers);
     const CostModel::Bytes bytes = cost_->decode_bytes(batch, context);
-    const double flops = static_cast<double>(batch) *
-                         (cost_->token_flops(context) + cost_->head_flops_per_row());
-    const double outside =
-        times.epilogue_ms;  // the prologue is inside layer 0 (see the report)
+    const double flops =
+        static_cast<double>(batch) * (cost_->token_flops(context) + cost_->head_flops_per_row());
+    const double outside = times.epilogue_ms;  // the prologue is inside layer 0 (see the report)
     const Projection projection = project(config_, times.layer_ms, outside, full_config_);
     const CostModel::Bytes full_bytes = full_cost_->decode_bytes(batch, context);
-    const double full_flops = static_cast<double>(batch) * (full_cost_->token_flops(context) +
-                                                            full_cost_->head_flops_per_row());
+    const double full_flops = static_cast<double>(batch) *
+                              (full_cost_->token_flops(context) + full_cost_->head_flops_per_row());
     entry["status"] = finite.non_finite == 0 ? "ok" : "non-finite logits";
     entry["step_ms"] = times.step_ms;
     entry["steps_ms"] = times.steps_ms;
@@ -900,6 +917,7 @@ void Bench::decode_context(int64_t context) {
     entry["projected_40_layers"] = case_floor(full_bytes.total(), full_flops);
     entry["projected_40_layers"]["complete"] = projection.complete;
     entry["projected_40_layers"]["missing_kinds"] = projection.missing;
+    entry["kind_ms"] = projection.kind_ms;
     if (projection.complete) {
       entry["projected_40_layers"]["step_ms"] = projection.step_ms;
       entry["projected_40_layers"]["tokens_per_s"] =
@@ -909,8 +927,9 @@ void Bench::decode_context(int64_t context) {
         "decode b=%lld ctx=%lld: %.2f ms/step (%.0f tok/s), floor %.3f ms (%.2f GB at %.0f GB/s), "
         "compute floor %.3f ms; logits non-finite %lld, max |logit| %.3g",
         static_cast<long long>(batch), static_cast<long long>(context), times.step_ms,
-        static_cast<double>(entry["tokens_per_s"]), static_cast<double>(entry["floor"]["bandwidth_floor_ms"]),
-        bytes.total() * 1e-9, bandwidth_gbps_, static_cast<double>(entry["floor"]["compute_floor_ms"]),
+        static_cast<double>(entry["tokens_per_s"]),
+        static_cast<double>(entry["floor"]["bandwidth_floor_ms"]), bytes.total() * 1e-9,
+        bandwidth_gbps_, static_cast<double>(entry["floor"]["compute_floor_ms"]),
         static_cast<long long>(finite.non_finite), finite.max_abs);
     report_["decode"].push_back(entry);
   }
@@ -989,21 +1008,30 @@ void Bench::prefill(int64_t requests, int64_t tokens_each) {
   entry["projected_40_layers"] = case_floor(0.0, full_flops);
   entry["projected_40_layers"]["complete"] = projection.complete;
   entry["projected_40_layers"]["missing_kinds"] = projection.missing;
+  entry["kind_ms"] = projection.kind_ms;
   if (projection.complete) {
     entry["projected_40_layers"]["ms"] = projection.step_ms;
     entry["projected_40_layers"]["tokens_per_s"] =
         static_cast<double>(total) / (projection.step_ms * 1e-3);
     entry["projected_40_layers"]["tflops"] = full_flops / (projection.step_ms * 1e-3) * 1e-12;
   }
-  progress("prefill %lldx%lld: %.1f ms, %.0f tok/s, %.1f TFLOP/s = %.1f%% of FP8 peak "
-           "(compute floor %.2f ms); logits non-finite %lld, max |logit| %.3g",
-           static_cast<long long>(requests), static_cast<long long>(tokens_each), times.step_ms,
-           static_cast<double>(entry["tokens_per_s"]), tflops, 100.0 * tflops / o_.fp8_peak_tflops,
-           static_cast<double>(entry["floor"]["compute_floor_ms"]),
-           static_cast<long long>(finite.non_finite), finite.max_abs);
+  progress(
+      "prefill %lldx%lld: %.1f ms, %.0f tok/s, %.1f TFLOP/s = %.1f%% of FP8 peak "
+      "(compute floor %.2f ms); logits non-finite %lld, max |logit| %.3g",
+      static_cast<long long>(requests), static_cast<long long>(tokens_each), times.step_ms,
+      static_cast<double>(entry["tokens_per_s"]), tflops, 100.0 * tflops / o_.fp8_peak_tflops,
+      static_cast<double>(entry["floor"]["compute_floor_ms"]),
+      static_cast<long long>(finite.non_finite), finite.max_abs);
   report_["prefill"].push_back(entry);
   states.clear();
   ops::synchronize(device_);
+}
+
+std::string number_or_na(const Json& object, const char* key, const char* format) {
+  if (!object.contains(key)) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof(text), format, object[key].get<double>());
+  return text;
 }
 
 void Bench::print_tables() const {
@@ -1011,8 +1039,9 @@ void Bench::print_tables() const {
               device_.to_string().c_str(), static_cast<long long>(config_.num_hidden_layers),
               Json(real_layers_).dump().c_str(), bandwidth_gbps_, o_.fp8_peak_tflops);
   std::printf("\nDecode (one token per request; floor = bytes that must move / HBM read)\n");
-  std::printf("| batch | context | ms/step | tok/s | floor ms | of floor | GB moved | "
-              "40 layers: ms/step | tok/s | floor ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| batch | context | ms/step | tok/s | floor ms | floor/step | GB moved | "
+      "40 layers: ms/step | tok/s | floor ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Json& e : report_["decode"]) {
     if (e["status"] != "ok" && !e.contains("step_ms")) {
       std::printf("| %lld | %lld | %s | | | | | | | |\n", e["batch"].get<long long>(),
@@ -1022,19 +1051,17 @@ void Bench::print_tables() const {
     const Json& p = e["projected_40_layers"];
     const double floor_ms = e["floor"]["bandwidth_floor_ms"];
     const double step_ms = e["step_ms"];
-    std::printf("| %lld | %lld | %.2f | %.0f | %.3f | %.1f%% | %.2f | %s | %s | %.3f |\n",
-                e["batch"].get<long long>(), e["context"].get<long long>(), step_ms,
-                e["tokens_per_s"].get<double>(), floor_ms, 100.0 * floor_ms / step_ms,
-                e["floor"]["bytes"].get<double>() * 1e-9,
-                p.contains("step_ms") ? std::to_string(p["step_ms"].get<double>()).c_str() : "n/a",
-                p.contains("tokens_per_s")
-                    ? std::to_string(p["tokens_per_s"].get<double>()).c_str()
-                    : "n/a",
-                p["bandwidth_floor_ms"].get<double>());
+    std::printf(
+        "| %lld | %lld | %.2f | %.0f | %.3f | %.1f%% | %.2f | %s | %s | %.3f |\n",
+        e["batch"].get<long long>(), e["context"].get<long long>(), step_ms,
+        e["tokens_per_s"].get<double>(), floor_ms, 100.0 * floor_ms / step_ms,
+        e["floor"]["bytes"].get<double>() * 1e-9, number_or_na(p, "step_ms", "%.2f").c_str(),
+        number_or_na(p, "tokens_per_s", "%.0f").c_str(), p["bandwidth_floor_ms"].get<double>());
   }
   std::printf("\nPrefill (from an empty state)\n");
-  std::printf("| requests x tokens | ms | tok/s | TFLOP/s | of FP8 peak | 40 layers: ms | tok/s |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| requests x tokens | ms | tok/s | TFLOP/s | of FP8 peak | 40 layers: ms | tok/s |\n"
+      "|---|---|---|---|---|---|---|\n");
   for (const Json& e : report_["prefill"]) {
     if (!e.contains("ms")) {
       std::printf("| %lld x %lld | %s | | | | | |\n", e["requests"].get<long long>(),
@@ -1042,19 +1069,18 @@ void Bench::print_tables() const {
       continue;
     }
     const Json& p = e["projected_40_layers"];
-    std::printf("| %lld x %lld | %.1f | %.0f | %.1f | %.1f%% | %s | %s |\n",
-                e["requests"].get<long long>(), e["tokens_each"].get<long long>(),
-                e["ms"].get<double>(), e["tokens_per_s"].get<double>(), e["tflops"].get<double>(),
-                100.0 * e["fraction_of_fp8_peak"].get<double>(),
-                p.contains("ms") ? std::to_string(p["ms"].get<double>()).c_str() : "n/a",
-                p.contains("tokens_per_s")
-                    ? std::to_string(p["tokens_per_s"].get<double>()).c_str()
-                    : "n/a");
+    std::printf(
+        "| %lld x %lld | %.1f | %.0f | %.1f | %.1f%% | %s | %s |\n", e["requests"].get<long long>(),
+        e["tokens_each"].get<long long>(), e["ms"].get<double>(), e["tokens_per_s"].get<double>(),
+        e["tflops"].get<double>(), 100.0 * e["fraction_of_fp8_peak"].get<double>(),
+        number_or_na(p, "ms", "%.1f").c_str(), number_or_na(p, "tokens_per_s", "%.0f").c_str());
   }
-  std::printf("\nPer-layer ms (layer 0 includes the step's prologue: metadata upload, embedding)\n");
+  std::printf(
+      "\nPer-layer ms (layer 0 includes the step's prologue: metadata upload, embedding)\n");
   std::printf("| case |");
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer)
-    std::printf(" %lld %s |", static_cast<long long>(layer), kind_of(config_, layer).name().c_str());
+    std::printf(" %lld %s |", static_cast<long long>(layer),
+                kind_of(config_, layer).name().c_str());
   std::printf(" head |\n|---|");
   for (int64_t layer = 0; layer <= config_.num_hidden_layers; ++layer) std::printf("---|");
   std::printf("\n");
@@ -1077,8 +1103,56 @@ void Bench::print_tables() const {
   std::fflush(stdout);
 }
 
+// The cost model's figures without a model (no weights, no device): checks the restricted
+// config and the floors on any machine.
+bool Bench::dry_run() const {
+  print_config();
+  const double bandwidth = o_.bandwidth_gbps > 0 ? o_.bandwidth_gbps : 4558.0;
+  const auto show = [&](const char* label, const CostModel& cost, int64_t batch, int64_t context) {
+    const CostModel::Bytes bytes = cost.decode_bytes(batch, context);
+    const double flops =
+        static_cast<double>(batch) * (cost.token_flops(context) + cost.head_flops_per_row());
+    progress(
+        "%s decode b=%lld ctx=%lld: weights %.3f GB (%.1f distinct experts a layer), "
+        "cache %.3f GB, floor %.3f ms at %.0f GB/s (as stored here %.3f GB); %.3f TFLOP, "
+        "compute floor %.4f ms",
+        label, static_cast<long long>(batch), static_cast<long long>(context), bytes.weights * 1e-9,
+        cost.expected_distinct_experts(batch), bytes.cache * 1e-9,
+        bytes.total() / (bandwidth * 1e9) * 1e3, bandwidth, bytes.total_here() * 1e-9,
+        flops * 1e-12, flops / (o_.fp8_peak_tflops * 1e12) * 1e3);
+  };
+  progress(
+      "weights of the model as run: %.2f GB; of the 40-layer model: %.2f GB (released formats, "
+      "engram tables excluded)",
+      cost_->weight_bytes_total() * 1e-9, full_cost_->weight_bytes_total() * 1e-9);
+  for (int64_t context : o_.contexts) {
+    for (int64_t batch : o_.batches) {
+      show("as run:", *cost_, batch, context);
+      show("40 layers:", *full_cost_, batch, context);
+    }
+  }
+  // Every released layer kind must be covered: 1 ms per measured layer projects to 1 ms a layer.
+  const Projection unit =
+      project(config_, std::vector<double>(static_cast<size_t>(config_.num_hidden_layers), 1.0),
+              0.0, full_config_);
+  progress("projection check: 1 ms per measured layer -> %.1f ms for %lld layers (%s)",
+           unit.step_ms, static_cast<long long>(full_config_.num_hidden_layers),
+           unit.complete ? "complete" : ("missing " + Json(unit.missing).dump()).c_str());
+  for (const auto* cost : {cost_.get(), full_cost_.get()}) {
+    double flops = cost->head_flops_per_row();
+    for (int64_t t = 0; t < o_.prefill_tokens; ++t) flops += cost->token_flops(t);
+    progress(
+        "%s prefill 1x%lld (LM head on the last row): %.2f TFLOP, compute floor %.2f ms",
+        cost == cost_.get() ? "as run:" : "40 layers:", static_cast<long long>(o_.prefill_tokens),
+        flops * 1e-12, flops / (o_.fp8_peak_tflops * 1e12) * 1e3);
+  }
+  return unit.complete || o_.mix != "representative";
+}
+
 int Bench::run() {
   setup();
+  if (o_.dry_run) return dry_run() ? 0 : 1;
+  setup_device();
   // The headline figures first (the time budget cuts from the end): decode at the first
   // context, the one-request prefill, the other contexts, the split prefill.
   for (size_t i = 0; i < o_.contexts.size(); ++i) {
@@ -1113,8 +1187,8 @@ std::vector<int64_t> parse_list(const std::string& text) {
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                            : comma - start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (!item.empty()) values.push_back(std::stoll(item));
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -1126,8 +1200,8 @@ const char* kUsage =
     "usage: cuda_model_bench [--device cuda|cpu] [--tiny] [--mix representative|first]\n"
     "  [--layers L (with --mix first)] [--batches 1,16,64,256] [--contexts 4096,32768]\n"
     "  [--steps N] [--prefill-tokens 8192] [--prefill-split 4 (0: off)]\n"
-    "  [--fp8-peak-tflops X] [--bandwidth-gbps X (default: measured)] [--time-budget-s 80]\n"
-    "  [--engram-vocab-size 160000] [--config PATH] [--seed S] [--json PATH]\n";
+    "  [--fp8-peak-tflops X] [--bandwidth-gbps X (default: measured)] [--time-budget-s 60]\n"
+    "  [--engram-vocab-size 160000] [--config PATH] [--seed S] [--json PATH] [--dry-run]\n";
 
 Options parse_options(int argc, char** argv) {
   Options o;
@@ -1138,22 +1212,40 @@ Options parse_options(int argc, char** argv) {
       if (i + 1 >= argc) DI_THROW("missing value after ", arg, "\n", kUsage);
       return argv[++i];
     };
-    if (arg == "--device") o.device = value();
-    else if (arg == "--tiny") o.tiny = true;
-    else if (arg == "--mix") o.mix = value();
-    else if (arg == "--layers") o.layers = std::stoll(value()), o.mix = "first";
-    else if (arg == "--batches") o.batches = parse_list(value()), batches_given = true;
-    else if (arg == "--contexts") o.contexts = parse_list(value()), contexts_given = true;
-    else if (arg == "--steps") o.steps = std::stoi(value());
-    else if (arg == "--prefill-tokens") o.prefill_tokens = std::stoll(value()), prefill_given = true;
-    else if (arg == "--prefill-split") o.prefill_split = std::stoll(value());
-    else if (arg == "--fp8-peak-tflops") o.fp8_peak_tflops = std::stod(value());
-    else if (arg == "--bandwidth-gbps") o.bandwidth_gbps = std::stod(value());
-    else if (arg == "--time-budget-s") o.time_budget_s = std::stod(value());
-    else if (arg == "--engram-vocab-size") o.engram_vocab_size = std::stoll(value());
-    else if (arg == "--config") o.config_path = value();
-    else if (arg == "--seed") o.seed = std::stoull(value());
-    else if (arg == "--json") o.json_path = value();
+    if (arg == "--device")
+      o.device = value();
+    else if (arg == "--tiny")
+      o.tiny = true;
+    else if (arg == "--mix")
+      o.mix = value();
+    else if (arg == "--layers")
+      o.layers = std::stoll(value()), o.mix = "first";
+    else if (arg == "--batches")
+      o.batches = parse_list(value()), batches_given = true;
+    else if (arg == "--contexts")
+      o.contexts = parse_list(value()), contexts_given = true;
+    else if (arg == "--steps")
+      o.steps = std::stoi(value());
+    else if (arg == "--prefill-tokens")
+      o.prefill_tokens = std::stoll(value()), prefill_given = true;
+    else if (arg == "--prefill-split")
+      o.prefill_split = std::stoll(value());
+    else if (arg == "--fp8-peak-tflops")
+      o.fp8_peak_tflops = std::stod(value());
+    else if (arg == "--bandwidth-gbps")
+      o.bandwidth_gbps = std::stod(value());
+    else if (arg == "--time-budget-s")
+      o.time_budget_s = std::stod(value());
+    else if (arg == "--engram-vocab-size")
+      o.engram_vocab_size = std::stoll(value());
+    else if (arg == "--config")
+      o.config_path = value();
+    else if (arg == "--seed")
+      o.seed = std::stoull(value());
+    else if (arg == "--json")
+      o.json_path = value();
+    else if (arg == "--dry-run")
+      o.dry_run = true;
     else if (arg == "--help" || arg == "-h") {
       std::printf("%s", kUsage);
       std::exit(0);

@@ -103,7 +103,8 @@ __host__ __device__ inline void fill_element(void* data, bool bf16, FillSpec spe
       static_cast<uint8_t*>(data)[i] = spec.byte;
       break;
     case FillKind::kIndex:
-      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(uniform_index(seed, i, spec.index_bound));
+      static_cast<int32_t*>(data)[i] =
+          static_cast<int32_t>(uniform_index(seed, i, spec.index_bound));
       break;
   }
 }
@@ -163,15 +164,19 @@ void fill_tensor(const TensorView& view, const FillSpec& spec, uint64_t seed) {
   if (view.device().is_cuda()) {
     const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((count + 255) / 256, 8192));
     fill_kernel<<<blocks, 256, 0, cuda::current_stream()>>>(view.raw_data(), count, bf16, spec,
-                                                           seed);
+                                                            seed);
     DI_CUDA_CHECK(cudaGetLastError());
     return;
   }
   for (uint64_t i = 0; i < count; ++i) fill_element(view.raw_data(), bf16, spec, seed, i);
 }
 
-uint8_t encode_e4m3_for_test(float value) { return encode_e4m3(value); }
-uint8_t encode_e2m1_for_test(float value) { return encode_e2m1(value); }
+uint8_t encode_e4m3_for_test(float value) {
+  return encode_e4m3(value);
+}
+uint8_t encode_e2m1_for_test(float value) {
+  return encode_e2m1(value);
+}
 
 double measure_read_bandwidth_gbps(size_t bytes) {
   bytes &= ~static_cast<size_t>(15);
