@@ -7,8 +7,9 @@
 // 2. Every linear of one layer at decode batch 1, 16, 64, 256 and prefill 8192: our
 //    ops::cuda::linear, the model's op (weights in their storage format, the released activation
 //    quantizer for FP8 roles, which it runs on linear_fp8_mma's tensor-core path; BF16 roles on
-//    the FMA tile kernel) against cuBLASLt on the same shapes (FP8 with a per-tensor scale for
-//    FP8 roles — cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles).
+//    the BF16 tensor-core path of linear_bf16_mma.cu, with the FMA tile kernel they ran on before
+//    as a second row) against cuBLASLt on the same shapes (FP8 with a per-tensor scale for FP8
+//    roles — cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles).
 // 3. The routed experts (384 x 2304, top 6): our grouped FP8 x FP4 GEMM against a per-expert
 //    loop of cuBLASLt calls (BF16-dequantized weights, the nearest SM90 cuBLASLt has to FP4,
 //    and FP8 per-tensor weights), both GEMMs (w1|w3 then w2) of the routed MoE.
@@ -35,6 +36,8 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/linear.cuh"
+#include "ops/cuda/linear_bf16_mma.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 
 namespace deepinfer::bench {
@@ -407,6 +410,9 @@ int copies_for(size_t bytes) {
 }
 
 void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
+  // LAYER_BENCH_SKIP_FMA=1: no FMA comparison rows for the BF16 roles (they take seconds at 8192).
+  const char* skip_fma_env = std::getenv("LAYER_BENCH_SKIP_FMA");
+  const bool skip_fma = skip_fma_env != nullptr && std::string(skip_fma_env) == "1";
   for (const Role& role : kRoles) {
     const int64_t in = role.in, out = role.out, groups = role.groups;
     const double weight_elems = static_cast<double>(groups * out * in);
@@ -447,8 +453,52 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
                             y.view().narrow(1, g * out, out), quant);
         }
       });
-      report(roof, "dense", role.name, role.fp8 ? "ours (linear: mma)" : "ours (linear: FMA)", m,
-             ms_ours, our_weight_bytes + 4.0 * m * groups * (in + out), flops, peak);
+      const double our_bytes = our_weight_bytes + 4.0 * m * groups * (in + out);
+      // Which kernel ops::cuda::linear picked (a function of the weight and input layout only).
+      const auto in_rows = [&](int64_t g) {
+        return rt::device_rows<const float>(x.view().narrow(1, g * in, in), "bench input");
+      };
+      const auto out_rows = [&](int64_t g) {
+        return rt::device_rows<float>(y.view().narrow(1, g * out, out), "bench output");
+      };
+      const bool bf16_mma =
+          !role.fp8 &&
+          ops::cuda::bf16_mma_supports(
+              ops::cuda::describe(LinearWeight{weights[0].view().narrow(0, 0, out), TensorView()}),
+              in_rows(0));
+      report(roof, "dense", role.name,
+             role.fp8 ? "ours (linear: mma)"
+                      : (bf16_mma ? "ours (linear: bf16 mma)" : "ours (linear: FMA)"),
+             m, ms_ours, our_bytes, flops, peak);
+      if (bf16_mma && !skip_fma) {
+        // The FMA tile kernel the BF16 roles ran on before (part 1's path), for comparison.
+        const double ms_fma = time_ms([&](int call) {
+          const int c = call % copies;
+          for (int64_t g = 0; g < groups; ++g) {
+            const ops::cuda::DeviceWeight w = ops::cuda::describe(
+                LinearWeight{weights[c].view().narrow(0, g * out, out), TensorView()});
+            ops::cuda::launch_linear(in_rows(g), w, out_rows(g));
+          }
+        });
+        report(roof, "dense", role.name, "ours (FMA)", m, ms_fma, our_bytes, flops, peak);
+      }
+      if (bf16_mma) {
+        // The same path with the other activation term count (2: a third fewer MMAs, x kept to
+        // about 2^-16; 3: exact), to weigh speed against accuracy.
+        const int other_terms = ops::cuda::linear_bf16_mma_activation_terms() == 3 ? 2 : 3;
+        const double ms_other = time_ms([&](int call) {
+          const int c = call % copies;
+          for (int64_t g = 0; g < groups; ++g) {
+            ops::cuda::linear_bf16_mma(
+                x.view().narrow(1, g * in, in),
+                LinearWeight{weights[c].view().narrow(0, g * out, out), TensorView()},
+                y.view().narrow(1, g * out, out), other_terms);
+          }
+        });
+        report(roof, "dense", role.name,
+               "ours (bf16 mma, " + std::to_string(other_terms) + " terms)", m, ms_other, our_bytes,
+               flops, peak);
+      }
 
       const DType lt_dtype = role.fp8 ? DType::kF8E4M3 : DType::kBF16;
       Tensor lx =

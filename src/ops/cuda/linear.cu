@@ -1,7 +1,9 @@
 // linear and dequantize_weight. Weights stay in their storage format in device memory and are
 // dequantized while a tile is staged in shared memory; each output element accumulates K in
 // ascending order inside one thread, so a row's result never depends on how many rows are in
-// the call (batch invariance). Part 2 replaces the FMA tile loop with wgmma.
+// the call (batch invariance). FP8 weights with FP8 activations (linear_fp8_mma) and BF16 weights
+// without activation quantization (linear_bf16_mma.cu) of aligned shapes run on the tensor cores
+// instead.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/moe_grouped_gemm.h"
@@ -251,6 +253,10 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
   if (in.rows == 0 || w.out == 0) return;
   if (activation_quant == ActivationQuant::kFp8PerBlock32 && fp8_mma_supports(w)) {
     linear_fp8_mma(x, weight, out);  // the released FP8 roles, on the tensor cores
+    return;
+  }
+  if (activation_quant == ActivationQuant::kNone && bf16_mma_supports(w, in)) {
+    launch_linear_bf16_mma(in, w, o);  // the BF16 roles (wo_a, gate, compressor), tensor cores
     return;
   }
   deepinfer::cuda::StreamBuffer quantized(activation_quant == ActivationQuant::kFp8PerBlock32

@@ -1,0 +1,333 @@
+// BF16 weights times f32 activations on the tensor cores (mma.sync m16n8k16 bf16 -> f32).
+//
+// Swap AB, as linear_fp8_mma: 16 weight rows are the MMA's M and 8 tokens its N, so decode's
+// 1-16 tokens waste MMA lanes but never weight bytes. Each f32 activation x is split into bf16
+// terms, hi = bf16(x), then bf16 of each exact remainder (x - hi, ...), and every term meets the
+// same exact bf16 weight fragment in its own MMA: the products are exact, so two terms lose only
+// x's remainder below about 2^-16 |x| and three lose nothing (kActivationTerms).
+//
+// Inside one MMA the K order is ours to choose (both operands just have to agree), so thread t of
+// a quad holds K [8t, 8t + 8) of each 32-wide chunk: one 16-byte load per weight row and two
+// float4 loads per token. The first MMA of a chunk takes each thread's first four values, the
+// second the last four.
+//
+// Batch invariance: K is cut into S equal slices, S a function of the weight's shape only. A
+// slice's partial starts at zero and adds, per 32-chunk in ascending order, the result of the
+// chained MMAs of that chunk (every term of both halves, from a zero accumulator); the output
+// is 0 + P_0 + P_1 + ... in slice order. Decode spreads a row group's S slices over S warps of
+// one block and adds their partials through shared memory in slice order; prefill runs all S
+// slices in one warp in the same order. Either way each output is the same sequence of
+// operations whatever M, the tile or the other rows. Tensor-core results of one output element
+// depend only on its weight row and token column (the FP8 kernel's bit-exact invariance test on
+// the H200 relies on the same property).
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/linear.cuh"
+#include "ops/cuda/linear_bf16_mma.h"
+
+namespace deepinfer::ops::cuda {
+namespace {
+
+// The path's one switch: false sends every bf16 weight back to the FMA tile kernel.
+constexpr bool kBf16MmaEnabled = true;
+// bf16 terms per f32 activation in ops::cuda::linear: 3 is exact (f32-like results, as the FMA
+// kernel's), 2 keeps x to about 2^-16 (a few 1e-6 of an output's scale) for a third fewer MMAs
+// and conversions.
+constexpr int kActivationTerms = 3;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 16;  // the MMA's M
+constexpr int kChunk = 32;        // K per step: 8 bf16 (16 bytes) per thread per weight row
+constexpr int kChunkBytes = kChunk * 2;
+// Decode wants about this many warps in flight; K is split (up to kWarps ways) until it has them.
+constexpr int64_t kTargetWarps = 1024;
+// Prefill (one warp runs all slices, 8 row groups share the block's activations) once it gives
+// the GPU at least this many blocks.
+constexpr int64_t kWideMinBlocks = 512;
+
+// Two floats -> bf16x2 (round to nearest even), `low` in bits 0-15 as the MMA's lower-K element.
+__device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+  return packed;
+}
+
+// a and b as kTerms bf16 terms each, largest first: term t is bf16 of what the terms before it
+// left over (each remainder is exact in f32). Two terms keep a and b to about 2^-16 of their
+// magnitude, three exactly (8 + 8 + 8 significand bits cover f32's 24) unless a remainder
+// underflows.
+template <int kTerms>
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t (&terms)[kTerms]) {
+#pragma unroll
+  for (int t = 0; t < kTerms; ++t) {
+    terms[t] = pack_bf16x2(a, b);
+    a -= __uint_as_float(terms[t] << 16);
+    b -= __uint_as_float(terms[t] & 0xFFFF0000u);
+  }
+}
+
+// d += A (16 x 16 weights) . B (16 x 8 tokens).
+__device__ __forceinline__ void mma_bf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct Bf16MmaArgs {
+  DeviceRows<const float> x;
+  const uint8_t* weight;  // [n, k] bf16
+  int64_t row_bytes;
+  int64_t n;
+  int64_t k;
+  int slices;  // S: K slices, each k / S long (a multiple of kChunk)
+  DeviceRows<float> out;
+};
+
+// Registers of in-flight chunks per warp (weights and activations loaded this many chunks ahead).
+template <int kTokenTiles>
+constexpr int kRingDepth = kTokenTiles == 1 ? 8 : (kTokenTiles == 2 ? 4 : 2);
+
+// Block: 8 warps. kSplitSlices (decode): a row group's S slices are S warps of the block (8 / S
+// row groups per block); else (prefill) warp w is row group 8 * blockIdx.x + w over all of K.
+// Tokens: tiles of 8 * kTokenTiles per block along grid.y (looped past 65535 tiles).
+template <int kTokenTiles, bool kSplitSlices, int kTerms>
+__global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args) {
+  constexpr int kTokensPerBlock = 8 * kTokenTiles;
+  constexpr int kRing = kRingDepth<kTokenTiles>;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;  // MMA row (weights) and column (tokens) of this thread
+  const int quad = lane & 3;
+  const int slices = args.slices;
+  const int warps_per_row_group = kSplitSlices ? slices : 1;
+  const int64_t row_group = static_cast<int64_t>(blockIdx.x) * (kWarps / warps_per_row_group) +
+                            warp / warps_per_row_group;
+  const int64_t n_base = row_group * kRowsPerWarp;
+  // Warps past the last row group still reach every barrier; they only skip the work.
+  const bool active = n_base < args.n;
+  const int first_slice = kSplitSlices ? warp % slices : 0;
+  const int chunks_per_slice = static_cast<int>(args.k / (kChunk * slices));
+  const int chunk_begin = first_slice * chunks_per_slice;
+  const int chunk_count = (kSplitSlices ? 1 : slices) * chunks_per_slice;
+  const uint8_t* w_lo = args.weight + (active ? (n_base + group) * args.row_bytes : 0) + 16 * quad +
+                        static_cast<int64_t>(chunk_begin) * kChunkBytes;
+  const uint8_t* w_hi = w_lo + (active ? 8 * args.row_bytes : 0);
+  const int64_t rows = args.x.rows;
+
+  for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTokensPerBlock; tile < rows;
+       tile += static_cast<int64_t>(gridDim.y) * kTokensPerBlock) {
+    // acc: the current slice's partial; total: 0 + P_0 + P_1 + ... (prefill only).
+    float acc[kTokenTiles][4] = {};
+    float total[kTokenTiles][4] = {};
+    if (active) {
+      // Tokens past the end load the last row (never stored).
+      const float* x_at[kTokenTiles];
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        x_at[j] = args.x.row(min(tile + 8 * j + group, rows - 1)) + 8 * quad +
+                  static_cast<int64_t>(chunk_begin) * kChunk;
+      }
+      uint4 w_ring[kRing][2];
+      float4 x_ring[kRing][kTokenTiles][2];
+      auto load = [&](int slot, int chunk) {
+        w_ring[slot][0] = __ldg(reinterpret_cast<const uint4*>(w_lo + chunk * kChunkBytes));
+        w_ring[slot][1] = __ldg(reinterpret_cast<const uint4*>(w_hi + chunk * kChunkBytes));
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+          x_ring[slot][j][0] = __ldg(reinterpret_cast<const float4*>(x_at[j] + chunk * kChunk));
+          x_ring[slot][j][1] = __ldg(reinterpret_cast<const float4*>(x_at[j] + chunk * kChunk + 4));
+        }
+      };
+#pragma unroll
+      for (int slot = 0; slot < kRing; ++slot) {
+        if (slot < chunk_count) load(slot, slot);
+      }
+      int left_in_slice = chunks_per_slice;
+      for (int base = 0; base < chunk_count; base += kRing) {
+#pragma unroll
+        for (int slot = 0; slot < kRing; ++slot) {
+          const int chunk = base + slot;
+          if (chunk < chunk_count) {
+            // Weight rows g and g + 8, K [8t, 8t + 8) of the chunk: the first MMA takes K
+            // [8t, 8t + 4) (registers .x, .y), the second [8t + 4, 8t + 8) (.z, .w).
+            const uint4 w_row_lo = w_ring[slot][0];
+            const uint4 w_row_hi = w_ring[slot][1];
+            const uint32_t a_first[4] = {w_row_lo.x, w_row_hi.x, w_row_lo.y, w_row_hi.y};
+            const uint32_t a_second[4] = {w_row_lo.z, w_row_hi.z, w_row_lo.w, w_row_hi.w};
+#pragma unroll
+            for (int j = 0; j < kTokenTiles; ++j) {
+              const float4 first = x_ring[slot][j][0];
+              const float4 second = x_ring[slot][j][1];
+              uint32_t pair[4][kTerms];
+              split_pair(first.x, first.y, pair[0]);
+              split_pair(first.z, first.w, pair[1]);
+              split_pair(second.x, second.y, pair[2]);
+              split_pair(second.z, second.w, pair[3]);
+              // The chunk's 2 * kTerms MMAs chained from zero, smallest terms first.
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first, pair[0][t], pair[1][t], d);
+#pragma unroll
+              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_second, pair[2][t], pair[3][t], d);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[j][i] += d[i];
+            }
+            if (chunk + kRing < chunk_count) load(slot, chunk + kRing);
+            if (--left_in_slice == 0) {
+              left_in_slice = chunks_per_slice;
+              if constexpr (!kSplitSlices) {
+#pragma unroll
+                for (int j = 0; j < kTokenTiles; ++j) {
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) {
+                    total[j][i] += acc[j][i];
+                    acc[j][i] = 0.0f;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kSplitSlices) {
+      // Each warp's slice partial, lane-major so the writes and reads are conflict-free.
+      __shared__ float partials[kWarps][kTokenTiles * 4][32];
+      if (active) {
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) partials[warp][4 * j + i][lane] = acc[j][i];
+        }
+      }
+      __syncthreads();
+      if (active && first_slice == 0) {
+        // The same additions as prefill's total: 0 + P_0 + P_1 + ... in slice order.
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float sum = 0.0f;
+            for (int s = 0; s < slices; ++s) sum += partials[warp + s][4 * j + i][lane];
+            total[j][i] = sum;
+          }
+        }
+      }
+      __syncthreads();  // partials are rewritten by the next token tile
+    }
+    if (active && first_slice == 0) {
+      // d[0], d[1]: weight row g, tokens 2t and 2t + 1; d[2], d[3]: row g + 8, same tokens.
+      const int64_t n = n_base + group;
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        const int64_t token = tile + 8 * j + 2 * quad;
+        if (token < rows) {
+          args.out.row(token)[n] = total[j][0];
+          args.out.row(token)[n + 8] = total[j][2];
+        }
+        if (token + 1 < rows) {
+          args.out.row(token + 1)[n] = total[j][1];
+          args.out.row(token + 1)[n + 8] = total[j][3];
+        }
+      }
+    }
+  }
+}
+
+bool aligned16(const void* pointer) {
+  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
+bool bf16_mma_fits(const DeviceWeight& w, const DeviceRows<const float>& x) {
+  return w.kind == WeightKind::kBF16 && w.in % kChunk == 0 && w.out % kRowsPerWarp == 0 &&
+         w.row_bytes == 2 * w.in && aligned16(w.bytes) && x.stride % 4 == 0 && aligned16(x.data);
+}
+
+template <int kTerms>
+void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRows<float> out) {
+  DI_CHECK(bf16_mma_fits(w, x) && x.cols == w.in && out.cols == w.out && out.rows == x.rows,
+           "launch_linear_bf16_mma: unsupported weight [", w.out, ", ", w.in, "] or shapes");
+  if (x.rows == 0 || w.out == 0) return;
+  Bf16MmaArgs args{x,  w.bytes, w.row_bytes, w.out, w.in, linear_bf16_mma_k_slices(w.out, w.in),
+                   out};
+  const int64_t row_groups = w.out / kRowsPerWarp;
+  const auto stream = current_stream();
+  const auto run = [&](auto kernel, int tokens_per_block, int row_groups_per_block) {
+    const dim3 grid(blocks_for(row_groups, row_groups_per_block),
+                    std::min(blocks_for(x.rows, tokens_per_block), 65535u));
+    kernel<<<grid, kThreads, 0, stream>>>(args);
+    DI_CUDA_LAUNCHED(bf16_mma_kernel);
+  };
+  const int split_row_groups = kWarps / args.slices;
+  if (x.rows <= 8) {
+    run(bf16_mma_kernel<1, true, kTerms>, 8, split_row_groups);
+  } else if (x.rows <= 16) {
+    run(bf16_mma_kernel<2, true, kTerms>, 16, split_row_groups);
+  } else if (static_cast<int64_t>(blocks_for(row_groups, kWarps)) * blocks_for(x.rows, 32) >=
+             kWideMinBlocks) {
+    run(bf16_mma_kernel<4, false, kTerms>, 32, kWarps);
+  } else {
+    run(bf16_mma_kernel<4, true, kTerms>, 32, split_row_groups);
+  }
+}
+
+}  // namespace
+
+bool linear_bf16_mma_enabled() {
+  return kBf16MmaEnabled;
+}
+
+int linear_bf16_mma_k_slices(int64_t n, int64_t k) {
+  const int64_t row_groups = n / kRowsPerWarp;
+  int slices = 1;
+  while (slices < kWarps && row_groups * slices < kTargetWarps &&
+         k % (static_cast<int64_t>(kChunk) * slices * 2) == 0) {
+    slices *= 2;
+  }
+  return slices;
+}
+
+bool bf16_mma_supports(const DeviceWeight& w, const DeviceRows<const float>& x) {
+  return kBf16MmaEnabled && bf16_mma_fits(w, x);
+}
+
+void launch_linear_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w,
+                            DeviceRows<float> out) {
+  launch_bf16_mma<kActivationTerms>(x, w, out);
+}
+
+void linear_bf16_mma(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+                     int activation_terms) {
+  if (activation_terms == 0) activation_terms = kActivationTerms;
+  if (activation_terms != 2 && activation_terms != 3) {
+    DI_THROW("linear_bf16_mma: activation_terms must be 2 or 3, got ", activation_terms);
+  }
+  const DeviceWeight w = describe(weight);
+  const DeviceRows<const float> in = device_rows<const float>(x, "linear_bf16_mma input");
+  const DeviceRows<float> o = device_rows<float>(out, "linear_bf16_mma output");
+  if (!bf16_mma_fits(w, in)) {
+    DI_THROW("linear_bf16_mma needs a bf16 weight with K % ", kChunk, " == 0 and N % ",
+             kRowsPerWarp, " == 0 and 16-byte aligned input rows, got weight ",
+             weight.weight.to_string(), ", x ", x.to_string());
+  }
+  if (in.cols != w.in || o.cols != w.out || o.rows != in.rows) {
+    DI_THROW("linear_bf16_mma shapes do not match: x ", x.to_string(), ", weight ",
+             weight.weight.to_string(), ", out ", out.to_string());
+  }
+  if (activation_terms == 2) {
+    launch_bf16_mma<2>(in, w, o);
+  } else {
+    launch_bf16_mma<3>(in, w, o);
+  }
+}
+
+int linear_bf16_mma_activation_terms() {
+  return kActivationTerms;
+}
+
+}  // namespace deepinfer::ops::cuda

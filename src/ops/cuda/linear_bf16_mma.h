@@ -1,0 +1,40 @@
+// The BF16 tensor-core path of ops::cuda::linear (CUDA only): f32 activations times bf16 weights
+// without activation quantization (the released checkpoint's BF16 roles: attention wo_a, the
+// router gate, the compressor, the indexer's weights_proj and wk; every linear of a bf16 model
+// under dense numerics).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace deepinfer::ops::cuda {
+
+// out[m, n] = sum over k of x[m, k] * W[n, k] on mma.sync m16n8k16 (bf16 x bf16 -> f32), the
+// weight rows as the MMA's M and the tokens as its N. Each f32 activation enters as
+// `activation_terms` bf16 terms (hi = bf16(x), then bf16 of each exact remainder) against the
+// same exact bf16 weight: 3 terms hold x exactly, 2 to about 2^-16 of |x|. 0 takes the count
+// ops::cuda::linear uses (linear_bf16_mma_activation_terms()).
+//  - x [M, K] f32 (row stride may exceed K, a multiple of 4; data 16-byte aligned), device.
+//  - weight [N, K] bf16, contiguous, device; out [M, N] f32 (row stride free), device.
+//  - K % 32 == 0, N % 16 == 0; throws Error otherwise (ops::cuda::linear falls back to the FMA
+//    tile kernel instead).
+// Batch invariance: K is cut into linear_bf16_mma_k_slices(N, K) equal slices (a function of the
+// weight's shape only); each slice sums one tensor-core result per 32 K values in ascending
+// order, from zero, and the slices' sums are added in slice order. Every output element is that
+// sequence of operations whatever M, the token tile or the other rows.
+void linear_bf16_mma(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+                     int activation_terms = 0);
+
+// Whether ops::cuda::linear sends bf16 weights without activation quantization here at all (the
+// one switch of the path; shapes and alignment are checked per call).
+bool linear_bf16_mma_enabled();
+
+// The activation terms ops::cuda::linear runs this path with (2 or 3).
+int linear_bf16_mma_activation_terms();
+
+// How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
+int linear_bf16_mma_k_slices(int64_t n, int64_t k);
+
+}  // namespace deepinfer::ops::cuda

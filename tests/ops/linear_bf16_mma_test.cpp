@@ -1,0 +1,247 @@
+// The BF16 tensor-core path of ops::cuda::linear (linear_bf16_mma) against the CPU reference
+// (ops::linear on host views, f32 arithmetic) at the released checkpoint's BF16 shapes: attention
+// wo_a (one group, 1024 x 4096, on a column slice of the 32768-wide attention output), the router
+// gate (384 x 5120) and the compressor (512 x 5120); batch invariance bit for bit across every
+// token tiling the launch picks; outputs fully written and nothing else. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype_convert.h"
+#include "core/error.h"
+#include "gpu_support.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/linear_bf16_mma.h"
+#include "ops/ops.h"
+
+namespace deepinfer::ops {
+namespace {
+
+namespace rt = deepinfer::cuda;
+
+// As ops::linear's FMA kernel against the same reference (backend_ops_test): the tensor-core
+// path differs in summation order and, with two bf16 terms per activation, in x's remainder
+// below about 2^-16 of |x| (random signs: about 3e-6 of the output's scale expected; three terms
+// are exact, leaving summation order only).
+constexpr double kTolerance = 2e-5;
+
+// run_gpu's `terms` meaning "through ops::cuda::linear, the model's op".
+constexpr int kModelOp = -1;
+
+// Normal values times 2^e, e uniform in [lo_exp, hi_exp]: magnitudes over several binades.
+std::vector<float> varied_values(size_t count, uint32_t seed, int lo_exp, int hi_exp) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(lo_exp, hi_exp);
+  std::vector<float> values(count);
+  for (float& v : values) v = std::ldexp(normal(rng), exponent(rng));
+  return values;
+}
+
+Tensor host_f32(Shape shape, uint32_t seed) {
+  Tensor t = Tensor::empty(DType::kF32, shape);
+  const std::vector<float> values = varied_values(static_cast<size_t>(t.numel()), seed, -8, 3);
+  std::copy(values.begin(), values.end(), t.data<float>());
+  return t;
+}
+
+// Weight-like magnitudes (about 0.02, spread over 2^-3..2^3 of it), rounded to bf16.
+Tensor host_bf16(Shape shape, uint32_t seed) {
+  Tensor t = Tensor::empty(DType::kBF16, shape);
+  const std::vector<float> values = varied_values(static_cast<size_t>(t.numel()), seed, -9, -3);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i].bits = float_to_bf16(values[i]);
+  return t;
+}
+
+// Worst |got - want| over max |want|; a NaN in got (an element never written) is infinite.
+double worst_error(const Tensor& want, const Tensor& got) {
+  double scale = 1e-30;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(want.data<float>()[i])));
+  }
+  double worst = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const float g = got.data<float>()[i];
+    if (!std::isfinite(g)) return INFINITY;
+    worst = std::max(worst, std::abs(static_cast<double>(g) - want.data<float>()[i]) / scale);
+  }
+  return worst;
+}
+
+// One BF16 role: weight [n, k] and an activation matrix whose rows are k wide, optionally a
+// column slice of a wider matrix (wo_a's input is attn_flat.narrow(1, g * 4096, 4096)).
+struct Role {
+  std::string name;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t x_width = 0;   // columns of the whole activation matrix (>= k)
+  int64_t x_column = 0;  // first column of the slice
+  Tensor weight;         // host bf16
+  Tensor x;              // host f32 [max rows, x_width]
+  Tensor device_weight;
+  Tensor device_x;
+};
+
+Role make_role(std::string name, int64_t n, int64_t k, int64_t x_width, int64_t x_column,
+               int64_t max_rows, uint32_t seed) {
+  Role r;
+  r.name = std::move(name);
+  r.n = n;
+  r.k = k;
+  r.x_width = x_width;
+  r.x_column = x_column;
+  r.weight = host_bf16({n, k}, seed);
+  r.x = host_f32({max_rows, x_width}, seed + 1);
+  r.device_weight = rt::to_device(r.weight.view());
+  r.device_x = rt::to_device(r.x.view());
+  return r;
+}
+
+TensorView rows_of(const Tensor& x, const Role& r, int64_t first, int64_t count) {
+  return x.view().narrow(0, first, count).narrow(1, r.x_column, r.k);
+}
+
+Tensor reference(const Role& r, int64_t first, int64_t count) {
+  Tensor want = Tensor::empty(DType::kF32, {count, r.n});
+  linear(rows_of(r.x, r, first, count), LinearWeight{r.weight.view(), TensorView()}, want.view());
+  return want;
+}
+
+// The GPU path on rows [first, first + count): through ops::cuda::linear (kModelOp), else
+// linear_bf16_mma directly with `terms` bf16 terms per activation. The output is a column slice
+// of a NaN-filled matrix twice as wide (as wo_a writes its group's columns): the other half must
+// stay NaN.
+Tensor run_gpu(const Role& r, int64_t first, int64_t count, int terms = kModelOp) {
+  Tensor wide = Tensor::empty(DType::kF32, {count, 2 * r.n}, rt::device_allocator());
+  rt::fill_bytes(wide.view(), 0xFF);
+  const TensorView out = wide.view().narrow(1, r.n, r.n);
+  const TensorView x = rows_of(r.device_x, r, first, count);
+  const LinearWeight w{r.device_weight.view(), TensorView()};
+  if (terms == kModelOp) {
+    cuda::linear(x, w, out, ActivationQuant::kNone);
+  } else {
+    cuda::linear_bf16_mma(x, w, out, terms);
+  }
+  rt::synchronize();
+  const Tensor host = rt::to_host(wide.view());
+  Tensor got = Tensor::empty(DType::kF32, {count, r.n});
+  for (int64_t m = 0; m < count; ++m) {
+    const float* row = host.data<float>() + m * 2 * r.n;
+    for (int64_t n = 0; n < r.n; ++n) {
+      EXPECT_TRUE(std::isnan(row[n])) << r.name << ": column " << n << " outside the output";
+    }
+    std::copy(row + r.n, row + 2 * r.n, got.data<float>() + m * r.n);
+  }
+  return got;
+}
+
+bool equal_rows(const Tensor& a, int64_t a_row, const Tensor& b, int64_t b_row, int64_t n) {
+  return std::memcmp(a.data<float>() + a_row * n, b.data<float>() + b_row * n,
+                     static_cast<size_t>(n) * sizeof(float)) == 0;
+}
+
+class LinearBf16MmaTest : public ::testing::Test {
+ protected:
+  void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
+};
+
+// Every row count picks a different launch: 1 and 7 rows the 8-token decode tile, 16 the 16-token
+// one, 40 and 300 the 32-token tile with K split over warps. Both term counts are measured; the
+// model's op must equal the direct call with its own count.
+void check_role(const Role& r) {
+  std::printf("%s [%ld x %ld]: K in %d slices; ops::cuda::linear uses %d terms (path %s)\n",
+              r.name.c_str(), static_cast<long>(r.n), static_cast<long>(r.k),
+              cuda::linear_bf16_mma_k_slices(r.n, r.k), cuda::linear_bf16_mma_activation_terms(),
+              cuda::linear_bf16_mma_enabled() ? "on" : "off");
+  for (int64_t rows : {1, 7, 16, 40, 300}) {
+    const Tensor want = reference(r, 0, rows);
+    const Tensor model_op = run_gpu(r, 0, rows);
+    EXPECT_LE(worst_error(want, model_op), kTolerance) << r.name << ", " << rows << " rows";
+    for (int terms : {2, 3}) {
+      const Tensor got = run_gpu(r, 0, rows, terms);
+      const double error = worst_error(want, got);
+      std::printf("%s, %ld rows, %d terms: worst error %.3g of the output's scale\n",
+                  r.name.c_str(), static_cast<long>(rows), terms, error);
+      EXPECT_LE(error, kTolerance) << r.name << ", " << rows << " rows, " << terms << " terms";
+      if (cuda::linear_bf16_mma_enabled() && terms == cuda::linear_bf16_mma_activation_terms()) {
+        EXPECT_EQ(0, std::memcmp(model_op.data<float>(), got.data<float>(),
+                                 static_cast<size_t>(rows * r.n) * sizeof(float)))
+            << r.name << ", " << rows << " rows: ops::cuda::linear did not take this path";
+      }
+    }
+  }
+}
+
+TEST_F(LinearBf16MmaTest, WoAGroupOnAStridedInput) {
+  // Group 3 of 8: columns [12288, 16384) of the 32768-wide attention output.
+  check_role(make_role("wo_a group", 1024, 4096, 32768, 3 * 4096, 300, 11));
+}
+
+TEST_F(LinearBf16MmaTest, RouterGate) {
+  check_role(make_role("gate", 384, 5120, 5120, 0, 300, 21));
+}
+
+TEST_F(LinearBf16MmaTest, Compressor) {
+  check_role(make_role("compressor wkv", 512, 5120, 5120, 0, 300, 31));
+}
+
+// A row's output is the same bits alone, in a 7-row call and in a large call, whatever tile and
+// kernel each call picks. The 520-row case of a wide weight takes the prefill kernel (all K
+// slices in one warp) against the decode kernel's slices spread over warps.
+TEST_F(LinearBf16MmaTest, RowsDoNotDependOnTheBatch) {
+  struct Case {
+    Role role;
+    int64_t rows;
+  };
+  std::vector<Case> cases;
+  cases.push_back({make_role("wo_a group", 1024, 4096, 32768, 5 * 4096, 300, 41), 300});
+  cases.push_back({make_role("gate", 384, 5120, 5120, 0, 300, 51), 300});
+  cases.push_back({make_role("wide 4096 x 512", 4096, 512, 512, 0, 520, 61), 520});
+  for (const Case& c : cases) {
+    const Role& r = c.role;
+    const Tensor want = reference(r, 0, c.rows);
+    for (int terms : {2, 3}) {
+      const std::string what = r.name + ", " + std::to_string(terms) + " terms";
+      const Tensor all = run_gpu(r, 0, c.rows, terms);
+      const double error = worst_error(want, all);
+      std::printf("%s, %ld rows: worst error %.3g of the output's scale\n", what.c_str(),
+                  static_cast<long>(c.rows), error);
+      EXPECT_LE(error, kTolerance) << what;
+      const Tensor seven = run_gpu(r, 100, 7, terms);
+      for (int64_t i = 0; i < 7; ++i) {
+        EXPECT_TRUE(equal_rows(all, 100 + i, seven, i, r.n))
+            << what << ": row " << 100 + i << " differs in a 7-row call";
+      }
+      for (int64_t row : {int64_t{0}, int64_t{31}, int64_t{103}, c.rows - 1}) {
+        const Tensor alone = run_gpu(r, row, 1, terms);
+        EXPECT_TRUE(equal_rows(all, row, alone, 0, r.n))
+            << what << ": row " << row << " differs when computed alone";
+      }
+      const Tensor sixteen = run_gpu(r, 32, 16, terms);
+      for (int64_t i = 0; i < 16; ++i) {
+        EXPECT_TRUE(equal_rows(all, 32 + i, sixteen, i, r.n))
+            << what << ": row " << 32 + i << " differs in a 16-row call";
+      }
+    }
+  }
+}
+
+// Shapes the path does not take: linear_bf16_mma refuses them, ops::cuda::linear runs them on
+// the FMA tile kernel (still within the reference's tolerance).
+TEST_F(LinearBf16MmaTest, UnalignedShapesFallBack) {
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{24, 256}, std::pair<int64_t, int64_t>{32, 48}}) {
+    const Role r = make_role("unaligned", n, k, k, 0, 5, 71);
+    EXPECT_THROW(run_gpu(r, 0, 5, 3), Error) << n << " x " << k;
+    EXPECT_LE(worst_error(reference(r, 0, 5), run_gpu(r, 0, 5)), kTolerance) << n << " x " << k;
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::ops
