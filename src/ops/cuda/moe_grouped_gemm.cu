@@ -17,7 +17,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cub/block/block_scan.cuh>
+#include <string_view>
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -304,6 +306,16 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
 
 // false: prefill takes mma_gemm_kernel's wide token tile again (the path before the tile).
 constexpr bool kUsePrefillTiles = true;
+
+// kUsePrefillTiles unless DEEPINFER_MOE_PREFILL_TILE=0, which lets one binary compare the two
+// prefill paths (or step around this one) on the GPU machine.
+bool prefill_tiles_enabled() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("DEEPINFER_MOE_PREFILL_TILE");
+    return kUsePrefillTiles && !(setting != nullptr && std::string_view(setting) == "0");
+  }();
+  return enabled;
+}
 
 constexpr int kTileRows = 128;  // weight rows per block
 constexpr int kTileWarpsAlongRows = 4;
@@ -680,7 +692,7 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   // fp4 prefill over several groups: the shared-memory tile, when the grids fit.
   const int64_t max_big_tiles = in.rows / kBigTileMinRows;
   const int64_t max_small_tiles = std::min(in.rows, kMaxSmallTilesPerGroup * groups);
-  const bool prefill_tiles = !kFp8Weight && kUsePrefillTiles && wide && tile_aligned &&
+  const bool prefill_tiles = !kFp8Weight && wide && tile_aligned && prefill_tiles_enabled() &&
                              args.offsets != nullptr && args.n % kTileRows == 0 &&
                              args.k % kStepK == 0 && max_big_tiles + max_small_tiles <= INT32_MAX;
   StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
