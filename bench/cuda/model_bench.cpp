@@ -717,6 +717,8 @@ class Bench {
   void prefill(int64_t requests, int64_t tokens_each);
   Json case_floor(double bytes, double flops) const;
   void print_tables() const;
+  std::string json_path() const;
+  void write_json();
 
   Options o_;
   Device device_ = Device::cpu();
@@ -729,6 +731,7 @@ class Bench {
   std::unique_ptr<CostModel> cost_, full_cost_;
   double bandwidth_gbps_ = 0;
   Json report_;
+  int failures_ = 0;
 };
 
 void Bench::setup() {
@@ -875,63 +878,72 @@ void Bench::decode_context(int64_t context) {
       report_["decode"].push_back(entry);
       continue;
     }
-    std::vector<ForwardRequest> requests;
-    for (int64_t r = 0; r < batch; ++r)
-      requests.push_back({states[static_cast<size_t>(r)].get(),
-                          std::span<const int32_t>(&tokens[static_cast<size_t>(r)], 1)});
-    Tensor logits = Tensor::empty(DType::kF32, {batch, config_.vocab_size}, allocator);
-    std::vector<std::vector<double>> runs;
-    int steps = o_.steps;
-    for (int step = 0; step <= steps; ++step) {  // step 0 warms up
-      marks.record(0);
-      model_->forward(requests, logits.view());
-      marks.record(marks.slots() - 1);
-      const std::vector<double> intervals = marks.intervals();
-      if (step > 0) runs.push_back(intervals);
-      if (step == 0 && intervals[0] > 1000.0) steps = std::min(steps, 2);  // slow: fewer steps
-      // Forget the token so the context stays put.
-      for (const ForwardRequest& request : requests) request.state->rollback(1);
+    try {
+      std::vector<ForwardRequest> requests;
+      for (int64_t r = 0; r < batch; ++r)
+        requests.push_back({states[static_cast<size_t>(r)].get(),
+                            std::span<const int32_t>(&tokens[static_cast<size_t>(r)], 1)});
+      Tensor logits = Tensor::empty(DType::kF32, {batch, config_.vocab_size}, allocator);
+      std::vector<std::vector<double>> runs;
+      int steps = o_.steps;
+      for (int step = 0; step <= steps; ++step) {  // step 0 warms up
+        marks.record(0);
+        model_->forward(requests, logits.view());
+        marks.record(marks.slots() - 1);
+        const std::vector<double> intervals = marks.intervals();
+        if (step > 0) runs.push_back(intervals);
+        if (step == 0 && intervals[0] > 1000.0) steps = std::min(steps, 2);  // slow: fewer steps
+        // Forget the token so the context stays put.
+        for (const ForwardRequest& request : requests) request.state->rollback(1);
+      }
+      const FiniteCheck finite = check_logits(logits.view());
+      const StepTimes times = summarize(runs, config_.num_hidden_layers);
+      const CostModel::Bytes bytes = cost_->decode_bytes(batch, context);
+      const double flops =
+          static_cast<double>(batch) * (cost_->token_flops(context) + cost_->head_flops_per_row());
+      const double outside = times.epilogue_ms;  // the prologue is inside layer 0 (see the report)
+      const Projection projection = project(config_, times.layer_ms, outside, full_config_);
+      const CostModel::Bytes full_bytes = full_cost_->decode_bytes(batch, context);
+      const double full_flops = static_cast<double>(batch) * (full_cost_->token_flops(context) +
+                                                              full_cost_->head_flops_per_row());
+      entry["status"] = finite.non_finite == 0 ? "ok" : "non-finite logits";
+      entry["step_ms"] = times.step_ms;
+      entry["steps_ms"] = times.steps_ms;
+      entry["tokens_per_s"] = static_cast<double>(batch) / (times.step_ms * 1e-3);
+      entry["layer_ms"] = times.layer_ms;
+      entry["epilogue_ms"] = times.epilogue_ms;
+      entry["floor"] = case_floor(bytes.total(), flops);
+      entry["floor"]["weight_bytes"] = bytes.weights;
+      entry["floor"]["cache_bytes"] = bytes.cache;
+      entry["floor"]["bytes_as_stored_here"] = bytes.total_here();
+      entry["floor"]["expected_distinct_experts"] = cost_->expected_distinct_experts(batch);
+      entry["logits"] = {{"non_finite", finite.non_finite}, {"max_abs", finite.max_abs}};
+      entry["projected_40_layers"] = case_floor(full_bytes.total(), full_flops);
+      entry["projected_40_layers"]["complete"] = projection.complete;
+      entry["projected_40_layers"]["missing_kinds"] = projection.missing;
+      entry["kind_ms"] = projection.kind_ms;
+      if (projection.complete) {
+        entry["projected_40_layers"]["step_ms"] = projection.step_ms;
+        entry["projected_40_layers"]["tokens_per_s"] =
+            static_cast<double>(batch) / (projection.step_ms * 1e-3);
+      }
+      progress(
+          "decode b=%lld ctx=%lld: %.2f ms/step (%.0f tok/s), floor %.3f ms (%.2f GB at %.0f "
+          "GB/s), "
+          "compute floor %.3f ms; logits non-finite %lld, max |logit| %.3g",
+          static_cast<long long>(batch), static_cast<long long>(context), times.step_ms,
+          static_cast<double>(entry["tokens_per_s"]),
+          static_cast<double>(entry["floor"]["bandwidth_floor_ms"]), bytes.total() * 1e-9,
+          bandwidth_gbps_, static_cast<double>(entry["floor"]["compute_floor_ms"]),
+          static_cast<long long>(finite.non_finite), finite.max_abs);
+    } catch (const std::exception& error) {
+      progress("decode b=%lld ctx=%lld FAILED: %s", static_cast<long long>(batch),
+               static_cast<long long>(context), error.what());
+      entry["status"] = std::string("error: ") + error.what();
+      failures_ += 1;
     }
-    const FiniteCheck finite = check_logits(logits.view());
-    const StepTimes times = summarize(runs, config_.num_hidden_layers);
-    const CostModel::Bytes bytes = cost_->decode_bytes(batch, context);
-    const double flops =
-        static_cast<double>(batch) * (cost_->token_flops(context) + cost_->head_flops_per_row());
-    const double outside = times.epilogue_ms;  // the prologue is inside layer 0 (see the report)
-    const Projection projection = project(config_, times.layer_ms, outside, full_config_);
-    const CostModel::Bytes full_bytes = full_cost_->decode_bytes(batch, context);
-    const double full_flops = static_cast<double>(batch) *
-                              (full_cost_->token_flops(context) + full_cost_->head_flops_per_row());
-    entry["status"] = finite.non_finite == 0 ? "ok" : "non-finite logits";
-    entry["step_ms"] = times.step_ms;
-    entry["steps_ms"] = times.steps_ms;
-    entry["tokens_per_s"] = static_cast<double>(batch) / (times.step_ms * 1e-3);
-    entry["layer_ms"] = times.layer_ms;
-    entry["epilogue_ms"] = times.epilogue_ms;
-    entry["floor"] = case_floor(bytes.total(), flops);
-    entry["floor"]["weight_bytes"] = bytes.weights;
-    entry["floor"]["cache_bytes"] = bytes.cache;
-    entry["floor"]["bytes_as_stored_here"] = bytes.total_here();
-    entry["floor"]["expected_distinct_experts"] = cost_->expected_distinct_experts(batch);
-    entry["logits"] = {{"non_finite", finite.non_finite}, {"max_abs", finite.max_abs}};
-    entry["projected_40_layers"] = case_floor(full_bytes.total(), full_flops);
-    entry["projected_40_layers"]["complete"] = projection.complete;
-    entry["projected_40_layers"]["missing_kinds"] = projection.missing;
-    entry["kind_ms"] = projection.kind_ms;
-    if (projection.complete) {
-      entry["projected_40_layers"]["step_ms"] = projection.step_ms;
-      entry["projected_40_layers"]["tokens_per_s"] =
-          static_cast<double>(batch) / (projection.step_ms * 1e-3);
-    }
-    progress(
-        "decode b=%lld ctx=%lld: %.2f ms/step (%.0f tok/s), floor %.3f ms (%.2f GB at %.0f GB/s), "
-        "compute floor %.3f ms; logits non-finite %lld, max |logit| %.3g",
-        static_cast<long long>(batch), static_cast<long long>(context), times.step_ms,
-        static_cast<double>(entry["tokens_per_s"]),
-        static_cast<double>(entry["floor"]["bandwidth_floor_ms"]), bytes.total() * 1e-9,
-        bandwidth_gbps_, static_cast<double>(entry["floor"]["compute_floor_ms"]),
-        static_cast<long long>(finite.non_finite), finite.max_abs);
     report_["decode"].push_back(entry);
+    write_json();
   }
   model_->set_layer_observer(nullptr);
   states.clear();
@@ -1155,12 +1167,27 @@ int Bench::run() {
   setup_device();
   // The headline figures first (the time budget cuts from the end): decode at the first
   // context, the one-request prefill, the other contexts, the split prefill.
+  const auto guarded = [&](const std::string& what, const auto& fn) {
+    try {
+      fn();
+    } catch (const std::exception& error) {
+      progress("%s FAILED: %s", what.c_str(), error.what());
+      report_["errors"].push_back(what + ": " + error.what());
+      failures_ += 1;
+    }
+    write_json();
+  };
+  const auto prefill_case = [&](int64_t requests, int64_t tokens_each) {
+    guarded("prefill " + std::to_string(requests) + "x" + std::to_string(tokens_each),
+            [&] { prefill(requests, tokens_each); });
+  };
   for (size_t i = 0; i < o_.contexts.size(); ++i) {
-    decode_context(o_.contexts[i]);
-    if (i == 0) prefill(1, o_.prefill_tokens);
+    guarded("decode context " + std::to_string(o_.contexts[i]),
+            [&] { decode_context(o_.contexts[i]); });
+    if (i == 0) prefill_case(1, o_.prefill_tokens);
   }
-  if (o_.contexts.empty()) prefill(1, o_.prefill_tokens);
-  if (o_.prefill_split > 1) prefill(o_.prefill_split, o_.prefill_tokens / o_.prefill_split);
+  if (o_.contexts.empty()) prefill_case(1, o_.prefill_tokens);
+  if (o_.prefill_split > 1) prefill_case(o_.prefill_split, o_.prefill_tokens / o_.prefill_split);
   print_tables();
 
   bool all_finite = true;
@@ -1170,16 +1197,24 @@ int Bench::run() {
     }
   }
   report_["all_logits_finite"] = all_finite;
+  report_["failures"] = failures_;
+  write_json();
+  progress("wrote %s; logits finite in every case: %s; failed cases: %d", json_path().c_str(),
+           all_finite ? "yes" : "NO", failures_);
+  return all_finite && failures_ == 0 ? 0 : 1;
+}
+
+std::string Bench::json_path() const {
+  if (!o_.json_path.empty()) return o_.json_path;
+  const char* out = std::getenv("OUT");
+  return out != nullptr && *out != '\0' ? std::string(out) + "/model_bench.json"
+                                        : "model_bench.json";
+}
+
+// Written after every case, so a run cut short still leaves its figures.
+void Bench::write_json() {
   report_["seconds"] = seconds_since_start();
-  std::string path = o_.json_path;
-  if (path.empty()) {
-    const char* out = std::getenv("OUT");
-    path = out != nullptr && *out != '\0' ? std::string(out) + "/model_bench.json"
-                                          : "model_bench.json";
-  }
-  std::ofstream(path) << report_.dump(2) << "\n";
-  progress("wrote %s; logits finite in every case: %s", path.c_str(), all_finite ? "yes" : "NO");
-  return all_finite ? 0 : 1;
+  std::ofstream(json_path()) << report_.dump(2) << "\n";
 }
 
 std::vector<int64_t> parse_list(const std::string& text) {
