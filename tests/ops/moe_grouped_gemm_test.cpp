@@ -247,7 +247,8 @@ void check_sampled_rows(const Problem& p, const Tensor& got, const std::string& 
     const int64_t first = p.offsets[e];
     const int64_t count = p.offsets[e + 1] - first;
     std::vector<int64_t> picked;
-    for (int64_t local : {int64_t{0}, int64_t{97}, int64_t{128}, count - 1}) {
+    for (int64_t local :
+         {int64_t{0}, int64_t{64}, int64_t{97}, int64_t{128}, int64_t{256}, count - 1}) {
       if (local >= 0 && local < count &&
           std::find(picked.begin(), picked.end(), local) == picked.end()) {
         picked.push_back(local);
