@@ -78,7 +78,7 @@ struct Options {
   double fp8_peak_tflops =
       1448.0;                   // docs/BENCHMARKS.md's cuBLASLt 8192^3; the lead passes the run's
   double bandwidth_gbps = 0.0;  // 0: measure
-  double time_budget_s = 60.0;  // cases not started by then are skipped
+  double time_budget_s = 50.0;  // cases not started by then are skipped
   int64_t engram_vocab_size = 160000;  // shrinks the engram tables (see the report)
   uint64_t seed = 20261130;
   std::string json_path;
@@ -1235,7 +1235,7 @@ const char* kUsage =
     "usage: cuda_model_bench [--device cuda|cpu] [--tiny] [--mix representative|first]\n"
     "  [--layers L (with --mix first)] [--batches 1,16,64,256] [--contexts 4096,32768]\n"
     "  [--steps N] [--prefill-tokens 8192] [--prefill-split 4 (0: off)]\n"
-    "  [--fp8-peak-tflops X] [--bandwidth-gbps X (default: measured)] [--time-budget-s 60]\n"
+    "  [--fp8-peak-tflops X] [--bandwidth-gbps X (default: measured)] [--time-budget-s 50]\n"
     "  [--engram-vocab-size 160000] [--config PATH] [--seed S] [--json PATH] [--dry-run]\n";
 
 Options parse_options(int argc, char** argv) {

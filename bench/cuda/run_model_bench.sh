@@ -16,7 +16,7 @@ if [ -z "$peak" ] && [ -f "$OUT/layer_bench.json" ]; then
   peak=$(grep -o '"fp8_tflops": [0-9.]*' "$OUT/layer_bench.json" | head -1 | awk '{print $2}')
 fi
 echo "== cuda_model_bench (FP8 peak: ${peak:-program default})"
-timeout "${MODEL_BENCH_TIMEOUT:-150}" "$BIN/cuda_model_bench" --json "$OUT/model_bench.json" \
+timeout "${MODEL_BENCH_TIMEOUT:-120}" "$BIN/cuda_model_bench" --json "$OUT/model_bench.json" \
   ${peak:+--fp8-peak-tflops "$peak"} "$@" 2>&1 | tee "$OUT/model_bench.txt"
 status=${PIPESTATUS[0]}
 echo "== cuda_model_bench exit status $status (0: every case ran with finite logits)"
