@@ -69,6 +69,21 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t (&terms)[k
   }
 }
 
+// A thread's 8 activations of a chunk (two float4 as raw bits) as kTerms words: word t holds the
+// bf16x2 pairs of term t for elements (0, 1), (2, 3) -- the first MMA's B registers -- and
+// (4, 5), (6, 7), the second's.
+template <int kTerms>
+__device__ __forceinline__ void split_eight(uint4 first, uint4 second, uint4 (&terms)[kTerms]) {
+  uint32_t pair[4][kTerms];
+  split_pair(__uint_as_float(first.x), __uint_as_float(first.y), pair[0]);
+  split_pair(__uint_as_float(first.z), __uint_as_float(first.w), pair[1]);
+  split_pair(__uint_as_float(second.x), __uint_as_float(second.y), pair[2]);
+  split_pair(__uint_as_float(second.z), __uint_as_float(second.w), pair[3]);
+#pragma unroll
+  for (int t = 0; t < kTerms; ++t)
+    terms[t] = make_uint4(pair[0][t], pair[1][t], pair[2][t], pair[3][t]);
+}
+
 // d += A (16 x 16 weights) . B (16 x 8 tokens).
 __device__ __forceinline__ void mma_bf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
                                          float (&d)[4]) {
@@ -86,7 +101,30 @@ struct Bf16MmaArgs {
   int64_t k;
   int slices;  // S: K slices, each k / S long (a multiple of kChunk)
   DeviceRows<float> out;
+  // Pre-split activations (kPreSplit): split_eight's words of row m, chunk c, quad t at
+  // [((m * k / kChunk + c) * 4 + t) * kTerms].
+  const uint4* x_split;
 };
+
+// Many rows: every row-group block would convert the same activations again, so a first kernel
+// splits them once into scratch (6 bytes per value with 3 terms). The words are the same either
+// way, so this changes no result. false: always split inside the GEMM.
+constexpr bool kPreSplitActivations = true;
+constexpr int64_t kPreSplitMinRows = 17;
+
+// One thread per (row, chunk, quad): the 8 values the GEMM's thread `quad` would load.
+template <int kTerms>
+__global__ void split_activations_kernel(DeviceRows<const float> x, uint4* out, int64_t chunks) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= x.rows * chunks * 4) return;
+  const int64_t row = index / (chunks * 4);
+  const int64_t chunk_quad = index % (chunks * 4);  // chunk * 4 + quad: 8 floats each
+  const uint4* source = reinterpret_cast<const uint4*>(x.row(row) + chunk_quad * 8);
+  uint4 terms[kTerms];
+  split_eight(__ldg(source), __ldg(source + 1), terms);
+#pragma unroll
+  for (int t = 0; t < kTerms; ++t) out[index * kTerms + t] = terms[t];
+}
 
 // Registers of in-flight chunks per warp (weights and activations loaded this many chunks ahead).
 template <int kTokenTiles>
@@ -95,10 +133,13 @@ constexpr int kRingDepth = kTokenTiles == 1 ? 8 : (kTokenTiles == 2 ? 4 : 2);
 // Block: 8 warps. kSplitSlices (decode): a row group's S slices are S warps of the block (8 / S
 // row groups per block); else (prefill) warp w is row group 8 * blockIdx.x + w over all of K.
 // Tokens: tiles of 8 * kTokenTiles per block along grid.y (looped past 65535 tiles).
-template <int kTokenTiles, bool kSplitSlices, int kTerms>
+template <int kTokenTiles, bool kSplitSlices, int kTerms, bool kPreSplit>
 __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args) {
   constexpr int kTokensPerBlock = 8 * kTokenTiles;
   constexpr int kRing = kRingDepth<kTokenTiles>;
+  // 16-byte words of a thread's activations per chunk, and between its chunks.
+  constexpr int kXWords = kPreSplit ? kTerms : 2;
+  constexpr int kXChunkWords = kPreSplit ? 4 * kTerms : kChunk / 4;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   const int group = lane >> 2;  // MMA row (weights) and column (tokens) of this thread
@@ -126,21 +167,28 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
     float total[kTokenTiles][4] = {};
     if (active) {
       // Tokens past the end load the last row (never stored).
-      const float* x_at[kTokenTiles];
+      const uint4* x_at[kTokenTiles];
 #pragma unroll
       for (int j = 0; j < kTokenTiles; ++j) {
-        x_at[j] = args.x.row(min(tile + 8 * j + group, rows - 1)) + 8 * quad +
-                  static_cast<int64_t>(chunk_begin) * kChunk;
+        const int64_t row = min(tile + 8 * j + group, rows - 1);
+        if constexpr (kPreSplit) {
+          x_at[j] = args.x_split + ((row * (args.k / kChunk) + chunk_begin) * 4 + quad) * kTerms;
+        } else {
+          x_at[j] = reinterpret_cast<const uint4*>(args.x.row(row) + 8 * quad +
+                                                   static_cast<int64_t>(chunk_begin) * kChunk);
+        }
       }
       uint4 w_ring[kRing][2];
-      float4 x_ring[kRing][kTokenTiles][2];
+      uint4 x_ring[kRing][kTokenTiles][kXWords];
       auto load = [&](int slot, int chunk) {
         w_ring[slot][0] = __ldg(reinterpret_cast<const uint4*>(w_lo + chunk * kChunkBytes));
         w_ring[slot][1] = __ldg(reinterpret_cast<const uint4*>(w_hi + chunk * kChunkBytes));
 #pragma unroll
         for (int j = 0; j < kTokenTiles; ++j) {
-          x_ring[slot][j][0] = __ldg(reinterpret_cast<const float4*>(x_at[j] + chunk * kChunk));
-          x_ring[slot][j][1] = __ldg(reinterpret_cast<const float4*>(x_at[j] + chunk * kChunk + 4));
+#pragma unroll
+          for (int word = 0; word < kXWords; ++word) {
+            x_ring[slot][j][word] = __ldg(x_at[j] + chunk * kXChunkWords + word);
+          }
         }
       };
 #pragma unroll
@@ -161,19 +209,19 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
             const uint32_t a_second[4] = {w_row_lo.z, w_row_hi.z, w_row_lo.w, w_row_hi.w};
 #pragma unroll
             for (int j = 0; j < kTokenTiles; ++j) {
-              const float4 first = x_ring[slot][j][0];
-              const float4 second = x_ring[slot][j][1];
-              uint32_t pair[4][kTerms];
-              split_pair(first.x, first.y, pair[0]);
-              split_pair(first.z, first.w, pair[1]);
-              split_pair(second.x, second.y, pair[2]);
-              split_pair(second.z, second.w, pair[3]);
+              uint4 terms[kTerms];
+              if constexpr (kPreSplit) {
+#pragma unroll
+                for (int t = 0; t < kTerms; ++t) terms[t] = x_ring[slot][j][t];
+              } else {
+                split_eight(x_ring[slot][j][0], x_ring[slot][j][1], terms);
+              }
               // The chunk's 2 * kTerms MMAs chained from zero, smallest terms first.
               float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first, pair[0][t], pair[1][t], d);
+              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first, terms[t].x, terms[t].y, d);
 #pragma unroll
-              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_second, pair[2][t], pair[3][t], d);
+              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_second, terms[t].z, terms[t].w, d);
 #pragma unroll
               for (int i = 0; i < 4; ++i) acc[j][i] += d[i];
             }
@@ -253,10 +301,29 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
   DI_CHECK(bf16_mma_fits(w, x) && x.cols == w.in && out.cols == w.out && out.rows == x.rows,
            "launch_linear_bf16_mma: unsupported weight [", w.out, ", ", w.in, "] or shapes");
   if (x.rows == 0 || w.out == 0) return;
-  Bf16MmaArgs args{x,  w.bytes, w.row_bytes, w.out, w.in, linear_bf16_mma_k_slices(w.out, w.in),
-                   out};
+  Bf16MmaArgs args{};
+  args.x = x;
+  args.weight = w.bytes;
+  args.row_bytes = w.row_bytes;
+  args.n = w.out;
+  args.k = w.in;
+  args.slices = linear_bf16_mma_k_slices(w.out, w.in);
+  args.out = out;
+  args.x_split = nullptr;
   const int64_t row_groups = w.out / kRowsPerWarp;
   const auto stream = current_stream();
+  const bool pre_split = kPreSplitActivations && x.rows >= kPreSplitMinRows;
+  const int64_t chunks = w.in / kChunk;
+  StreamBuffer split(pre_split ? static_cast<size_t>(x.rows * chunks * 4 * kTerms) * sizeof(uint4)
+                               : 0);
+  if (pre_split) {
+    constexpr int kSplitThreads = 256;
+    split_activations_kernel<kTerms>
+        <<<blocks_for(x.rows * chunks * 4, kSplitThreads), kSplitThreads, 0, stream>>>(
+            x, split.as<uint4>(), chunks);
+    DI_CUDA_LAUNCHED(split_activations_kernel);
+    args.x_split = split.as<uint4>();
+  }
   const auto run = [&](auto kernel, int tokens_per_block, int row_groups_per_block) {
     const dim3 grid(blocks_for(row_groups, row_groups_per_block),
                     std::min(blocks_for(x.rows, tokens_per_block), 65535u));
@@ -264,15 +331,22 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
     DI_CUDA_LAUNCHED(bf16_mma_kernel);
   };
   const int split_row_groups = kWarps / args.slices;
+  const bool wide = static_cast<int64_t>(blocks_for(row_groups, kWarps)) * blocks_for(x.rows, 32) >=
+                    kWideMinBlocks;
   if (x.rows <= 8) {
-    run(bf16_mma_kernel<1, true, kTerms>, 8, split_row_groups);
+    run(bf16_mma_kernel<1, true, kTerms, false>, 8, split_row_groups);
   } else if (x.rows <= 16) {
-    run(bf16_mma_kernel<2, true, kTerms>, 16, split_row_groups);
-  } else if (static_cast<int64_t>(blocks_for(row_groups, kWarps)) * blocks_for(x.rows, 32) >=
-             kWideMinBlocks) {
-    run(bf16_mma_kernel<4, false, kTerms>, 32, kWarps);
+    run(bf16_mma_kernel<2, true, kTerms, false>, 16, split_row_groups);
+  } else if (!pre_split) {
+    if (wide) {
+      run(bf16_mma_kernel<4, false, kTerms, false>, 32, kWarps);
+    } else {
+      run(bf16_mma_kernel<4, true, kTerms, false>, 32, split_row_groups);
+    }
+  } else if (wide) {
+    run(bf16_mma_kernel<4, false, kTerms, true>, 32, kWarps);
   } else {
-    run(bf16_mma_kernel<4, true, kTerms>, 32, split_row_groups);
+    run(bf16_mma_kernel<4, true, kTerms, true>, 32, split_row_groups);
   }
 }
 
