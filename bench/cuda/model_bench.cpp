@@ -676,11 +676,17 @@ FiniteCheck check_logits(const TensorView& logits) {
   return check;
 }
 
+// Prefill computes the LM head for the last row of each request only, where the Model offers
+// that forward (as the engine samples); false: every row's logits (the head's FLOPs counted so).
+constexpr bool kPrefillHeadOnLastRows = true;
+
 template <typename M>
-constexpr bool kHasRowForward = requires(M& m, std::span<const ForwardRequest> requests,
-                                         std::span<const int32_t> rows, const TensorView& out) {
+concept HasRowForward = requires(M& m, std::span<const ForwardRequest> requests,
+                                 std::span<const int32_t> rows, const TensorView& out) {
   m.forward(requests, rows, out);
 };
+template <typename M>
+constexpr bool kHasRowForward = kPrefillHeadOnLastRows&& HasRowForward<M>;
 
 // The forward with logits of `rows` only where this Model has that overload (the LM head is
 // then computed for the sampled rows of a prefill, as the engine does); else every row's.
