@@ -54,9 +54,9 @@ void launch_grouped_fp4(deepinfer::cuda::DeviceRows<const float> x, const Device
 
 // The BF16 tensor-core GEMM of linear_bf16_mma.cu (bf16 weights, f32 activations, no activation
 // quantization): whether it takes this weight and input (its on/off switch, K % 32 == 0,
-// N % 16 == 0, 16-byte aligned rows; never the row count), and its launch. Batch invariant; it
-// differs from launch_linear's FMA chain in summation order and in the activations' bf16 split
-// (about 2^-16 of each |x|).
+// N % 16 == 0, 16-byte aligned rows; never the row count), and its launch. Batch invariant; with
+// three bf16 terms per activation (the default) it differs from launch_linear's FMA chain in
+// summation order only, with two also by x's remainder below about 2^-16 of |x|.
 bool bf16_mma_supports(const DeviceWeight& w, const deepinfer::cuda::DeviceRows<const float>& x);
 void launch_linear_bf16_mma(deepinfer::cuda::DeviceRows<const float> x, const DeviceWeight& w,
                             deepinfer::cuda::DeviceRows<float> out);
