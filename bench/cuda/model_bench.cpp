@@ -686,7 +686,7 @@ concept HasRowForward = requires(M& m, std::span<const ForwardRequest> requests,
   m.forward(requests, rows, out);
 };
 template <typename M>
-constexpr bool kHasRowForward = kPrefillHeadOnLastRows&& HasRowForward<M>;
+constexpr bool kHasRowForward = (kPrefillHeadOnLastRows && HasRowForward<M>);
 
 // The forward with logits of `rows` only where this Model has that overload (the LM head is
 // then computed for the sampled rows of a prefill, as the engine does); else every row's.
