@@ -233,6 +233,26 @@ TEST_F(LinearBf16MmaTest, RowsDoNotDependOnTheBatch) {
   }
 }
 
+// Every launch variant on small shapes (quick under compute-sanitizer): 5 rows (8-token tile),
+// 13 (16-token tile), 40 (32-token tile, pre-split activations, K over warps), 1024 rows of a
+// 2048-row weight (the prefill kernel); partial row-group blocks (48 rows = 3 groups).
+TEST_F(LinearBf16MmaTest, SmallShapesEveryLaunch) {
+  struct Case {
+    int64_t n, k, rows;
+  };
+  for (const Case& c : {Case{48, 256, 5}, Case{48, 256, 13}, Case{48, 256, 40},
+                        Case{2048, 64, 1024}, Case{80, 96, 3}}) {
+    const Role r = make_role("small", c.n, c.k, c.k + 32, 32, c.rows, 81);
+    const Tensor want = reference(r, 0, c.rows);
+    for (int terms : {kModelOp, 2, 3}) {
+      const double error = worst_error(want, run_gpu(r, 0, c.rows, terms));
+      std::printf("small %ld x %ld, %ld rows, terms %d: worst error %.3g\n", static_cast<long>(c.n),
+                  static_cast<long>(c.k), static_cast<long>(c.rows), terms, error);
+      EXPECT_LE(error, kTolerance) << c.n << " x " << c.k << ", " << c.rows << " rows";
+    }
+  }
+}
+
 // Shapes the path does not take: linear_bf16_mma refuses them, ops::cuda::linear runs them on
 // the FMA tile kernel (still within the reference's tolerance).
 TEST_F(LinearBf16MmaTest, UnalignedShapesFallBack) {
