@@ -1178,6 +1178,7 @@ int Bench::run() {
       fn();
     } catch (const std::exception& error) {
       progress("%s FAILED: %s", what.c_str(), error.what());
+      model_->set_layer_observer(nullptr);  // it may point at the failed case's marks
       report_["errors"].push_back(what + ": " + error.what());
       failures_ += 1;
     }
