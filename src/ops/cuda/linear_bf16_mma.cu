@@ -45,7 +45,7 @@ constexpr int kChunkBytes = kChunk * 2;
 // Decode wants about this many warps in flight; K is split (up to kWarps ways) until it has them.
 constexpr int64_t kTargetWarps = 1024;
 // Prefill (one warp runs all slices, 8 row groups share the block's activations) once it gives
-// the GPU at least this many blocks.
+// the GPU at least this many blocks (INT64_MAX: never; the split kernel computes the same bits).
 constexpr int64_t kWideMinBlocks = 512;
 
 // Two floats -> bf16x2 (round to nearest even), `low` in bits 0-15 as the MMA's lower-K element.
