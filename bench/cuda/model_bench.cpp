@@ -820,6 +820,15 @@ void Bench::setup_device() {
 }
 
 void Bench::print_config() const {
+  if (!config_.engram_layer_ids.empty()) {
+    progress(
+        "engram: vocab size %lld -> table rows %s of %lld bytes (+ scales); the released "
+        "tables have %s",
+        static_cast<long long>(config_.engram_vocab_size),
+        Json(config_.engram_num_embeddings).dump().c_str(),
+        static_cast<long long>(config_.engram_head_dim),
+        Json(full_config_.engram_num_embeddings).dump().c_str());
+  }
   progress("config: %lld layers (released layers %s), hidden %lld, %lld experts, vocab %lld",
            static_cast<long long>(config_.num_hidden_layers), Json(real_layers_).dump().c_str(),
            static_cast<long long>(config_.hidden_size),
