@@ -1304,6 +1304,9 @@ Options parse_options(int argc, char** argv) {
       DI_THROW("unknown argument ", arg, "\n", kUsage);
     }
   }
+  if (o.device == "cpu" && !o.tiny && !o.dry_run) {
+    DI_THROW("--device cpu runs the tiny model only (--tiny): the full-width one needs ~55 GB");
+  }
   if (o.tiny) {  // the tests' tiny model: small contexts, a short prefill
     if (!batches_given) o.batches = {1, 4};
     if (!contexts_given) o.contexts = {40, 300};
