@@ -93,7 +93,7 @@ void DeepseekRunner::allocate_slots(int32_t num_slots, int64_t max_tokens_per_sl
   }
   requests_.reserve(static_cast<size_t>(num_slots));
   gather_rows_.reserve(static_cast<size_t>(num_slots));
-  step_logits_ = Tensor::empty(DType::kF32, {max_tokens_per_step, config_.vocab_size}, allocator);
+  max_tokens_per_step_ = max_tokens_per_step;
   if (device_.is_cuda()) {
     sampled_logits_ = Tensor::empty(DType::kF32, {num_slots, config_.vocab_size}, allocator);
     // Whatever the states' construction queued on this thread's stream is done before the
@@ -114,8 +114,8 @@ void DeepseekRunner::forward(std::span<const SlotTokens> batch,
     requests_.push_back({slots_.at(static_cast<size_t>(item.slot)).get(), item.tokens});
     total += static_cast<int64_t>(item.tokens.size());
   }
-  DI_CHECK(total <= step_logits_.shape()[0], "a step of ", total,
-           " tokens exceeds the runner's max_tokens_per_step ", step_logits_.shape()[0]);
+  DI_CHECK(total <= max_tokens_per_step_, "a step of ", total,
+           " tokens exceeds the runner's max_tokens_per_step ", max_tokens_per_step_);
   const auto rows = static_cast<int64_t>(logits_rows.size());
   const bool keep_on_device = samples_on_device();
   DI_CHECK(static_cast<int64_t>(logits.size()) == (keep_on_device ? 0 : rows) * config_.vocab_size,
@@ -130,22 +130,21 @@ void DeepseekRunner::forward(std::span<const SlotTokens> batch,
   std::optional<cuda::StreamScope> on_stream;
   if (stream_) on_stream.emplace(stream_->stream);
 #endif
-  const TensorView step_logits = step_logits_.view().narrow(0, 0, total);
-  auto host_out = [&] {
-    return TensorView::contiguous(logits.data(), DType::kF32, {rows, config_.vocab_size});
-  };
-  model_.forward(requests_, step_logits);
   gathered_rows_ = rows;
-  // The sampled rows are gathered as an embedding lookup whose "table" is the step's logits.
+  // The model computes the LM head for the sampled rows only.
   if (device_.is_cpu()) {
-    if (rows > 0) ops::embedding(step_logits, gather_rows_, host_out());
+    model_.forward(requests_, gather_rows_,
+                   TensorView::contiguous(logits.data(), DType::kF32, {rows, config_.vocab_size}));
     return;
   }
+  DI_CHECK(rows <= sampled_logits_.shape()[0], "a step samples ", rows,
+           " rows, more than the runner's ", sampled_logits_.shape()[0], " slots");
+  const TensorView gathered = sampled_logits_.view().narrow(0, 0, rows);
+  model_.forward(requests_, gather_rows_, gathered);
+  if (keep_on_device) return;  // sample() waits
   if (rows > 0) {
-    const TensorView gathered = sampled_logits_.view().narrow(0, 0, rows);
-    ops::embedding(step_logits, gather_rows_, gathered);
-    if (keep_on_device) return;  // sample() waits
-    ops::copy(gathered, host_out());
+    ops::copy(gathered,
+              TensorView::contiguous(logits.data(), DType::kF32, {rows, config_.vocab_size}));
   }
   // The step's one wait; it also reports what kernels found wrong in their inputs.
   ops::synchronize(device_);

@@ -48,9 +48,9 @@ class DeepseekRunner final : public ModelRunner {
   std::vector<std::unique_ptr<deepseek_v41::RequestState>> slots_;
   std::vector<deepseek_v41::ForwardRequest> requests_;
   Device device_;
-  // Sized by allocate_slots: every token's logits [max_tokens_per_step, vocab], and (on a GPU)
-  // the sampled rows gathered into one block [num_slots, vocab] for a single copy to the host.
-  Tensor step_logits_;
+  // Sized by allocate_slots. On a GPU the sampled rows' logits [num_slots, vocab] stay on the
+  // device for the sampler (one copy to the host where the host samples).
+  int64_t max_tokens_per_step_ = 0;
   Tensor sampled_logits_;
   std::vector<int32_t> gather_rows_;
   int64_t gathered_rows_ = 0;  // rows of sampled_logits_ the last forward wrote

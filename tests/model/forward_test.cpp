@@ -4,6 +4,8 @@
 // else is in the batch; rollback restores the exact state.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <random>
 
 #include "model/deepseek_v41/model.h"
@@ -117,6 +119,48 @@ TEST(ForwardTest, ARequestsLogitsDoNotDependOnTheRestOfTheBatch) {
   const auto alone = run(f, {a}, [](size_t, int64_t) { return 1 << 20; });
   const auto together = run(f, {b, a}, [](size_t, int64_t) { return 1 << 20; });
   EXPECT_EQ(alone[0], together[1]);  // bit-identical: batch invariance
+}
+
+TEST(ForwardTest, SelectedLogitRowsEqualThoseRowsOfTheFullLogits) {
+  // Released numerics: the head runs on the same linear either way, so the rows must be the
+  // full call's bit for bit, in the order asked (repeats allowed).
+  Fixture f("{}", WeightFormat::kReleased, Numerics::kReleased);
+  const int64_t vocab = f.config.vocab_size;
+  const auto a = random_tokens(17, vocab, 21);
+  const auto b = random_tokens(9, vocab, 22);
+  const int64_t total = 26;
+  auto step = [&](const std::function<void(std::span<const ForwardRequest>)>& call) {
+    RequestState sa(f.config, f.limits());
+    RequestState sb(f.config, f.limits());
+    const ForwardRequest requests[] = {{&sa, a}, {&sb, b}};
+    call(requests);
+  };
+  std::vector<float> full(static_cast<size_t>(total * vocab));
+  step([&](std::span<const ForwardRequest> requests) {
+    f.model->forward(requests, TensorView::contiguous(full.data(), DType::kF32, {total, vocab}));
+  });
+  const std::vector<int32_t> rows = {25, 16, 0, 16};
+  std::vector<float> selected(rows.size() * static_cast<size_t>(vocab));
+  step([&](std::span<const ForwardRequest> requests) {
+    f.model->forward(requests, rows,
+                     TensorView::contiguous(selected.data(), DType::kF32,
+                                            {static_cast<int64_t>(rows.size()), vocab}));
+  });
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto first = full.begin() + rows[i] * vocab;
+    EXPECT_TRUE(
+        std::equal(first, first + vocab, selected.begin() + static_cast<int64_t>(i) * vocab))
+        << "row " << rows[i];
+  }
+  // A row outside the step is refused before anything runs.
+  const std::vector<int32_t> bad = {26};
+  std::vector<float> one(static_cast<size_t>(vocab));
+  RequestState state(f.config, f.limits());
+  const ForwardRequest request{&state, a};
+  EXPECT_THROW(f.model->forward({&request, 1}, bad,
+                                TensorView::contiguous(one.data(), DType::kF32, {1, vocab})),
+               Error);
+  EXPECT_EQ(state.length(), 0);
 }
 
 TEST(ForwardTest, RollbackRestoresTheStateExactly) {

@@ -48,7 +48,7 @@ struct ForwardWorkspace {
   Scratch window_rows;
   Scratch moe_gate, moe_up, shared_out, route_weights, route_experts;
   Scratch engram_rows, engram_kv;
-  Scratch logits;
+  Scratch head_rows, logits;
   // The step's metadata (engram ids, window ranges, visible counts), built on the host in
   // `staging` and uploaded once per step into `metadata` (on the host it is used in place).
   std::vector<int64_t> staging;
@@ -148,7 +148,8 @@ class ForwardPass {
                                                : ops::ActivationQuant::kNone),
         observer_(observer) {}
 
-  void run(const TensorView& logits);
+  // `logit_rows` null: logits of every token row; else only of those rows, in that order.
+  void run(const TensorView& logits, std::span<const int32_t> const* logit_rows);
 
  private:
   TensorView take(Scratch& scratch, DType dtype, Shape shape) {
@@ -289,7 +290,7 @@ void ForwardPass::prepare_metadata() {
   }
 }
 
-void ForwardPass::run(const TensorView& logits) {
+void ForwardPass::run(const TensorView& logits, std::span<const int32_t> const* logit_rows) {
   const float eps = static_cast<float>(c_.rms_norm_eps);
   prepare_metadata();
   // Embedding, replicated into hc identical streams; the first pre mix is one-hot on stream 0.
@@ -336,13 +337,22 @@ void ForwardPass::run(const TensorView& logits) {
   // Final collapse with the last site's pre mix, norm, head.
   ops::hc_collapse(streams_, pre_mix_view, x_view);
   ops::rmsnorm(x_view, p_.norm, eps, x_view);
+  // The LM head is the widest GEMM of a step (vocab x hidden): a prefill that samples one row
+  // per request computes only those rows. A row's logits do not depend on the other rows (the
+  // head is one linear, batch invariant), so selected rows equal the full result's bit for bit.
+  TensorView head_input = x_view;
+  if (logit_rows != nullptr) {
+    head_input = f32(ws_.head_rows, {static_cast<int64_t>(logit_rows->size()), dim_});
+    if (head_input.size(0) > 0) ops::embedding(x_view, *logit_rows, head_input);
+  }
+  if (head_input.size(0) == 0) return;
   if (logits.device() == x_view.device()) {
-    ops::linear(x_view, p_.head, logits);
+    ops::linear(head_input, p_.head, logits);
     return;
   }
   // Logits wanted on another device (a host buffer for a device model): the step's one wait.
-  const TensorView device_logits = f32(ws_.logits, {n_, logits.size(1)});
-  ops::linear(x_view, p_.head, device_logits);
+  const TensorView device_logits = f32(ws_.logits, {head_input.size(0), logits.size(1)});
+  ops::linear(head_input, p_.head, device_logits);
   ops::copy(device_logits, logits);
   ops::synchronize(x_view.device());
 }
@@ -687,6 +697,16 @@ Model::Model(const DeepseekV41TextConfig& config, const ModelParameters& paramet
 Model::~Model() = default;
 
 void Model::forward(std::span<const ForwardRequest> requests, const TensorView& logits) {
+  forward_impl(requests, nullptr, logits);
+}
+
+void Model::forward(std::span<const ForwardRequest> requests, std::span<const int32_t> logit_rows,
+                    const TensorView& logits) {
+  forward_impl(requests, &logit_rows, logits);
+}
+
+void Model::forward_impl(std::span<const ForwardRequest> requests,
+                         std::span<const int32_t> const* logit_rows, const TensorView& logits) {
   ForwardWorkspace& ws = *workspace_;
   std::vector<RequestSpan> spans;
   int64_t tokens = 0;
@@ -714,9 +734,18 @@ void Model::forward(std::span<const ForwardRequest> requests, const TensorView& 
     tokens += span.count;
     spans.push_back(span);
   }
-  if (logits.rank() != 2 || logits.size(0) != tokens || logits.size(1) != config_.vocab_size) {
-    DI_THROW("logits output must be [", tokens, ", ", config_.vocab_size, "], got ",
+  const int64_t logit_count =
+      logit_rows == nullptr ? tokens : static_cast<int64_t>(logit_rows->size());
+  if (logits.rank() != 2 || logits.size(0) != logit_count || logits.size(1) != config_.vocab_size) {
+    DI_THROW("logits output must be [", logit_count, ", ", config_.vocab_size, "], got ",
              logits.to_string());
+  }
+  if (logit_rows != nullptr) {
+    for (const int32_t row : *logit_rows) {
+      if (row < 0 || row >= tokens) {
+        DI_THROW("logits row ", row, " is outside the step's ", tokens, " tokens");
+      }
+    }
   }
   if (tokens == 0) return;
   ws.positions.resize(static_cast<size_t>(tokens));
@@ -740,7 +769,7 @@ void Model::forward(std::span<const ForwardRequest> requests, const TensorView& 
 
   ForwardPass pass(config_, parameters_, expert_weights_, numerics_, engram_.get(), rope_main_,
                    rope_compress_, ws, spans, tokens, observer_);
-  pass.run(logits);
+  pass.run(logits, logit_rows);
   for (const RequestSpan& span : spans) span.state->advance(span.count);
 }
 

@@ -67,8 +67,17 @@ class Model {
   // (which also reports kernel-detected index errors); device `logits` are left in flight.
   // The layer observer then receives device views.
   void forward(std::span<const ForwardRequest> requests, const TensorView& logits);
+  // The same step, with the LM head only for `logit_rows` (indices into the step's token-major
+  // rows, any order, repeats allowed): `logits` [logit_rows.size(), vocab] receives them in that
+  // order, equal bit for bit to those rows of the full call. What a sampler needs (one row per
+  // request) without the vocab x hidden GEMM for every prefill token.
+  void forward(std::span<const ForwardRequest> requests, std::span<const int32_t> logit_rows,
+               const TensorView& logits);
 
  private:
+  void forward_impl(std::span<const ForwardRequest> requests,
+                    std::span<const int32_t> const* logit_rows, const TensorView& logits);
+
   const DeepseekV41TextConfig config_;
   const ModelParameters& parameters_;
   Numerics numerics_;
