@@ -69,11 +69,30 @@ if [ -x "$BIN/cuda_sampler_test" ]; then
     >"$OUT/cuda_sampler_memcheck.log" 2>&1 || status=1
   tail -n 4 "$OUT/cuda_sampler_memcheck.log"
 fi
-if [ -x "$BIN/moe_grouped_gemm_test" ]; then
-  echo "== tensor-core GEMMs (grouped FP8 x FP4 experts, FP8 dense) vs the CPU reference"
-  timeout ${MODEL_TIMEOUT:-180} "$BIN/moe_grouped_gemm_test" >"$OUT/moe_grouped_gemm.log" 2>&1 || status=1
-  tail -n 4 "$OUT/moe_grouped_gemm.log"
-fi
+# The tensor-core kernel tests (each against the CPU reference, with bit-exact batch invariance),
+# then the sanitizers on their small-shape cases: program, memcheck filter, racecheck filter.
+kernel_tests=(
+  "moe_grouped_gemm_test|*PrefillTileSmallShapes*:*ModelMoeExperts*:*BadInput*|*PrefillTileSmallShapes*"
+  "linear_bf16_mma_test|*SmallShapes*:*Unaligned*|*SmallShapes*"
+  "linear_fp8_dense_test|*SmallShapes*|*SmallShapes*"
+  "attention_gpu_test|*SmallShapes*|*SmallShapes*"
+)
+for entry in "${kernel_tests[@]}"; do
+  IFS='|' read -r program memcheck_filter racecheck_filter <<<"$entry"
+  [ -x "$BIN/$program" ] || continue
+  echo "== $program (tensor-core kernels vs the CPU reference)"
+  timeout ${MODEL_TIMEOUT:-180} "$BIN/$program" >"$OUT/$program.log" 2>&1 || status=1
+  grep -E "worst|differ|error|FAILED|PASSED|SKIPPED" "$OUT/$program.log" | tail -n 24
+  for tool in memcheck racecheck; do
+    filter=$memcheck_filter
+    [ "$tool" = racecheck ] && filter=$racecheck_filter
+    echo "== compute-sanitizer --tool $tool: $program ($filter)"
+    timeout ${SANITIZER_TIMEOUT:-100} compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      "$BIN/$program" --gtest_filter="$filter" --gtest_brief=1 >"$OUT/${program}_$tool.log" 2>&1 ||
+      status=1
+    tail -n 3 "$OUT/${program}_$tool.log"
+  done
+done
 if [ -x "$BIN/engine_test" ] && [ -x "$BIN/deepinfer" ]; then
   BIN="$BIN" OUT="$OUT" "$(dirname "$0")/run_engine_device_tests.sh" || status=1
 fi
