@@ -491,6 +491,133 @@ TEST_F(MoeGroupedGemmTest, ModelMoeExpertsUsesTheGroupedKernel) {
   }
 }
 
+// Random FP4 experts of one layer, host and device (each weight its own allocation, as in the
+// model).
+struct ExpertSet {
+  std::vector<Tensor> host_storage, device_storage;
+  std::vector<ExpertWeights> host, device;
+};
+
+ExpertSet make_experts(int64_t count, int64_t dim, int64_t inter, uint32_t seed) {
+  ExpertSet set;
+  set.host.resize(count);
+  set.device.resize(count);
+  set.host_storage.reserve(6 * count);
+  set.device_storage.reserve(6 * count);
+  const auto make = [&](int64_t out, int64_t in, LinearWeight& host, LinearWeight& device) {
+    const Tensor& w =
+        set.host_storage.emplace_back(random_bytes(DType::kF4E2M1x2, {out, in}, ++seed, 0, 255));
+    const Tensor& sc = set.host_storage.emplace_back(
+        random_bytes(DType::kF8E8M0, {out, in / 32}, ++seed, 117, 121));
+    const Tensor& dw = set.device_storage.emplace_back(rt::to_device(w.view()));
+    const Tensor& dsc = set.device_storage.emplace_back(rt::to_device(sc.view()));
+    host = LinearWeight{w.view(), sc.view()};
+    device = LinearWeight{dw.view(), dsc.view()};
+  };
+  for (int64_t e = 0; e < count; ++e) {
+    make(inter, dim, set.host[e].w1, set.device[e].w1);
+    make(inter, dim, set.host[e].w3, set.device[e].w3);
+    make(dim, inter, set.host[e].w2, set.device[e].w2);
+  }
+  return set;
+}
+
+// top_k distinct experts per token, in random order.
+Tensor random_routes(int64_t tokens, int64_t experts, int64_t top_k, uint32_t seed) {
+  Tensor chosen = Tensor::empty(DType::kI32, {tokens, top_k});
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t e = 0; e < experts; ++e) ids[e] = static_cast<int32_t>(e);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::copy(ids.begin(), ids.begin() + top_k, chosen.data<int32_t>() + t * top_k);
+  }
+  return chosen;
+}
+
+// ops::cuda::moe_experts over tokens [first, first + count), fused path or not.
+Tensor run_moe_op(const ExpertSet& set, const Tensor& x, const Tensor& chosen,
+                  const Tensor& weights, int64_t first, int64_t count, bool fused) {
+  const int64_t dim = x.view().size(1);
+  Tensor dx = rt::to_device(x.view().narrow(0, first, count));
+  Tensor dc = rt::to_device(chosen.view().narrow(0, first, count));
+  Tensor dwt = rt::to_device(weights.view().narrow(0, first, count));
+  Tensor out = Tensor::empty(DType::kF32, {count, dim}, rt::device_allocator());
+  rt::fill_bytes(out.view(), 0xFF);
+  cuda::set_moe_experts_fused_path(fused);
+  cuda::moe_experts(dx.view(), dc.view(), dwt.view(), set.device, 10.0f,
+                    ActivationQuant::kFp8PerBlock32, out.view());
+  cuda::set_moe_experts_fused_path(true);
+  rt::synchronize();
+  return rt::to_host(out.view());
+}
+
+bool same_bits(const float* a, const float* b, int64_t count) {
+  return std::memcmp(a, b, static_cast<size_t>(count) * sizeof(float)) == 0;
+}
+
+// The op with the V4.1-Flash expert shapes (w1/w3 2304 x 5120, w2 5120 x 2304), 16 experts,
+// top-6: 1 and 5 tokens (decode tile), 40 (240 rows, still the decode tile) and 48 (288 rows,
+// the prefill tile). Each against the CPU reference (rows of one 48-token reference: the CPU op
+// is row by row), equal to the per-projection path bit for bit, and each token of the smaller
+// calls equal to the same token in the 48-token call.
+TEST_F(MoeGroupedGemmTest, ModelMoeExpertsV41FlashShapes) {
+  constexpr int64_t kExperts = 16, kDim = 5120, kInter = 2304, kTopK = 6, kMostTokens = 48;
+  const ExpertSet set = make_experts(kExperts, kDim, kInter, 400);
+  const Tensor chosen = random_routes(kMostTokens, kExperts, kTopK, 410);
+  const Tensor weights = random_f32({kMostTokens, kTopK}, 411);
+  const Tensor x = random_f32({kMostTokens, kDim}, 412);
+  Tensor want = Tensor::empty(DType::kF32, {kMostTokens, kDim});
+  moe_experts(x.view(), chosen.view(), weights.view(), set.host, 10.0f,
+              ActivationQuant::kFp8PerBlock32, want.view());
+  const Tensor all = run_moe_op(set, x, chosen, weights, 0, kMostTokens, true);
+  for (int64_t tokens : {int64_t{1}, int64_t{5}, int64_t{40}, kMostTokens}) {
+    const Tensor got = run_moe_op(set, x, chosen, weights, 0, tokens, true);
+    const Tensor earlier = run_moe_op(set, x, chosen, weights, 0, tokens, false);
+    Tensor want_rows = Tensor::empty(DType::kF32, {tokens, kDim});
+    std::memcpy(want_rows.data<float>(), want.data<float>(),
+                static_cast<size_t>(tokens * kDim) * sizeof(float));
+    const double error = worst_error(want_rows, got);
+    std::printf("moe_experts V4.1 shapes, %ld tokens: worst error %.3g of the output's scale\n",
+                static_cast<long>(tokens), error);
+    EXPECT_LE(error, 2e-3) << tokens << " tokens";
+    EXPECT_TRUE(same_bits(got.data<float>(), earlier.data<float>(), tokens * kDim))
+        << tokens << " tokens: the fused path differs from the per-projection one";
+    for (int64_t t = 0; t < tokens; ++t) {
+      EXPECT_TRUE(same_bits(got.data<float>() + t * kDim, all.data<float>() + t * kDim, kDim))
+          << "token " << t << " of " << tokens << " differs from the 48-token call";
+    }
+  }
+}
+
+// Small shapes for the sanitizers: the fused path equals the per-projection one bit for bit in
+// the decode tile (3 tokens) and the prefill tile (40 tokens x top-2 over 4 experts), both
+// within the reference's bound; and a bad expert id is still reported.
+TEST_F(MoeGroupedGemmTest, FusedMoeExpertsSmallShapes) {
+  constexpr int64_t kExperts = 4, kDim = 256, kInter = 512, kTopK = 2, kTokens = 40;
+  const ExpertSet set = make_experts(kExperts, kDim, kInter, 500);
+  const Tensor chosen = random_routes(kTokens, kExperts, kTopK, 510);
+  const Tensor weights = random_f32({kTokens, kTopK}, 511);
+  const Tensor x = random_f32({kTokens, kDim}, 512);
+  Tensor want = Tensor::empty(DType::kF32, {kTokens, kDim});
+  moe_experts(x.view(), chosen.view(), weights.view(), set.host, 10.0f,
+              ActivationQuant::kFp8PerBlock32, want.view());
+  for (int64_t tokens : {int64_t{3}, kTokens}) {
+    const Tensor got = run_moe_op(set, x, chosen, weights, 0, tokens, true);
+    const Tensor earlier = run_moe_op(set, x, chosen, weights, 0, tokens, false);
+    Tensor want_rows = Tensor::empty(DType::kF32, {tokens, kDim});
+    std::memcpy(want_rows.data<float>(), want.data<float>(),
+                static_cast<size_t>(tokens * kDim) * sizeof(float));
+    EXPECT_LE(worst_error(want_rows, got), 2e-3) << tokens << " tokens";
+    EXPECT_TRUE(same_bits(got.data<float>(), earlier.data<float>(), tokens * kDim))
+        << tokens << " tokens";
+  }
+  Tensor bad = Tensor::empty(DType::kI32, {2, kTopK});
+  std::copy(chosen.data<int32_t>(), chosen.data<int32_t>() + 2 * kTopK, bad.data<int32_t>());
+  bad.data<int32_t>()[1] = static_cast<int32_t>(kExperts);            // past the expert list
+  EXPECT_THROW(run_moe_op(set, x, bad, weights, 0, 2, true), Error);  // from the synchronize
+}
+
 TEST_F(MoeGroupedGemmTest, BadInput) {
   Problem p = make_problem(2, 32, 256, {3, 2}, 0, 61);
   // Offsets past the rows are clamped on the device: no out-of-range reads, the valid rows

@@ -52,6 +52,25 @@ bool fp8_mma_supports(const DeviceWeight& w);
 void launch_grouped_fp4(deepinfer::cuda::DeviceRows<const float> x, const DeviceWeight& shape,
                         deepinfer::cuda::DeviceRows<float> out, const GemmGroups& groups);
 
+// The routed experts' three projections on the grouped fp4 kernel (moe_experts' released path),
+// each input quantized once: the rows x[sorted_token[p]] for p < offsets[E] straight into codes,
+// w1 and w3 in one launch (gate, up), swiglu(gate, up) * sorted_weight[p] folded into w2's
+// quantizer (ops::cuda::swiglu's arithmetic), w2 into results [entries, dim] (rows past offsets[E]
+// not written). The same bits as gathering, launch_grouped_fp4 per projection and swiglu in
+// between. Scratch: moe_fp4_scratch_bytes(entries, tables) device bytes, 256-byte aligned.
+struct MoeFp4Tables {
+  const DeviceWeight* w1 = nullptr;  // device tables [E]; every weight fits grouped_fp4_supports
+  const DeviceWeight* w3 = nullptr;
+  const DeviceWeight* w2 = nullptr;
+  DeviceWeight w13_shape;  // [inter, dim]
+  DeviceWeight w2_shape;   // [dim, inter]
+};
+size_t moe_fp4_scratch_bytes(int64_t entries, const MoeFp4Tables& tables);
+void launch_moe_fp4_experts(deepinfer::cuda::DeviceRows<const float> x, const int32_t* sorted_token,
+                            const float* sorted_weight, const GemmGroups& groups, int64_t entries,
+                            const MoeFp4Tables& tables, float swiglu_limit, void* scratch,
+                            deepinfer::cuda::DeviceRows<float> results);
+
 // The BF16 tensor-core GEMM of linear_bf16_mma.cu (bf16 weights, f32 activations, no activation
 // quantization): whether it takes this weight and input (its on/off switch, K % 32 == 0,
 // N % 16 == 0, 16-byte aligned rows; never the row count), and its launch. Batch invariant; with

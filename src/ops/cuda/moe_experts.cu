@@ -5,10 +5,16 @@
 // experts of aligned shapes, the three projections run on the grouped FP8 x FP4 tensor-core GEMM
 // (moe_grouped_gemm.cu) instead.
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <cub/block/block_scan.cuh>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear.cuh"
+#include "ops/cuda/moe_grouped_gemm.h"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -16,6 +22,12 @@ namespace {
 constexpr int kSortThreads = 1024;
 constexpr int kThreads = 256;
 constexpr int kMaxTopK = 64;
+
+// false: the released FP4 path goes back to a gather, one launch_grouped_fp4 per projection
+// (each quantizing its input) and ops::cuda::swiglu in between (the path before the fused one;
+// the same bits).
+constexpr bool kFusedFp4Experts = true;
+std::atomic<bool> fused_fp4_experts{kFusedFp4Experts};
 
 struct SortArgs {
   const int32_t* experts;  // [N, k] (row stride)
@@ -46,21 +58,30 @@ __global__ void __launch_bounds__(kSortThreads) sort_by_expert_kernel(SortArgs a
     if (e >= 0 && e < args.expert_count) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t running = 0;
-    for (int e = 0; e < args.expert_count; ++e) {
-      // A group larger than the token count means an expert repeated within a token: the
-      // grouped GEMM's grid covers at most `tokens` rows per expert.
-      if (counts[e] > args.tokens) {
-        deepinfer::cuda::record_error(args.error, deepinfer::cuda::kMoeExpertOutOfBounds);
-      }
-      args.offsets[e] = running;
-      cursor[e] = running;
-      running += counts[e];
+  // Exclusive scan of the counts, kSortThreads experts at a time.
+  using Scan = cub::BlockScan<int32_t, kSortThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  int32_t running = 0;  // the same in every thread
+  for (int base = 0; base < args.expert_count; base += kSortThreads) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    const int32_t count = e < args.expert_count ? counts[e] : 0;
+    // A group larger than the token count means an expert repeated within a token: the
+    // grouped GEMM's grid covers at most `tokens` rows per expert.
+    if (count > args.tokens) {
+      deepinfer::cuda::record_error(args.error, deepinfer::cuda::kMoeExpertOutOfBounds);
     }
-    args.offsets[args.expert_count] = running;
+    int32_t at = 0;
+    int32_t total = 0;
+    Scan(scan_storage).ExclusiveSum(count, at, total);
+    if (e < args.expert_count) {
+      args.offsets[e] = running + at;
+      cursor[e] = running + at;
+    }
+    running += total;
+    __syncthreads();  // the scan's storage is reused by the next chunk of experts
   }
-  __syncthreads();
+  if (threadIdx.x == 0) args.offsets[args.expert_count] = running;
+  __syncthreads();  // explicit, though the loop's last barrier already published the cursors
   for (int64_t i = threadIdx.x; i < entries; i += blockDim.x) {
     const int64_t token = i / args.k;
     const int32_t e = args.experts[token * args.expert_stride + i % args.k];
@@ -138,7 +159,98 @@ void describe_role(std::span<const ExpertWeights> experts, const LinearWeight Ex
   }
 }
 
+// A layer's expert descriptors: [w1 of every expert, w3 of every expert, w2 of every expert] on
+// the host and resident on the device, and whether the tensor-core kernel takes them all.
+struct ExpertTable {
+  std::vector<DeviceWeight> host;
+  const DeviceWeight* device = nullptr;
+  bool fp4_kernel = false;
+};
+
+// Whether `table` still describes `experts`: every role's weight and scale pointers, and the
+// full descriptors (shape, dtype, scale layout) of the first and last expert. A model's experts
+// never move; this only guards against a span reused for other weights (tests).
+bool table_matches(const ExpertTable& table, std::span<const ExpertWeights> experts) {
+  const size_t count = experts.size();
+  if (table.host.size() != 3 * count) return false;
+  using Role = const LinearWeight ExpertWeights::*;
+  const Role roles[3] = {&ExpertWeights::w1, &ExpertWeights::w3, &ExpertWeights::w2};
+  for (size_t r = 0; r < 3; ++r) {
+    for (size_t e = 0; e < count; ++e) {
+      const LinearWeight& w = experts[e].*roles[r];
+      const DeviceWeight& cached = table.host[r * count + e];
+      if (w.weight.raw_data() != cached.bytes ||
+          (w.scale.numel() > 0 ? w.scale.raw_data() : nullptr) != cached.scale) {
+        return false;
+      }
+    }
+    for (const size_t e : {size_t{0}, count - 1}) {
+      const DeviceWeight now = describe(experts[e].*roles[r]);
+      if (std::memcmp(&now, &table.host[r * count + e], sizeof(DeviceWeight)) != 0) return false;
+    }
+  }
+  return true;
+}
+
+// The descriptor table of `experts`, built and uploaded (resident_copy) on first use and then
+// kept per expert span, so a decode step does not describe the 3 x 384 weights and compare the
+// ~83 KB table with resident_copy's entries again.
+const ExpertTable& expert_table(std::span<const ExpertWeights> experts, int64_t dim) {
+  struct Entry {
+    const ExpertWeights* data = nullptr;
+    size_t size = 0;
+    std::unique_ptr<ExpertTable> table;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> entries;
+  // Replaced tables stay alive: a caller may still hold a reference to one.
+  static std::vector<std::unique_ptr<ExpertTable>> retired;
+  const std::lock_guard lock(mutex);
+  Entry* found = nullptr;
+  for (Entry& entry : entries) {
+    if (entry.data == experts.data() && entry.size == experts.size()) found = &entry;
+  }
+  if (found != nullptr && table_matches(*found->table, experts)) return *found->table;
+  auto table = std::make_unique<ExpertTable>();
+  const int64_t inter = experts[0].w1.out_features();
+  table->host.reserve(experts.size() * 3);
+  describe_role(experts, &ExpertWeights::w1, inter, dim, "w1", table->host);
+  describe_role(experts, &ExpertWeights::w3, inter, dim, "w3", table->host);
+  describe_role(experts, &ExpertWeights::w2, dim, inter, "w2", table->host);
+  // A layer's experts do not move while the model lives: their descriptor table is uploaded
+  // once and reused by every step.
+  static_assert(sizeof(DeviceWeight) == 9 * sizeof(int64_t), "DeviceWeight must have no padding");
+  table->device = static_cast<const DeviceWeight*>(deepinfer::cuda::resident_copy(
+      table->host.data(), table->host.size() * sizeof(DeviceWeight)));
+  table->fp4_kernel = std::all_of(table->host.begin(), table->host.end(), grouped_fp4_supports);
+  if (found != nullptr) {
+    retired.push_back(std::move(found->table));
+    found->table = std::move(table);
+    return *found->table;
+  }
+  entries.push_back(Entry{experts.data(), experts.size(), std::move(table)});
+  return *entries.back().table;
+}
+
+// Pieces of one device allocation, each on 256 bytes.
+class ScratchLayout {
+ public:
+  size_t take(size_t bytes) {
+    const size_t at = used_;
+    used_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  size_t bytes() const { return used_; }
+
+ private:
+  size_t used_ = 0;
+};
+
 }  // namespace
+
+void set_moe_experts_fused_path(bool enabled) {
+  fused_fp4_experts = enabled && kFusedFp4Experts;
+}
 
 void moe_experts(const TensorView& x, const TensorView& experts, const TensorView& weights,
                  std::span<const ExpertWeights> expert_weights, float swiglu_limit,
@@ -159,34 +271,46 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
            "moe_experts needs 1 to 65535 experts, got ", expert_weights.size());
   if (n == 0) return;
   const int expert_count = static_cast<int>(expert_weights.size());
-  const int64_t inter = expert_weights[0].w1.out_features();
-  std::vector<DeviceWeight> host_table;
-  host_table.reserve(expert_weights.size() * 3);
-  describe_role(expert_weights, &ExpertWeights::w1, inter, dim, "w1", host_table);
-  describe_role(expert_weights, &ExpertWeights::w3, inter, dim, "w3", host_table);
-  describe_role(expert_weights, &ExpertWeights::w2, dim, inter, "w2", host_table);
-  // A layer's experts do not move while the model lives: their descriptor table is uploaded
-  // once and reused by every step.
-  static_assert(sizeof(DeviceWeight) == 9 * sizeof(int64_t), "DeviceWeight must have no padding");
-  const auto* table = static_cast<const DeviceWeight*>(
-      deepinfer::cuda::resident_copy(host_table.data(), host_table.size() * sizeof(DeviceWeight)));
+  const ExpertTable& expert_descriptors = expert_table(expert_weights, dim);
+  const std::vector<DeviceWeight>& host_table = expert_descriptors.host;
+  const DeviceWeight* table = expert_descriptors.device;
+  const int64_t inter = host_table[0].out;
 
   const int64_t entries = n * k;
-  const bool tensor_cores = quant == ActivationQuant::kFp8PerBlock32 &&
-                            std::all_of(host_table.begin(), host_table.end(), grouped_fp4_supports);
+  const bool tensor_cores =
+      quant == ActivationQuant::kFp8PerBlock32 && expert_descriptors.fp4_kernel;
+  const bool fused = tensor_cores && fused_fp4_experts.load(std::memory_order_relaxed);
   // The tile GEMM needs the activations quantized beforehand; the tensor-core one does it itself.
   const bool quantized = quant == ActivationQuant::kFp8PerBlock32 && !tensor_cores;
   const auto grouped_gemm = tensor_cores ? launch_grouped_fp4 : launch_linear;
-  StreamBuffer offsets(static_cast<size_t>(expert_count + 1) * sizeof(int32_t));
-  StreamBuffer sorted_token(static_cast<size_t>(entries) * sizeof(int32_t));
-  StreamBuffer sorted_weight(static_cast<size_t>(entries) * sizeof(float));
-  StreamBuffer slot_position(static_cast<size_t>(entries) * sizeof(int32_t));
-  StreamBuffer rows(static_cast<size_t>(entries * dim) * sizeof(float));
-  StreamBuffer rows_quantized(quantized ? static_cast<size_t>(entries * dim) * sizeof(float) : 0);
-  StreamBuffer gate(static_cast<size_t>(entries * inter) * sizeof(float));
-  StreamBuffer up(static_cast<size_t>(entries * inter) * sizeof(float));
-  StreamBuffer gate_quantized(quantized ? static_cast<size_t>(entries * inter) * sizeof(float) : 0);
-  StreamBuffer results(static_cast<size_t>(entries * dim) * sizeof(float));
+  MoeFp4Tables fp4_tables;
+  fp4_tables.w1 = table;
+  fp4_tables.w3 = table + expert_count;
+  fp4_tables.w2 = table + 2 * expert_count;
+  fp4_tables.w13_shape = host_table[0];
+  fp4_tables.w2_shape = host_table[2 * static_cast<size_t>(expert_count)];
+
+  // Every buffer of the call from one allocation.
+  ScratchLayout layout;
+  const auto f32_bytes = [](int64_t count) { return static_cast<size_t>(count) * sizeof(float); };
+  const size_t offsets_at = layout.take(static_cast<size_t>(expert_count + 1) * sizeof(int32_t));
+  const size_t sorted_token_at = layout.take(static_cast<size_t>(entries) * sizeof(int32_t));
+  const size_t sorted_weight_at = layout.take(f32_bytes(entries));
+  const size_t slot_position_at = layout.take(static_cast<size_t>(entries) * sizeof(int32_t));
+  const size_t results_at = layout.take(f32_bytes(entries * dim));
+  const size_t fused_at = layout.take(fused ? moe_fp4_scratch_bytes(entries, fp4_tables) : 0);
+  const size_t rows_at = layout.take(fused ? 0 : f32_bytes(entries * dim));
+  const size_t rows_quantized_at = layout.take(quantized ? f32_bytes(entries * dim) : 0);
+  const size_t gate_at = layout.take(fused ? 0 : f32_bytes(entries * inter));
+  const size_t up_at = layout.take(fused ? 0 : f32_bytes(entries * inter));
+  const size_t gate_quantized_at = layout.take(quantized ? f32_bytes(entries * inter) : 0);
+  StreamBuffer scratch(layout.bytes());
+  const auto piece = [&](size_t at) { return scratch.as<uint8_t>() + at; };
+  auto* offsets = reinterpret_cast<int32_t*>(piece(offsets_at));
+  auto* sorted_token = reinterpret_cast<int32_t*>(piece(sorted_token_at));
+  auto* sorted_weight = reinterpret_cast<float*>(piece(sorted_weight_at));
+  auto* slot_position = reinterpret_cast<int32_t*>(piece(slot_position_at));
+  auto* results = reinterpret_cast<float*>(piece(results_at));
 
   SortArgs sort{};
   sort.experts = chosen.data;
@@ -196,61 +320,69 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
   sort.tokens = n;
   sort.k = static_cast<int>(k);
   sort.expert_count = expert_count;
-  sort.offsets = offsets.as<int32_t>();
-  sort.sorted_token = sorted_token.as<int32_t>();
-  sort.sorted_weight = sorted_weight.as<float>();
-  sort.slot_position = slot_position.as<int32_t>();
+  sort.offsets = offsets;
+  sort.sorted_token = sorted_token;
+  sort.sorted_weight = sorted_weight;
+  sort.slot_position = slot_position;
   sort.error = deepinfer::cuda::kernel_error_word();
   const size_t sort_shared = static_cast<size_t>(expert_count) * 2 * sizeof(int32_t);
-  if (sort_shared > 48 * 1024) {
+  if (sort_shared > 32 * 1024) {  // with the scan's static storage, past the default 48 KB
     DI_CUDA_CHECK(cudaFuncSetAttribute(sort_by_expert_kernel,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(sort_shared)));
   }
   sort_by_expert_kernel<<<1, kSortThreads, sort_shared, current_stream()>>>(sort);
   DI_CUDA_LAUNCHED(sort_by_expert_kernel);
-  gather_rows_kernel<<<blocks_for(entries * dim, kThreads), kThreads, 0, current_stream()>>>(
-      in, sorted_token.as<int32_t>(), offsets.as<int32_t>(), expert_count, rows.as<float>());
-  DI_CUDA_LAUNCHED(gather_rows_kernel);
 
-  const DeviceRows<const float> gathered{rows.as<float>(), entries, dim, dim};
-  DeviceRows<const float> gemm_in = gathered;
-  if (quantized) {
-    quantize_activation(gathered, rows_quantized.as<float>());
-    gemm_in.data = rows_quantized.as<float>();
-  }
   GemmGroups groups;
-  groups.offsets = offsets.as<int32_t>();
+  groups.offsets = offsets;
   groups.count = expert_count;
   groups.max_rows = n;  // an expert appears at most once per token (checked by the sort)
-  const DeviceRows<float> gate_rows{gate.as<float>(), entries, inter, inter};
-  const DeviceRows<float> up_rows{up.as<float>(), entries, inter, inter};
-  groups.weights = table;
-  grouped_gemm(gemm_in, host_table[0], gate_rows, groups);
-  groups.weights = table + expert_count;
-  grouped_gemm(gemm_in, host_table[static_cast<size_t>(expert_count)], up_rows, groups);
+  const DeviceRows<float> results_rows{results, entries, dim, dim};
+  if (fused) {
+    launch_moe_fp4_experts(in, sorted_token, sorted_weight, groups, entries, fp4_tables,
+                           swiglu_limit, piece(fused_at), results_rows);
+  } else {
+    float* rows = reinterpret_cast<float*>(piece(rows_at));
+    float* gate = reinterpret_cast<float*>(piece(gate_at));
+    float* up = reinterpret_cast<float*>(piece(up_at));
+    gather_rows_kernel<<<blocks_for(entries * dim, kThreads), kThreads, 0, current_stream()>>>(
+        in, sorted_token, offsets, expert_count, rows);
+    DI_CUDA_LAUNCHED(gather_rows_kernel);
 
-  const Device device = x.device();
-  const auto view = [&](void* data, Shape shape) {
-    return TensorView::contiguous(data, DType::kF32, shape, device);
-  };
-  // Rows past offsets[E] (only with bad expert ids) hold garbage that nothing reads.
-  ops::cuda::swiglu(view(gate.as<float>(), {entries, inter}),
-                    view(up.as<float>(), {entries, inter}), swiglu_limit,
-                    view(sorted_weight.as<float>(), {entries}),
-                    view(gate.as<float>(), {entries, inter}));
-  DeviceRows<const float> down_in{gate.as<float>(), entries, inter, inter};
-  if (quantized) {
-    quantize_activation(down_in, gate_quantized.as<float>());
-    down_in.data = gate_quantized.as<float>();
+    const DeviceRows<const float> gathered{rows, entries, dim, dim};
+    DeviceRows<const float> gemm_in = gathered;
+    if (quantized) {
+      auto* rows_quantized = reinterpret_cast<float*>(piece(rows_quantized_at));
+      quantize_activation(gathered, rows_quantized);
+      gemm_in.data = rows_quantized;
+    }
+    const DeviceRows<float> gate_rows{gate, entries, inter, inter};
+    const DeviceRows<float> up_rows{up, entries, inter, inter};
+    groups.weights = table;
+    grouped_gemm(gemm_in, host_table[0], gate_rows, groups);
+    groups.weights = table + expert_count;
+    grouped_gemm(gemm_in, host_table[static_cast<size_t>(expert_count)], up_rows, groups);
+
+    const Device device = x.device();
+    const auto view = [&](void* data, Shape shape) {
+      return TensorView::contiguous(data, DType::kF32, shape, device);
+    };
+    // Rows past offsets[E] (only with bad expert ids) hold garbage that nothing reads.
+    ops::cuda::swiglu(view(gate, {entries, inter}), view(up, {entries, inter}), swiglu_limit,
+                      view(sorted_weight, {entries}), view(gate, {entries, inter}));
+    DeviceRows<const float> down_in{gate, entries, inter, inter};
+    if (quantized) {
+      auto* gate_quantized = reinterpret_cast<float*>(piece(gate_quantized_at));
+      quantize_activation(down_in, gate_quantized);
+      down_in.data = gate_quantized;
+    }
+    groups.weights = table + 2 * expert_count;
+    grouped_gemm(down_in, host_table[2 * static_cast<size_t>(expert_count)], results_rows, groups);
   }
-  groups.weights = table + 2 * expert_count;
-  grouped_gemm(down_in, host_table[2 * static_cast<size_t>(expert_count)],
-               DeviceRows<float>{results.as<float>(), entries, dim, dim}, groups);
 
   combine_kernel<<<static_cast<unsigned>(n), kThreads, 0, current_stream()>>>(
-      results.as<float>(), dim, chosen.data, chosen.stride, slot_position.as<int32_t>(),
-      static_cast<int>(k), y);
+      results, dim, chosen.data, chosen.stride, slot_position, static_cast<int>(k), y);
   DI_CUDA_LAUNCHED(combine_kernel);
 }
 

@@ -76,15 +76,13 @@ enum class CodeLayout {
   kMmaHalves,
 };
 
+// Quantizes one activation (lane `lane` of a warp that holds the whole 32-block `block` of row
+// `row`) and stores its e4m3 code where kLayout puts it, and lane 0 the block's ue8m0 scale code.
 template <CodeLayout kLayout>
-__global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
-                                     uint8_t* scale_codes, int64_t blocks_per_row) {
-  const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (block >= x.rows * blocks_per_row) return;
+__device__ __forceinline__ void store_quantized(float value, int64_t row, int64_t cols, int64_t k,
+                                                int64_t block, uint8_t* codes,
+                                                uint8_t* scale_codes) {
   const int lane = threadIdx.x & 31;
-  const int64_t row = block / blocks_per_row;
-  const int64_t k = (block % blocks_per_row) * kScaleBlock + lane;
-  const float value = x.row(row)[k];
   const float scale = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
   const float quantized =
       deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale, -448.0f), 448.0f));
@@ -95,9 +93,64 @@ __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
   } else if constexpr (kLayout == CodeLayout::kMmaHalves) {
     stored = (k & ~int64_t{31}) | ((lane & 1) << 4) | ((lane >> 3) << 2) | (in_eight >> 1);
   }
-  codes[row * x.cols + stored] =
+  codes[row * cols + stored] =
       static_cast<uint8_t>(__nv_cvt_float_to_fp8(quantized, __NV_SATFINITE, __NV_E4M3));
   if (lane == 0) scale_codes[block] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+}
+
+template <CodeLayout kLayout>
+__global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
+                                     uint8_t* scale_codes, int64_t blocks_per_row) {
+  const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (block >= x.rows * blocks_per_row) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = block / blocks_per_row;
+  const int64_t k = (block % blocks_per_row) * kScaleBlock + lane;
+  store_quantized<kLayout>(x.row(row)[k], row, x.cols, k, block, codes, scale_codes);
+}
+
+// Where the routed experts' quantizers read their values. Row p of the gathered input is row
+// sorted_token[p] of x; the intermediate is swiglu(gate, up) times the row's routing weight,
+// computed as ops::cuda::swiglu computes it (moe.cu's swiglu_kernel: clamp, silu, product, row
+// weight), so the codes equal those of quantizing that op's output. Rows from *placed on
+// (left over by bad expert ids) are read by no GEMM and skipped.
+struct ExpertRowsSource {
+  DeviceRows<const float> x;
+  const int32_t* sorted_token = nullptr;
+  const float* gate = nullptr;  // [rows, cols] dense
+  const float* up = nullptr;
+  const float* sorted_weight = nullptr;
+  float swiglu_limit = 0.0f;
+  const int32_t* placed = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+template <CodeLayout kLayout, bool kSwiglu>
+__global__ void quantize_expert_rows_kernel(ExpertRowsSource source, uint8_t* codes,
+                                            uint8_t* scale_codes) {
+  const int64_t blocks_per_row = source.cols / kScaleBlock;
+  const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (block >= source.rows * blocks_per_row) return;
+  const int64_t row = block / blocks_per_row;  // the same for the whole warp
+  if (row >= *source.placed) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t k = (block % blocks_per_row) * kScaleBlock + lane;
+  float value;
+  if constexpr (kSwiglu) {
+    float a = source.gate[row * source.cols + k];
+    float b = source.up[row * source.cols + k];
+    const float limit = source.swiglu_limit;
+    if (limit > 0) {
+      b = fminf(fmaxf(b, -limit), limit);
+      a = fminf(a, limit);
+    }
+    const float y = a / (1.0f + expf(-a)) * b;
+    value = source.sorted_weight[row] * y;
+  } else {
+    value = source.x.row(source.sorted_token[row])[k];
+  }
+  store_quantized<kLayout>(value, row, source.cols, k, block, codes, scale_codes);
 }
 
 struct GroupedArgs {
@@ -110,6 +163,11 @@ struct GroupedArgs {
   // and .scale (the model's experts are separate allocations); weight / w_scales are unused.
   const DeviceWeight* experts;
   float* out;
+  // fp4 with `experts` only, optional: a second weight table of the same shape over the same
+  // activations, written to second_out (w1 and w3 in one launch); grid.x then covers both, the
+  // first table's row blocks before the second's.
+  const DeviceWeight* second_experts;
+  float* second_out;
   int64_t out_stride;
   int64_t rows;    // R
   int64_t groups;  // E
@@ -164,8 +222,18 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
     last = max(first, clamp_offset(args.offsets[expert + 1], args.rows));
   }
   const int count = last - first;
-  const int64_t n_base =
-      static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
+  int64_t row_block = blockIdx.x;
+  const DeviceWeight* experts = args.experts;
+  float* out = args.out;
+  if constexpr (!kFp8Weight) {
+    const int64_t row_blocks = (args.n + kRowsPerBlock - 1) / kRowsPerBlock;
+    if (args.second_out != nullptr && row_block >= row_blocks) {
+      row_block -= row_blocks;
+      experts = args.second_experts;
+      out = args.second_out;
+    }
+  }
+  const int64_t n_base = row_block * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
   if (count == 0 || n_base >= args.n) return;
   const int lane = threadIdx.x & 31;
   const int group = lane >> 2;  // MMA row (weights) / column (tokens) of this thread
@@ -176,9 +244,9 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
   const uint8_t* weight = args.weight;
   const uint8_t* w_scales = args.w_scales;
   int64_t w_row = expert * args.n + n_base + group;
-  if (!kFp8Weight && args.experts != nullptr) {
-    weight = args.experts[expert].bytes;
-    w_scales = args.experts[expert].scale;
+  if (!kFp8Weight && experts != nullptr) {
+    weight = experts[expert].bytes;
+    w_scales = experts[expert].scale;
     w_row = n_base + group;
   }
   const uint8_t* w_lo = weight + w_row * w_row_bytes + kWordBytes * quad;
@@ -276,12 +344,12 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
       const int token = tile + 8 * j + 2 * quad;
       const int64_t n = n_base + group;
       if (token < count) {
-        args.out[acc_row[j][0] * args.out_stride + n] = acc[j][0];
-        args.out[acc_row[j][0] * args.out_stride + n + 8] = acc[j][2];
+        out[acc_row[j][0] * args.out_stride + n] = acc[j][0];
+        out[acc_row[j][0] * args.out_stride + n + 8] = acc[j][2];
       }
       if (token + 1 < count) {
-        args.out[acc_row[j][1] * args.out_stride + n] = acc[j][1];
-        args.out[acc_row[j][1] * args.out_stride + n + 8] = acc[j][3];
+        out[acc_row[j][1] * args.out_stride + n] = acc[j][1];
+        out[acc_row[j][1] * args.out_stride + n + 8] = acc[j][3];
       }
     }
   }
@@ -676,56 +744,52 @@ const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* wha
   return static_cast<const uint8_t*>(view.raw_data());
 }
 
-// Quantizes x's rows (released activation numerics) and runs the kernel over `groups` groups
-// of weight rows; args carries the weight side, n and k. tile_aligned: the fp4 weight rows start
-// on 16 bytes and the scale rows on 4 (the prefill tile's copies).
+// Which kernel and token tile a call takes, and so which code layout its quantizer writes.
+struct KernelChoice {
+  bool wide = false;           // mma_gemm_kernel's wide token tile
+  bool prefill_tiles = false;  // prefill_tile_kernel (fp4 only)
+  int64_t max_tiles = 0;       // its token tile list's bound
+  CodeLayout layout = CodeLayout::kEvenOdd8;
+};
+
+// tile_aligned: the fp4 weight rows start on 16 bytes and the scale rows on 4 (the prefill
+// tile's copies).
 template <bool kFp8Weight>
-void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, GroupedArgs args,
-            int64_t groups, bool tile_aligned = false) {
-  if (in.rows == 0 || args.n == 0 || groups == 0) return;
-  const auto stream = current_stream();
-  const int64_t blocks_per_row = args.k / kScaleBlock;
-  // Many rows per group (prefill): wider token tiles reuse each weight load (8 times for fp4;
-  // 4 for fp8, whose double-buffered weight words take twice the registers).
-  constexpr int kWideTiles = kFp8Weight ? 4 : 8;
-  const bool wide = in.rows >= 16 * groups;
+KernelChoice choose_kernel(int64_t rows, int64_t groups, bool has_offsets, int64_t n, int64_t k,
+                           bool tile_aligned) {
+  KernelChoice choice;
+  // Many rows per group (prefill): wider token tiles reuse each weight load.
+  choice.wide = rows >= 16 * groups;
   // fp4 prefill over several groups: the shared-memory tile, when the grids fit.
-  const int64_t max_big_tiles = in.rows / kBigTileMinRows;
-  const int64_t max_small_tiles = std::min(in.rows, kMaxSmallTilesPerGroup * groups);
-  const bool prefill_tiles = !kFp8Weight && wide && tile_aligned && prefill_tiles_enabled() &&
-                             args.offsets != nullptr && args.n % kTileRows == 0 &&
-                             args.k % kStepK == 0 && max_big_tiles + max_small_tiles <= INT32_MAX;
-  StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
-  StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
-  constexpr int kQuantThreads = 256;
-  const unsigned quant_blocks = blocks_for(in.rows * args.k, kQuantThreads);
-  if (kFp8Weight) {
-    quantize_rows_kernel<CodeLayout::kNatural><<<quant_blocks, kQuantThreads, 0, stream>>>(
-        in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
-  } else if (prefill_tiles) {
-    quantize_rows_kernel<CodeLayout::kMmaHalves><<<quant_blocks, kQuantThreads, 0, stream>>>(
-        in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
-  } else {
-    quantize_rows_kernel<CodeLayout::kEvenOdd8><<<quant_blocks, kQuantThreads, 0, stream>>>(
-        in, codes.as<uint8_t>(), scales.as<uint8_t>(), blocks_per_row);
-  }
-  DI_CUDA_LAUNCHED(quantize_rows_kernel);
-  args.x_codes = codes.as<uint8_t>();
-  args.x_scales = scales.as<uint8_t>();
-  args.out = o.data;
-  args.out_stride = o.stride;
-  args.rows = in.rows;
-  args.groups = groups;
-  if (prefill_tiles) {
+  const int64_t max_big_tiles = rows / kBigTileMinRows;
+  const int64_t max_small_tiles = std::min(rows, kMaxSmallTilesPerGroup * groups);
+  choice.prefill_tiles = !kFp8Weight && choice.wide && tile_aligned && prefill_tiles_enabled() &&
+                         has_offsets && n % kTileRows == 0 && k % kStepK == 0 &&
+                         max_big_tiles + max_small_tiles <= INT32_MAX;
+  choice.max_tiles = max_big_tiles + max_small_tiles;
+  choice.layout = kFp8Weight             ? CodeLayout::kNatural
+                  : choice.prefill_tiles ? CodeLayout::kMmaHalves
+                                         : CodeLayout::kEvenOdd8;
+  return choice;
+}
+
+// Runs the kernel `choice` names over activations already quantized into args.x_codes /
+// x_scales in choice.layout; args carries everything else (rows, groups, out). With
+// args.second_out, both weight tables (fp4 decode / register tile: one launch; prefill tile: two
+// launches over one tile list).
+template <bool kFp8Weight>
+void run_quantized(GroupedArgs args, const KernelChoice& choice) {
+  const auto stream = current_stream();
+  if (choice.prefill_tiles) {
     // The tile count first (16 bytes), then the tiles.
     constexpr size_t kCountBytes = 16;
-    const int64_t max_tiles = max_big_tiles + max_small_tiles;
-    StreamBuffer tile_list(kCountBytes + static_cast<size_t>(max_tiles) * sizeof(TokenTile));
+    StreamBuffer tile_list(kCountBytes + static_cast<size_t>(choice.max_tiles) * sizeof(TokenTile));
     auto* tile_count = tile_list.as<int>();
     auto* tiles = reinterpret_cast<TokenTile*>(tile_list.as<uint8_t>() + kCountBytes);
     constexpr int kListThreads = 512;
-    list_token_tiles_kernel<kListThreads><<<1, kListThreads, 0, stream>>>(
-        args.offsets, groups, args.rows, tiles, static_cast<int>(max_tiles), tile_count);
+    list_token_tiles_kernel<kListThreads>
+        <<<1, kListThreads, 0, stream>>>(args.offsets, args.groups, args.rows, tiles,
+                                         static_cast<int>(choice.max_tiles), tile_count);
     DI_CUDA_LAUNCHED(list_token_tiles_kernel);
     static const bool configured = [] {
       DI_CUDA_CHECK(cudaFuncSetAttribute(
@@ -737,27 +801,130 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
     int sms = 0;
     DI_CUDA_CHECK(cudaGetDevice(&device));
     DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int64_t max_items = max_tiles * (args.n / kTileRows);
+    const int64_t max_items = choice.max_tiles * (args.n / kTileRows);
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(max_items, sms));
-    prefill_tile_kernel<<<blocks, kTileThreads, kPrefillSmemBytes, stream>>>(args, tiles,
+    GroupedArgs single = args;
+    single.second_experts = nullptr;
+    single.second_out = nullptr;
+    prefill_tile_kernel<<<blocks, kTileThreads, kPrefillSmemBytes, stream>>>(single, tiles,
                                                                              tile_count);
     DI_CUDA_LAUNCHED(prefill_tile_kernel);
+    if (args.second_out != nullptr) {
+      single.experts = args.second_experts;
+      single.out = args.second_out;
+      prefill_tile_kernel<<<blocks, kTileThreads, kPrefillSmemBytes, stream>>>(single, tiles,
+                                                                               tile_count);
+      DI_CUDA_LAUNCHED(prefill_tile_kernel);
+    }
     return;
   }
+  // 8 token tiles per block for fp4; 4 for fp8, whose double-buffered weight words take twice
+  // the registers.
+  constexpr int kWideTiles = kFp8Weight ? 4 : 8;
   // One group (dense): a block per token tile, so small N still fills the GPU as M grows.
   // Several groups: their row counts are on the device, each block loops over its group's.
-  const int64_t token_tiles = groups == 1 ? blocks_for(in.rows, 8 * (wide ? kWideTiles : 1)) : 1;
+  const int64_t token_tiles =
+      args.groups == 1 ? blocks_for(args.rows, 8 * (choice.wide ? kWideTiles : 1)) : 1;
   // At most R groups have rows: with fewer rows than experts (decode), grid.y walks only the
   // experts that have some instead of launching a block per expert of the 384.
-  const int64_t group_blocks = std::min(groups, in.rows);
-  const dim3 grid(blocks_for(args.n, kRowsPerBlock), static_cast<unsigned>(group_blocks),
+  const int64_t group_blocks = std::min(args.groups, args.rows);
+  const int64_t row_blocks = blocks_for(args.n, kRowsPerBlock);
+  const int64_t tables = !kFp8Weight && args.second_out != nullptr ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>(tables * row_blocks), static_cast<unsigned>(group_blocks),
                   static_cast<unsigned>(std::min<int64_t>(token_tiles, 65535)));
-  if (wide) {
+  if (choice.wide) {
     mma_gemm_kernel<kFp8Weight, kWideTiles><<<grid, kWarps * 32, 0, stream>>>(args);
   } else {
     mma_gemm_kernel<kFp8Weight, 1><<<grid, kWarps * 32, 0, stream>>>(args);
   }
   DI_CUDA_LAUNCHED(mma_gemm_kernel);
+}
+
+void quantize_rows(const DeviceRows<const float>& in, CodeLayout layout, int64_t blocks_per_row,
+                   uint8_t* codes, uint8_t* scales) {
+  constexpr int kQuantThreads = 256;
+  const auto stream = current_stream();
+  const unsigned quant_blocks = blocks_for(in.rows * in.cols, kQuantThreads);
+  switch (layout) {
+    case CodeLayout::kNatural:
+      quantize_rows_kernel<CodeLayout::kNatural>
+          <<<quant_blocks, kQuantThreads, 0, stream>>>(in, codes, scales, blocks_per_row);
+      break;
+    case CodeLayout::kMmaHalves:
+      quantize_rows_kernel<CodeLayout::kMmaHalves>
+          <<<quant_blocks, kQuantThreads, 0, stream>>>(in, codes, scales, blocks_per_row);
+      break;
+    case CodeLayout::kEvenOdd8:
+      quantize_rows_kernel<CodeLayout::kEvenOdd8>
+          <<<quant_blocks, kQuantThreads, 0, stream>>>(in, codes, scales, blocks_per_row);
+      break;
+  }
+  DI_CUDA_LAUNCHED(quantize_rows_kernel);
+}
+
+// Quantizes x's rows (released activation numerics) and runs the kernel over `groups` groups
+// of weight rows; args carries the weight side, n and k.
+template <bool kFp8Weight>
+void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, GroupedArgs args,
+            int64_t groups, bool tile_aligned = false) {
+  if (in.rows == 0 || args.n == 0 || groups == 0) return;
+  const KernelChoice choice = choose_kernel<kFp8Weight>(in.rows, groups, args.offsets != nullptr,
+                                                        args.n, args.k, tile_aligned);
+  const int64_t blocks_per_row = args.k / kScaleBlock;
+  StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
+  StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
+  quantize_rows(in, choice.layout, blocks_per_row, codes.as<uint8_t>(), scales.as<uint8_t>());
+  args.x_codes = codes.as<uint8_t>();
+  args.x_scales = scales.as<uint8_t>();
+  args.out = o.data;
+  args.out_stride = o.stride;
+  args.rows = in.rows;
+  args.groups = groups;
+  run_quantized<kFp8Weight>(args, choice);
+}
+
+template <bool kSwiglu>
+void quantize_expert_rows(const ExpertRowsSource& source, CodeLayout layout, uint8_t* codes,
+                          uint8_t* scales) {
+  constexpr int kQuantThreads = 256;
+  const auto stream = current_stream();
+  const unsigned quant_blocks = blocks_for(source.rows * source.cols, kQuantThreads);
+  if (layout == CodeLayout::kMmaHalves) {
+    quantize_expert_rows_kernel<CodeLayout::kMmaHalves, kSwiglu>
+        <<<quant_blocks, kQuantThreads, 0, stream>>>(source, codes, scales);
+  } else {
+    quantize_expert_rows_kernel<CodeLayout::kEvenOdd8, kSwiglu>
+        <<<quant_blocks, kQuantThreads, 0, stream>>>(source, codes, scales);
+  }
+  DI_CUDA_LAUNCHED(quantize_expert_rows_kernel);
+}
+
+// launch_moe_fp4_experts' scratch, carved from one allocation (every piece on 256 bytes, more
+// than the kernels' 16-byte loads need); with a null base only `bytes` is meaningful.
+struct MoeScratch {
+  uint8_t* in_codes = nullptr;   // [entries, dim] e4m3
+  uint8_t* in_scales = nullptr;  // [entries, dim / 32] ue8m0
+  float* gate = nullptr;         // [entries, inter]
+  float* up = nullptr;           // [entries, inter]
+  uint8_t* mid_codes = nullptr;  // [entries, inter]
+  uint8_t* mid_scales = nullptr;
+  size_t bytes = 0;
+};
+
+MoeScratch carve_moe_scratch(void* base, int64_t entries, int64_t dim, int64_t inter) {
+  MoeScratch scratch;
+  const auto take = [&](int64_t bytes) {
+    uint8_t* piece = base == nullptr ? nullptr : static_cast<uint8_t*>(base) + scratch.bytes;
+    scratch.bytes += (static_cast<size_t>(bytes) + 255) / 256 * 256;
+    return piece;
+  };
+  scratch.in_codes = take(entries * dim);
+  scratch.in_scales = take(entries * dim / kScaleBlock);
+  scratch.gate = reinterpret_cast<float*>(take(entries * inter * 4));
+  scratch.up = reinterpret_cast<float*>(take(entries * inter * 4));
+  scratch.mid_codes = take(entries * inter);
+  scratch.mid_scales = take(entries * inter / kScaleBlock);
+  return scratch;
 }
 
 bool aligned_to(const void* pointer, uintptr_t bytes) {
@@ -790,6 +957,75 @@ void launch_grouped_fp4(DeviceRows<const float> x, const DeviceWeight& shape, De
   args.k = shape.in;
   // Every group's weight passed grouped_fp4_supports, alignment included.
   launch<false>(x, out, args, groups.count, /*tile_aligned=*/true);
+}
+
+size_t moe_fp4_scratch_bytes(int64_t entries, const MoeFp4Tables& tables) {
+  return carve_moe_scratch(nullptr, entries, tables.w13_shape.in, tables.w13_shape.out).bytes;
+}
+
+void launch_moe_fp4_experts(DeviceRows<const float> x, const int32_t* sorted_token,
+                            const float* sorted_weight, const GemmGroups& groups, int64_t entries,
+                            const MoeFp4Tables& tables, float swiglu_limit, void* scratch,
+                            DeviceRows<float> results) {
+  const int64_t dim = tables.w13_shape.in;
+  const int64_t inter = tables.w13_shape.out;
+  DI_CHECK(grouped_fp4_supports(tables.w13_shape) && grouped_fp4_supports(tables.w2_shape) &&
+               tables.w2_shape.in == inter && tables.w2_shape.out == dim && x.cols == dim &&
+               results.cols == dim && results.rows == entries && groups.offsets != nullptr &&
+               tables.w1 != nullptr && tables.w3 != nullptr && tables.w2 != nullptr,
+           "launch_moe_fp4_experts: unsupported expert shapes [", inter, ", ", dim, "] / [",
+           tables.w2_shape.out, ", ", tables.w2_shape.in, "] or rows");
+  if (entries == 0 || groups.count == 0 || inter == 0 || dim == 0) return;
+  const MoeScratch pieces = carve_moe_scratch(scratch, entries, dim, inter);
+  const int32_t* placed = groups.offsets + groups.count;
+
+  // w1 and w3 over one quantization of the gathered rows, in one launch (decode).
+  const KernelChoice up_choice =
+      choose_kernel<false>(entries, groups.count, true, inter, dim, /*tile_aligned=*/true);
+  ExpertRowsSource gathered;
+  gathered.x = x;
+  gathered.sorted_token = sorted_token;
+  gathered.placed = placed;
+  gathered.rows = entries;
+  gathered.cols = dim;
+  quantize_expert_rows<false>(gathered, up_choice.layout, pieces.in_codes, pieces.in_scales);
+  GroupedArgs args{};
+  args.x_codes = pieces.in_codes;
+  args.x_scales = pieces.in_scales;
+  args.offsets = groups.offsets;
+  args.experts = tables.w1;
+  args.out = pieces.gate;
+  args.second_experts = tables.w3;
+  args.second_out = pieces.up;
+  args.out_stride = inter;
+  args.rows = entries;
+  args.groups = groups.count;
+  args.n = inter;
+  args.k = dim;
+  run_quantized<false>(args, up_choice);
+
+  // w2 over the SwiGLU's codes.
+  const KernelChoice down_choice =
+      choose_kernel<false>(entries, groups.count, true, dim, inter, /*tile_aligned=*/true);
+  ExpertRowsSource intermediate;
+  intermediate.gate = pieces.gate;
+  intermediate.up = pieces.up;
+  intermediate.sorted_weight = sorted_weight;
+  intermediate.swiglu_limit = swiglu_limit;
+  intermediate.placed = placed;
+  intermediate.rows = entries;
+  intermediate.cols = inter;
+  quantize_expert_rows<true>(intermediate, down_choice.layout, pieces.mid_codes, pieces.mid_scales);
+  args.x_codes = pieces.mid_codes;
+  args.x_scales = pieces.mid_scales;
+  args.experts = tables.w2;
+  args.out = results.data;
+  args.out_stride = results.stride;
+  args.second_experts = nullptr;
+  args.second_out = nullptr;
+  args.n = dim;
+  args.k = inter;
+  run_quantized<false>(args, down_choice);
 }
 
 void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,

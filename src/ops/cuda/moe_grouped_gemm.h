@@ -36,4 +36,10 @@ void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
 // invariance as above. K % 256 == 0, N % 16 == 0.
 void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const TensorView& out);
 
+// ops::cuda::moe_experts runs FP4 experts under the released numerics as one fused sequence
+// (rows quantized straight from x, w1 and w3 in one launch, the SwiGLU folded into w2's
+// quantizer; same bits). false takes the earlier per-projection path for the calls that follow
+// (tests compare the two); true has no effect when the fused path is compiled off.
+void set_moe_experts_fused_path(bool enabled);
+
 }  // namespace deepinfer::ops::cuda
