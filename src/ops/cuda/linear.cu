@@ -1,11 +1,12 @@
 // linear and dequantize_weight. Weights stay in their storage format in device memory and are
 // dequantized while a tile is staged in shared memory; each output element accumulates K in
 // ascending order inside one thread, so a row's result never depends on how many rows are in
-// the call (batch invariance). FP8 weights with FP8 activations (linear_fp8_mma) and BF16 weights
-// without activation quantization (linear_bf16_mma.cu) of aligned shapes run on the tensor cores
-// instead.
+// the call (batch invariance). FP8 weights with FP8 activations (linear_fp8_dense.cu, else
+// linear_fp8_mma) and BF16 weights without activation quantization (linear_bf16_mma.cu) of
+// aligned shapes run on the tensor cores instead.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear.cuh"
+#include "ops/cuda/linear_fp8_dense.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 
 namespace deepinfer::ops::cuda {
@@ -251,6 +252,14 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
              weight.weight.to_string(), ", out ", out.to_string());
   }
   if (in.rows == 0 || w.out == 0) return;
+  // The released FP8 roles: linear_fp8_dense.cu (K split at decode, shared-memory tile at
+  // prefill) where it takes the weight, else linear_fp8_mma. false: always linear_fp8_mma.
+  constexpr bool kUseFp8Dense = true;
+  if (kUseFp8Dense && activation_quant == ActivationQuant::kFp8PerBlock32 &&
+      linear_fp8_dense_supports(weight)) {
+    linear_fp8_dense(x, weight, out);
+    return;
+  }
   if (activation_quant == ActivationQuant::kFp8PerBlock32 && fp8_mma_supports(w)) {
     linear_fp8_mma(x, weight, out);  // the released FP8 roles, on the tensor cores
     return;

@@ -1,0 +1,610 @@
+// Dense FP8 x FP8 GEMM with 32x32 block-scaled weights (mma.sync m16n8k32 e4m3 -> f32, sm_89+).
+//
+// The released dense roles went through linear_fp8_mma (the grouped expert kernel with one group):
+// N / 16 warps at decode (80 for wq_a on 132 SMs) and, from 16 rows on, every 8- or 32-token tile
+// re-reading the weight. Here, as in linear_bf16_mma.cu:
+//  - decode kernels (8, 16 or 32 tokens per block) cut K into S slices chosen from the weight's
+//    shape only (until N / 16 * S reaches about 1024 warps); a row group's S slices are S warps of
+//    one block whose partials are added through shared memory in slice order;
+//  - a prefill kernel stages a 128-row weight tile and a 64-token activation tile per 128 K in
+//    shared memory (cp.async, 3 stages) and runs all S slices of its outputs in order.
+//
+// Numerics (linear_fp8_mma's): one MMA step of K is one 32-wide scale block of both operands,
+// so each instruction starts from a zero accumulator and its result times s_x * s_w (powers of
+// two, exact) is added to the slice's partial in K order. Inside the 32-block the K order is ours
+// to choose as long as both operands agree and every kernel uses the same one: thread t of a quad
+// holds K [8t, 8t + 8) of the block for the weight rows and the token (register 0 / 2 of the A
+// fragment and b0 / b1 take the first / last four), exactly linear_fp8_mma's assignment, so with
+// one slice the bits equal its own. Every kernel here computes each output element as the same
+// sequence (the same MMAs, the same scaled additions per slice, 0 + P_0 + P_1 + ...), which keeps
+// batch invariance when the launch changes with the row count.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/linear.cuh"
+#include "ops/cuda/linear_fp8_dense.h"
+
+namespace deepinfer::ops::cuda {
+namespace {
+
+// The path's switch: false sends every FP8 weight back to linear_fp8_mma.
+constexpr bool kFp8DenseEnabled = true;
+// The prefill tile's switch: false makes kAuto use the 32-token decode kernel for every batch
+// above 16 rows (same bits, slower at prefill).
+constexpr bool kFp8DenseTileEnabled = true;
+
+bool environment_says_off(const char* name) {
+  const char* setting = std::getenv(name);
+  return setting != nullptr && std::string_view(setting) == "0";
+}
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 16;  // the MMA's M
+constexpr int kBlockK = 32;       // the MMA's K and both operands' scale block
+constexpr int kRequiredK = 128;   // K multiple: the tile's stage (4 blocks)
+// Decode wants about this many warps in flight; K is split (up to kWarps ways) until it has them.
+constexpr int64_t kTargetWarps = 1024;
+
+struct DenseArgs {
+  const uint8_t* x_codes;   // [rows, k] e4m3, K order
+  const uint8_t* x_scales;  // [rows, k / 32] ue8m0 codes
+  const uint8_t* weight;    // [n, k] e4m3
+  const uint8_t* w_scales;  // [ceil(n / 32), k / 32] ue8m0 codes
+  float* out;
+  int64_t out_stride;
+  int64_t rows;
+  int64_t n;
+  int64_t k;
+  int slices;  // S: K slices of k / 32 / S blocks each
+};
+
+// The released activation quantizer in K order (moe_grouped_gemm.cu's quantize_rows_kernel with
+// CodeLayout::kNatural, which is in that file's anonymous namespace): e4m3 codes and the ue8m0
+// scale code per 32-block; one warp per block, one value per lane.
+__global__ void quantize_codes_kernel(DeviceRows<const float> x, uint8_t* codes,
+                                      uint8_t* scale_codes, int64_t blocks_per_row) {
+  const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (block >= x.rows * blocks_per_row) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = block / blocks_per_row;
+  const int64_t k = (block % blocks_per_row) * kBlockK + lane;
+  const float value = x.row(row)[k];
+  const float scale = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
+  const float quantized =
+      deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale, -448.0f), 448.0f));
+  codes[row * x.cols + k] =
+      static_cast<uint8_t>(__nv_cvt_float_to_fp8(quantized, __NV_SATFINITE, __NV_E4M3));
+  if (lane == 0) scale_codes[block] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+}
+
+// d = A (16 weight rows x 32 K) . B (32 K x 8 tokens), from a zero accumulator. Not volatile:
+// the compiler may interleave independent MMAs with their scaling (same instruction, same bits).
+__device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+__device__ __forceinline__ float scale_value(uint8_t code) {
+  return deepinfer::cuda::e8m0_to_float(code);
+}
+
+// One 32-block's MMA for 16 weight rows x 8 tokens added to a slice's partial: `lo` / `hi` are
+// this thread's 8 weight bytes (K [8t, 8t + 8) of the block) of rows g and g + 8, `x` its 8
+// activation bytes of token g; x_scale0 / x_scale1 belong to tokens 2t and 2t + 1, the
+// accumulator's columns. The one place every kernel does its arithmetic.
+__device__ __forceinline__ void mma_block(uint2 lo, uint2 hi, uint2 x, float w_scale,
+                                          float x_scale0, float x_scale1, float (&acc)[4]) {
+  const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
+  float d[4];
+  mma_e4m3(a, x.x, x.y, d);
+  acc[0] += d[0] * (x_scale0 * w_scale);
+  acc[1] += d[1] * (x_scale1 * w_scale);
+  acc[2] += d[2] * (x_scale0 * w_scale);
+  acc[3] += d[3] * (x_scale1 * w_scale);
+}
+
+// ---- decode: K slices over the warps of a block ---------------------------------------------
+
+// Blocks of K loaded ahead per warp (registers of a ring slot: 4 weight words, 2 per token tile,
+// and their scale codes).
+template <int kTokenTiles>
+constexpr int kRingDepth = kTokenTiles == 1 ? 8 : (kTokenTiles == 2 ? 4 : 2);
+
+// Block: 8 warps; a row group's S slices are S consecutive warps (8 / S row groups per block).
+// Tokens: tiles of 8 * kTokenTiles per block along grid.y (looped past 65535 tiles).
+template <int kTokenTiles>
+__global__ void __launch_bounds__(kThreads) split_kernel(DenseArgs args) {
+  constexpr int kTokensPerBlock = 8 * kTokenTiles;
+  constexpr int kRing = kRingDepth<kTokenTiles>;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;  // MMA row (weights) and column (tokens) of this thread
+  const int quad = lane & 3;
+  const int slices = args.slices;
+  const int64_t row_group = static_cast<int64_t>(blockIdx.x) * (kWarps / slices) + warp / slices;
+  const int64_t n_base = row_group * kRowsPerWarp;
+  // Warps past the last row group still reach every barrier; they only skip the work.
+  const bool active = n_base < args.n;
+  const int slice = warp % slices;
+  const int64_t k_blocks = args.k / kBlockK;
+  const int slice_blocks = static_cast<int>(k_blocks / slices);
+  const int64_t block_begin = static_cast<int64_t>(slice) * slice_blocks;
+  const uint8_t* w_lo =
+      args.weight + (active ? (n_base + group) * args.k : 0) + block_begin * kBlockK + 8 * quad;
+  const uint8_t* w_hi = w_lo + (active ? 8 * args.k : 0);
+  // Rows n_base .. n_base + 15 lie in one 32-row scale block (n_base is a multiple of 16).
+  const uint8_t* w_scale_at =
+      args.w_scales + (active ? (n_base / kBlockK) * k_blocks : 0) + block_begin;
+  const int64_t rows = args.rows;
+
+  for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTokensPerBlock; tile < rows;
+       tile += static_cast<int64_t>(gridDim.y) * kTokensPerBlock) {
+    float acc[kTokenTiles][4] = {};
+    if (active) {
+      // Tokens past the end load the last row (never stored).
+      const uint8_t* x_at[kTokenTiles];
+      const uint8_t* x_scale_at[kTokenTiles][2];
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        const int64_t row = min(tile + 8 * j + group, rows - 1);
+        x_at[j] = args.x_codes + row * args.k + block_begin * kBlockK + 8 * quad;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t acc_row = min(tile + 8 * j + 2 * quad + c, rows - 1);
+          x_scale_at[j][c] = args.x_scales + acc_row * k_blocks + block_begin;
+        }
+      }
+      uint2 w_ring[kRing][2];
+      uint8_t w_scale_ring[kRing];
+      uint2 x_ring[kRing][kTokenTiles];
+      uint8_t x_scale_ring[kRing][kTokenTiles][2];
+      auto load = [&](int slot, int block) {
+        w_ring[slot][0] = __ldg(reinterpret_cast<const uint2*>(w_lo + block * kBlockK));
+        w_ring[slot][1] = __ldg(reinterpret_cast<const uint2*>(w_hi + block * kBlockK));
+        w_scale_ring[slot] = __ldg(w_scale_at + block);
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+          x_ring[slot][j] = __ldg(reinterpret_cast<const uint2*>(x_at[j] + block * kBlockK));
+          x_scale_ring[slot][j][0] = __ldg(x_scale_at[j][0] + block);
+          x_scale_ring[slot][j][1] = __ldg(x_scale_at[j][1] + block);
+        }
+      };
+#pragma unroll
+      for (int slot = 0; slot < kRing; ++slot) {
+        if (slot < slice_blocks) load(slot, slot);
+      }
+      for (int base = 0; base < slice_blocks; base += kRing) {
+#pragma unroll
+        for (int slot = 0; slot < kRing; ++slot) {
+          const int block = base + slot;
+          if (block < slice_blocks) {
+            const float w_scale = scale_value(w_scale_ring[slot]);
+#pragma unroll
+            for (int j = 0; j < kTokenTiles; ++j) {
+              mma_block(w_ring[slot][0], w_ring[slot][1], x_ring[slot][j], w_scale,
+                        scale_value(x_scale_ring[slot][j][0]),
+                        scale_value(x_scale_ring[slot][j][1]), acc[j]);
+            }
+            if (block + kRing < slice_blocks) load(slot, block + kRing);
+          }
+        }
+      }
+    }
+    // Each warp's slice partial, lane-major so the writes and reads are conflict-free.
+    __shared__ float partials[kWarps][kTokenTiles * 4][32];
+    if (active) {
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partials[warp][4 * j + i][lane] = acc[j][i];
+      }
+    }
+    __syncthreads();
+    if (active && slice == 0) {
+      // d[0], d[1]: weight row g, tokens 2t and 2t + 1; d[2], d[3]: row g + 8, same tokens.
+      const int64_t n = n_base + group;
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        float total[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          // 0 + P_0 + P_1 + ... in slice order (the prefill tile's additions).
+          float sum = 0.0f;
+          for (int s = 0; s < slices; ++s) sum += partials[warp + s][4 * j + i][lane];
+          total[i] = sum;
+        }
+        const int64_t token = tile + 8 * j + 2 * quad;
+        if (token < rows) {
+          args.out[token * args.out_stride + n] = total[0];
+          args.out[token * args.out_stride + n + 8] = total[2];
+        }
+        if (token + 1 < rows) {
+          args.out[(token + 1) * args.out_stride + n] = total[1];
+          args.out[(token + 1) * args.out_stride + n + 8] = total[3];
+        }
+      }
+    }
+    __syncthreads();  // partials are rewritten by the next token tile
+  }
+}
+
+// ---- prefill: shared-memory tiles -----------------------------------------------------------
+//
+// A block computes 128 weight rows x 64 tokens; its 8 warps are 4 along the rows x 2 along the
+// tokens, 32 rows (two MMA row tiles) x 32 tokens (four MMA token tiles) each. Each stage holds
+// 128 K: the weight tile's 128 rows and the 64 tokens' codes, 128 bytes each, copied with
+// cp.async (16-byte chunk c of row r at chunk c ^ 2 (r % 4), so the 8-byte fragment reads of
+// rows r .. r + 3 by a half warp hit 32 different banks), and the stage's scales as floats.
+
+constexpr int kTileRows = 128;
+constexpr int kTileTokens = 64;
+constexpr int kTileWarpsAlongRows = 4;
+constexpr int kTileWarpRows = kTileRows / kTileWarpsAlongRows;                 // 32: one scale row
+constexpr int kTileWarpTokens = kTileTokens / (kWarps / kTileWarpsAlongRows);  // 32
+constexpr int kTileTokenMmas = kTileWarpTokens / 8;
+constexpr int kStepBlocks = kRequiredK / kBlockK;  // 4
+constexpr int kStages = 3;
+constexpr int kStageRowBytes = kRequiredK;  // 128 e4m3 per weight row or token
+constexpr int kScaleRowsPerTile = kTileRows / kBlockK;
+constexpr int kStageWeightBytes = kTileRows * kStageRowBytes;
+constexpr int kStageCodeBytes = kTileTokens * kStageRowBytes;
+constexpr int kCodeOffset = kStageWeightBytes;
+constexpr int kWeightScaleOffset = kCodeOffset + kStageCodeBytes;  // [block][scale row] f32
+constexpr int kCodeScaleOffset =
+    kWeightScaleOffset + kStepBlocks * kScaleRowsPerTile * 4;  // [block][token] f32
+constexpr int kStageBytes = kCodeScaleOffset + kStepBlocks * kTileTokens * 4;
+constexpr int kTileSmemBytes = kStages * kStageBytes;
+// Row tiles walked per group of blocks (token tiles inner): the blocks in flight share a few
+// weight tiles and the tokens' codes in L2.
+constexpr int kTileGroupRows = 8;
+// kAuto takes the tile from this many blocks on (fewer: the 32-token kernel fills the GPU better).
+constexpr int64_t kTileMinBlocks = 264;
+static_assert(kStageBytes % 16 == 0, "stages start on 16 bytes");
+static_assert(kTileTokens + kScaleRowsPerTile <= kThreads, "one thread per scale word");
+
+// cp.async, ldmatrix-free: the same few lines as moe_grouped_gemm.cu's prefill tile (there in an
+// anonymous namespace).
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void copy_16_async(uint32_t shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(global) : "memory");
+}
+
+__device__ __forceinline__ void commit_copies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Byte offset of logical byte `offset` (0..127) of stage row `row` (a weight row or a token).
+__device__ __forceinline__ int swizzled(int row, int offset) {
+  return row * kStageRowBytes + ((((offset >> 4) ^ ((row & 3) << 1))) << 4) + (offset & 15);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) prefill_tile_kernel(DenseArgs args) {
+  extern __shared__ __align__(128) uint8_t shared[];
+  const int row_tiles = static_cast<int>(args.n / kTileRows);
+  const int64_t token_tiles = (args.rows + kTileTokens - 1) / kTileTokens;
+  // Blocks in groups of kTileGroupRows row tiles, token tiles inner.
+  const int64_t item = blockIdx.x;
+  const int64_t group_index = item / (kTileGroupRows * token_tiles);
+  const int first_row_tile = static_cast<int>(group_index) * kTileGroupRows;
+  const int group_rows = min(kTileGroupRows, row_tiles - first_row_tile);
+  const int64_t local = item - group_index * kTileGroupRows * token_tiles;
+  const int row_tile = first_row_tile + static_cast<int>(local % group_rows);
+  const int64_t token_first = (local / group_rows) * kTileTokens;
+  const int tokens =
+      static_cast<int>(min(static_cast<int64_t>(kTileTokens), args.rows - token_first));
+
+  const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int warp = thread >> 5;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  const int warp_row = (warp % kTileWarpsAlongRows) * kTileWarpRows;
+  const int warp_token = (warp / kTileWarpsAlongRows) * kTileWarpTokens;
+  const int64_t n_first = static_cast<int64_t>(row_tile) * kTileRows;
+  const int64_t k_blocks = args.k / kBlockK;
+  const int steps = static_cast<int>(args.k / kRequiredK);
+  const int slice_blocks = static_cast<int>(k_blocks / args.slices);
+  // Tokens past the tile's rows load the last row and are never stored.
+  const auto token_row = [&](int token) -> int64_t { return token_first + min(token, tokens - 1); };
+  const auto stage_base = [&](int slot) { return shared + slot * kStageBytes; };
+
+  const auto copy_stage = [&](int step, int slot) {
+    uint8_t* base = stage_base(slot);
+    constexpr int kChunksPerRow = kStageRowBytes / 16;
+    for (int chunk = thread; chunk < kTileRows * kChunksPerRow; chunk += kThreads) {
+      const int row = chunk / kChunksPerRow;
+      const int c = chunk % kChunksPerRow;
+      copy_16_async(shared_address(base + swizzled(row, 16 * c)),
+                    args.weight + (n_first + row) * args.k +
+                        static_cast<int64_t>(step) * kStageRowBytes + 16 * c);
+    }
+    for (int chunk = thread; chunk < kTileTokens * kChunksPerRow; chunk += kThreads) {
+      const int token = chunk / kChunksPerRow;
+      const int c = chunk % kChunksPerRow;
+      copy_16_async(shared_address(base + kCodeOffset + swizzled(token, 16 * c)),
+                    args.x_codes + token_row(token) * args.k +
+                        static_cast<int64_t>(step) * kStageRowBytes + 16 * c);
+    }
+  };
+  // The stage's 4 scale codes of this thread's token (threads [0, 64)) or weight scale row (the
+  // next 4 threads) as one word; the others load nothing.
+  const auto load_scale_codes = [&](int step) -> uint32_t {
+    const int64_t block = static_cast<int64_t>(step) * kStepBlocks;
+    if (thread < kTileTokens) {
+      return __ldg(
+          reinterpret_cast<const uint32_t*>(args.x_scales + token_row(thread) * k_blocks + block));
+    }
+    if (thread < kTileTokens + kScaleRowsPerTile) {
+      const int64_t scale_row = n_first / kBlockK + (thread - kTileTokens);
+      return __ldg(reinterpret_cast<const uint32_t*>(args.w_scales + scale_row * k_blocks + block));
+    }
+    return 0;
+  };
+  const auto store_scales = [&](uint32_t codes, int slot) {
+    uint8_t* base = stage_base(slot);
+    if (thread < kTileTokens) {
+      auto* x_scale = reinterpret_cast<float*>(base + kCodeScaleOffset);
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        x_scale[b * kTileTokens + thread] = scale_value(static_cast<uint8_t>(codes >> (8 * b)));
+      }
+    } else if (thread < kTileTokens + kScaleRowsPerTile) {
+      auto* w_scale = reinterpret_cast<float*>(base + kWeightScaleOffset);
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        w_scale[b * kScaleRowsPerTile + thread - kTileTokens] =
+            scale_value(static_cast<uint8_t>(codes >> (8 * b)));
+      }
+    }
+  };
+
+  const bool warp_has_tokens = warp_token < tokens;
+  // acc: the current slice's partial; total: 0 + P_0 + P_1 + ... (the decode kernels' sums).
+  float acc[2][kTileTokenMmas][4] = {};
+  float total[2][kTileTokenMmas][4] = {};
+
+  const auto compute_stage = [&](int slot, int step) {
+    const uint8_t* base = stage_base(slot);
+    const uint8_t* codes = base + kCodeOffset;
+    const auto* w_scale = reinterpret_cast<const float*>(base + kWeightScaleOffset);
+    const auto* x_scale = reinterpret_cast<const float*>(base + kCodeScaleOffset);
+#pragma unroll 1
+    for (int b = 0; b < kStepBlocks; ++b) {
+      const int offset = b * kBlockK + 8 * quad;  // K [8t, 8t + 8) of block b
+      const float ws = w_scale[b * kScaleRowsPerTile + warp_row / kBlockK];
+      uint2 lo[2];
+      uint2 hi[2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int row = warp_row + 16 * m + group;
+        lo[m] = *reinterpret_cast<const uint2*>(base + swizzled(row, offset));
+        hi[m] = *reinterpret_cast<const uint2*>(base + swizzled(row + 8, offset));
+      }
+#pragma unroll
+      for (int j = 0; j < kTileTokenMmas; ++j) {
+        const int token = warp_token + 8 * j;
+        const uint2 x = *reinterpret_cast<const uint2*>(codes + swizzled(token + group, offset));
+        const float xs0 = x_scale[b * kTileTokens + token + 2 * quad];
+        const float xs1 = x_scale[b * kTileTokens + token + 2 * quad + 1];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_block(lo[m], hi[m], x, ws, xs0, xs1, acc[m][j]);
+      }
+      if ((step * kStepBlocks + b + 1) % slice_blocks == 0) {
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+#pragma unroll
+          for (int j = 0; j < kTileTokenMmas; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              total[m][j][i] += acc[m][j][i];
+              acc[m][j][i] = 0.0f;
+            }
+          }
+        }
+      }
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) {
+      copy_stage(s, s);
+      store_scales(load_scale_codes(s), s);
+    }
+    commit_copies();
+  }
+  for (int step = 0; step < steps; ++step) {
+    const int ahead = step + kStages - 1;
+    // Loaded now, stored after this step's MMAs: the load's latency hides behind them.
+    const uint32_t ahead_codes = ahead < steps ? load_scale_codes(ahead) : 0;
+    wait_copies<kStages - 2>();
+    __syncthreads();  // stage `step` is in; every warp is done with the slot `ahead` reuses
+    if (ahead < steps) copy_stage(ahead, ahead % kStages);
+    commit_copies();
+    if (warp_has_tokens) compute_stage(step % kStages, step);
+    if (ahead < steps) store_scales(ahead_codes, ahead % kStages);
+  }
+  wait_copies<0>();  // nothing in flight when the block exits
+
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const int64_t n = n_first + warp_row + 16 * m + group;
+#pragma unroll
+    for (int j = 0; j < kTileTokenMmas; ++j) {
+      const int token = warp_token + 8 * j + 2 * quad;
+      if (token < tokens) {
+        float* out = args.out + (token_first + token) * args.out_stride + n;
+        out[0] = total[m][j][0];
+        out[8] = total[m][j][2];
+      }
+      if (token + 1 < tokens) {
+        float* out = args.out + (token_first + token + 1) * args.out_stride + n;
+        out[0] = total[m][j][1];
+        out[8] = total[m][j][3];
+      }
+    }
+  }
+}
+
+// ---- host ---------------------------------------------------------------------------------
+
+bool aligned_to(const void* pointer, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+bool tile_fits(int64_t n) {
+  return n % kTileRows == 0;
+}
+
+// Bad arguments are the caller's error (Error), not an internal one.
+template <typename... Parts>
+void require(bool condition, const Parts&... parts) {
+  if (!condition) DI_THROW(parts...);
+}
+
+bool weight_fits(const LinearWeight& weight) {
+  const TensorView& w = weight.weight;
+  const TensorView& s = weight.scale;
+  if (w.rank() != 2 || w.dtype() != DType::kF8E4M3 || !w.is_contiguous() || !w.device().is_cuda())
+    return false;
+  const int64_t n = w.size(0);
+  const int64_t k = w.size(1);
+  if (n == 0 || k == 0 || n % kRowsPerWarp != 0 || k % kRequiredK != 0) return false;
+  if (s.rank() != 2 || s.dtype() != DType::kF8E8M0 || !s.is_contiguous() || !s.device().is_cuda() ||
+      s.size(0) != (n + kBlockK - 1) / kBlockK || s.size(1) != k / kBlockK)
+    return false;
+  return aligned_to(w.raw_data(), 16) && aligned_to(s.raw_data(), 4);
+}
+
+template <int kTokenTiles>
+void launch_split(const DenseArgs& args, deepinfer::cuda::StreamHandle stream) {
+  const int64_t row_groups = args.n / kRowsPerWarp;
+  const dim3 grid(blocks_for(row_groups, kWarps / args.slices),
+                  std::min(blocks_for(args.rows, 8 * kTokenTiles), 65535u));
+  split_kernel<kTokenTiles><<<grid, kThreads, 0, stream>>>(args);
+  DI_CUDA_LAUNCHED(split_kernel);
+}
+
+}  // namespace
+
+bool linear_fp8_dense_enabled() {
+  static const bool enabled = kFp8DenseEnabled && !environment_says_off("DEEPINFER_FP8_DENSE");
+  return enabled;
+}
+
+bool linear_fp8_dense_tile_enabled() {
+  static const bool enabled =
+      kFp8DenseTileEnabled && !environment_says_off("DEEPINFER_FP8_DENSE_TILE");
+  return enabled;
+}
+
+int linear_fp8_dense_k_slices(int64_t n, int64_t k) {
+  const int64_t row_groups = n / kRowsPerWarp;
+  const int64_t k_blocks = k / kBlockK;
+  int slices = 1;
+  while (slices < kWarps && row_groups * slices < kTargetWarps && k_blocks % (slices * 2) == 0) {
+    slices *= 2;
+  }
+  return slices;
+}
+
+Fp8DenseLaunch linear_fp8_dense_auto_launch(int64_t rows, int64_t n, int64_t k) {
+  (void)k;
+  if (rows <= 8) return Fp8DenseLaunch::kTokens8;
+  if (rows <= 16) return Fp8DenseLaunch::kTokens16;
+  const int64_t tile_blocks = (n / kTileRows) * ((rows + kTileTokens - 1) / kTileTokens);
+  if (linear_fp8_dense_tile_enabled() && tile_fits(n) && tile_blocks >= kTileMinBlocks) {
+    return Fp8DenseLaunch::kPrefillTile;
+  }
+  return Fp8DenseLaunch::kTokens32;
+}
+
+bool linear_fp8_dense_supports(const LinearWeight& weight) {
+  return linear_fp8_dense_enabled() && weight_fits(weight);
+}
+
+void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+                      Fp8DenseLaunch launch) {
+  require(weight_fits(weight),
+          "linear_fp8_dense needs an e4m3 weight [N, K] with N % 16 == 0, K % 128 == 0, 16-byte "
+          "aligned, and ue8m0 scales [ceil(N / 32), K / 32] 4-byte aligned, got weight ",
+          weight.weight.to_string(), ", scale ", weight.scale.to_string());
+  const DeviceRows<const float> in = device_rows<const float>(x, "linear_fp8_dense input");
+  const DeviceRows<float> o = device_rows<float>(out, "linear_fp8_dense output");
+  const int64_t n = weight.weight.size(0);
+  const int64_t k = weight.weight.size(1);
+  require(in.cols == k && o.cols == n && o.rows == in.rows,
+          "linear_fp8_dense shapes do not match: x ", x.to_string(), ", weight ",
+          weight.weight.to_string(), ", out ", out.to_string());
+  if (launch == Fp8DenseLaunch::kAuto) launch = linear_fp8_dense_auto_launch(in.rows, n, k);
+  require(launch != Fp8DenseLaunch::kPrefillTile || tile_fits(n),
+          "linear_fp8_dense: the prefill tile needs N % ", kTileRows, " == 0, got weight ",
+          weight.weight.to_string());
+  if (in.rows == 0) return;
+
+  const auto stream = current_stream();
+  const int64_t k_blocks = k / kBlockK;
+  StreamBuffer codes(static_cast<size_t>(in.rows * k));
+  StreamBuffer scales(static_cast<size_t>(in.rows * k_blocks));
+  constexpr int kQuantThreads = 256;
+  quantize_codes_kernel<<<blocks_for(in.rows * k, kQuantThreads), kQuantThreads, 0, stream>>>(
+      in, codes.as<uint8_t>(), scales.as<uint8_t>(), k_blocks);
+  DI_CUDA_LAUNCHED(quantize_codes_kernel);
+
+  DenseArgs args{};
+  args.x_codes = codes.as<uint8_t>();
+  args.x_scales = scales.as<uint8_t>();
+  args.weight = static_cast<const uint8_t*>(weight.weight.raw_data());
+  args.w_scales = static_cast<const uint8_t*>(weight.scale.raw_data());
+  args.out = o.data;
+  args.out_stride = o.stride;
+  args.rows = in.rows;
+  args.n = n;
+  args.k = k;
+  args.slices = linear_fp8_dense_k_slices(n, k);
+  switch (launch) {
+    case Fp8DenseLaunch::kTokens8:
+      launch_split<1>(args, stream);
+      return;
+    case Fp8DenseLaunch::kTokens16:
+      launch_split<2>(args, stream);
+      return;
+    case Fp8DenseLaunch::kAuto:  // resolved above
+    case Fp8DenseLaunch::kTokens32:
+      launch_split<4>(args, stream);
+      return;
+    case Fp8DenseLaunch::kPrefillTile: {
+      static const bool configured = [] {
+        DI_CUDA_CHECK(cudaFuncSetAttribute(
+            prefill_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTileSmemBytes));
+        return true;
+      }();
+      (void)configured;
+      const int64_t blocks = (n / kTileRows) * ((in.rows + kTileTokens - 1) / kTileTokens);
+      require(blocks <= INT32_MAX, "linear_fp8_dense: ", in.rows, " rows exceed one launch");
+      prefill_tile_kernel<<<static_cast<unsigned>(blocks), kThreads, kTileSmemBytes, stream>>>(
+          args);
+      DI_CUDA_LAUNCHED(prefill_tile_kernel);
+      return;
+    }
+  }
+}
+
+}  // namespace deepinfer::ops::cuda

@@ -1,0 +1,56 @@
+// The dense FP8 path of ops::cuda::linear (CUDA only): the released checkpoint's FP8 roles (e4m3
+// weights with ue8m0 32x32 block scales, activations quantized to e4m3 with a ue8m0 scale per 32)
+// on the tensor cores, with decode kernels that split K over warps and a shared-memory tile for
+// prefill.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace deepinfer::ops::cuda {
+
+// Which kernel linear_fp8_dense runs. kAuto picks by row count (what ops::cuda::linear does);
+// the others force one (tests compare them bit for bit). Every choice gives the same bits.
+enum class Fp8DenseLaunch {
+  kAuto,
+  kTokens8,      // decode: 8 tokens per block, K slices over warps
+  kTokens16,     // decode: 16 tokens per block
+  kTokens32,     // 32 tokens per block (mid-size batches, and prefill where the tile cannot run)
+  kPrefillTile,  // 128 weight rows x 64 tokens per block, shared-memory pipeline (N % 128 == 0)
+};
+
+// out[m, n] = sum over the 32-blocks b of K of (q(x[m])_b . W[n]_b) * s_x[m, b] * s_w[n / 32, b]
+// with q the released activation quantizer (ops::linear's kFp8PerBlock32): ops::linear(x, weight,
+// out, kFp8PerBlock32) up to summation order.
+//  - x [M, K] f32 (row stride free), device; out [M, N] f32 (row stride free), device.
+//  - weight [N, K] e4m3 contiguous (16-byte aligned), scale [ceil(N / 32), K / 32] ue8m0
+//    contiguous (4-byte aligned), device; N % 16 == 0, K % 128 == 0. Throws Error otherwise.
+// Batch invariance: K is cut into linear_fp8_dense_k_slices(N, K) equal slices (a function of
+// the weight's shape only). A slice's partial starts at zero and adds, per 32-block in ascending
+// order, one tensor-core dot (from zero) times s_x * s_w; the output is 0 + P_0 + P_1 + ... in
+// slice order. Every kernel computes each output element as that sequence, so a row's bits do
+// not depend on M, the kernel or the other rows. With one slice the bits equal linear_fp8_mma's.
+void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+                      Fp8DenseLaunch launch = Fp8DenseLaunch::kAuto);
+
+// Whether ops::cuda::linear sends this weight (under kFp8PerBlock32) here: the path's switch
+// (linear_fp8_dense_enabled()) and the shape, dtype and alignment rules above.
+bool linear_fp8_dense_supports(const LinearWeight& weight);
+
+// The path's switch: the constexpr in linear_fp8_dense.cu, and DEEPINFER_FP8_DENSE=0 in the
+// environment turns it off at run time (ops::cuda::linear then takes linear_fp8_mma).
+bool linear_fp8_dense_enabled();
+
+// Whether kAuto may pick the prefill tile (its constexpr switch; DEEPINFER_FP8_DENSE_TILE=0 turns
+// it off at run time, kAuto then takes the 32-token kernel, same bits).
+bool linear_fp8_dense_tile_enabled();
+
+// How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
+int linear_fp8_dense_k_slices(int64_t n, int64_t k);
+
+// The kernel kAuto picks for `rows` rows of a [n, k] weight.
+Fp8DenseLaunch linear_fp8_dense_auto_launch(int64_t rows, int64_t n, int64_t k);
+
+}  // namespace deepinfer::ops::cuda

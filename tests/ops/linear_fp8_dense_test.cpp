@@ -1,0 +1,347 @@
+// The dense FP8 path of ops::cuda::linear (linear_fp8_dense) against the CPU reference (ops::linear
+// on host views with the released activation quantizer) at every released FP8 role's shape: wq_a,
+// wkv, wq_b, wo_b, the shared expert's w1 / w3 and w2, the indexer's wq_b. Each role runs at 1, 7,
+// 16, 40 and 300 rows (two also at 520, where the prefill tile is picked) on strided input rows;
+// a sample of rows is checked against the reference (it costs N x K per row on the CPU), every
+// row bit for bit against the largest call, and every launch variant against kAuto. Outputs are
+// fully written and nothing else. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "gpu_support.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/linear_fp8_dense.h"
+#include "ops/cuda/moe_grouped_gemm.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace deepinfer::ops {
+namespace {
+
+namespace rt = deepinfer::cuda;
+using cuda::Fp8DenseLaunch;
+
+// As linear_fp8_mma against the same reference (moe_grouped_gemm_test): summation order only.
+// Each 32-block's products are exact in f32 and one MMA step starts from zero.
+constexpr double kTolerance = 2e-5;
+
+// Input rows are k wide inside rows of k + kExtraColumns floats, starting kColumnOffset in.
+constexpr int64_t kExtraColumns = 64;
+constexpr int64_t kColumnOffset = 32;
+
+// Rows checked against the CPU reference (those below a call's row count).
+const std::vector<int64_t> kSampleRows = {0, 6, 15, 39, 150, 299, 519};
+
+const char* launch_name(Fp8DenseLaunch launch) {
+  switch (launch) {
+    case Fp8DenseLaunch::kAuto:
+      return "auto";
+    case Fp8DenseLaunch::kTokens8:
+      return "8-token split";
+    case Fp8DenseLaunch::kTokens16:
+      return "16-token split";
+    case Fp8DenseLaunch::kTokens32:
+      return "32-token split";
+    case Fp8DenseLaunch::kPrefillTile:
+      return "prefill tile";
+  }
+  return "?";
+}
+
+Tensor random_bytes(DType dtype, Shape shape, uint32_t seed, int lo, int hi) {
+  Tensor t = Tensor::empty(dtype, shape);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(lo, hi);
+  auto* bytes = static_cast<uint8_t*>(t.view().raw_data());
+  for (size_t i = 0; i < t.view().nbytes(); ++i) bytes[i] = static_cast<uint8_t>(byte(rng));
+  return t;
+}
+
+// Random e4m3 bytes without the NaN codes (S.1111.111).
+Tensor random_e4m3(Shape shape, uint32_t seed) {
+  Tensor t = random_bytes(DType::kF8E4M3, shape, seed, 0, 255);
+  auto* bytes = static_cast<uint8_t*>(t.view().raw_data());
+  for (size_t i = 0; i < t.view().nbytes(); ++i) {
+    if ((bytes[i] & 0x7F) == 0x7F) bytes[i] ^= 1;
+  }
+  return t;
+}
+
+struct Role {
+  std::string name;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t max_rows = 0;
+  Tensor x;       // host f32 [max_rows, k + kExtraColumns]
+  Tensor weight;  // host e4m3 [n, k]
+  Tensor scale;   // host ue8m0 [ceil(n / 32), k / 32]
+  Tensor device_x;
+  Tensor device_weight;
+  Tensor device_scale;
+  std::vector<int64_t> sample;  // kSampleRows below max_rows
+  Tensor want;                  // host f32 [sample.size(), n]: the reference's rows
+};
+
+Role make_role(std::string name, int64_t n, int64_t k, int64_t max_rows, uint32_t seed,
+               bool with_reference = true) {
+  Role r;
+  r.name = std::move(name);
+  r.n = n;
+  r.k = k;
+  r.max_rows = max_rows;
+  r.x = Tensor::empty(DType::kF32, {max_rows, k + kExtraColumns});
+  const std::vector<float> values =
+      testing::random_values(static_cast<size_t>(r.x.numel()), seed, 2.0f);
+  std::copy(values.begin(), values.end(), r.x.data<float>());
+  r.weight = random_e4m3({n, k}, seed + 1);
+  // ue8m0 codes near 2^-8: realistic weight magnitudes.
+  r.scale = random_bytes(DType::kF8E8M0, {(n + 31) / 32, k / 32}, seed + 2, 117, 121);
+  r.device_x = rt::to_device(r.x.view());
+  r.device_weight = rt::to_device(r.weight.view());
+  r.device_scale = rt::to_device(r.scale.view());
+  if (!with_reference) return r;
+  for (int64_t row : kSampleRows) {
+    if (row < max_rows) r.sample.push_back(row);
+  }
+  // The reference on the sampled rows only (each row's result depends on that row alone).
+  Tensor gathered = Tensor::empty(DType::kF32, {static_cast<int64_t>(r.sample.size()), k});
+  for (size_t i = 0; i < r.sample.size(); ++i) {
+    const float* row = r.x.data<float>() + r.sample[i] * (k + kExtraColumns) + kColumnOffset;
+    std::copy(row, row + k, gathered.data<float>() + static_cast<int64_t>(i) * k);
+  }
+  r.want = Tensor::empty(DType::kF32, {static_cast<int64_t>(r.sample.size()), n});
+  linear(gathered.view(), LinearWeight{r.weight.view(), r.scale.view()}, r.want.view(),
+         ActivationQuant::kFp8PerBlock32);
+  return r;
+}
+
+TensorView input_rows(const Role& r, int64_t first, int64_t count) {
+  return r.device_x.view().narrow(0, first, count).narrow(1, kColumnOffset, r.k);
+}
+
+// How run_gpu calls the GPU: ops::cuda::linear (the model's op), linear_fp8_dense with a launch,
+// or linear_fp8_mma (the path before).
+enum class Path { kModelOp, kDense, kMma };
+
+// Rows [first, first + count) on the GPU. The output is a column slice of a NaN-filled matrix
+// twice as wide: the other half must stay NaN and every element of the slice must be written.
+Tensor run_gpu(const Role& r, int64_t first, int64_t count, Path path,
+               Fp8DenseLaunch launch = Fp8DenseLaunch::kAuto) {
+  Tensor wide = Tensor::empty(DType::kF32, {count, 2 * r.n}, rt::device_allocator());
+  rt::fill_bytes(wide.view(), 0xFF);
+  const TensorView out = wide.view().narrow(1, r.n, r.n);
+  const TensorView x = input_rows(r, first, count);
+  const LinearWeight w{r.device_weight.view(), r.device_scale.view()};
+  switch (path) {
+    case Path::kModelOp:
+      cuda::linear(x, w, out, ActivationQuant::kFp8PerBlock32);
+      break;
+    case Path::kDense:
+      cuda::linear_fp8_dense(x, w, out, launch);
+      break;
+    case Path::kMma:
+      cuda::linear_fp8_mma(x, w, out);
+      break;
+  }
+  rt::synchronize();
+  const Tensor host = rt::to_host(wide.view());
+  Tensor got = Tensor::empty(DType::kF32, {count, r.n});
+  int64_t outside = 0;
+  int64_t unwritten = 0;
+  for (int64_t m = 0; m < count; ++m) {
+    const float* row = host.data<float>() + m * 2 * r.n;
+    for (int64_t n = 0; n < r.n; ++n) {
+      outside += std::isnan(row[n]) ? 0 : 1;
+      unwritten += std::isfinite(row[r.n + n]) ? 0 : 1;
+    }
+    std::copy(row + r.n, row + 2 * r.n, got.data<float>() + m * r.n);
+  }
+  EXPECT_EQ(outside, 0) << r.name << ", " << count << " rows: elements written outside the output";
+  EXPECT_EQ(unwritten, 0) << r.name << ", " << count << " rows: output elements not written";
+  return got;
+}
+
+// Worst |got - want| over the sampled rows below `count` (rows offset by `first`), over
+// max |want| of those rows.
+double sample_error(const Role& r, const Tensor& got, int64_t first, int64_t count) {
+  double scale = 1e-30;
+  double worst = 0.0;
+  for (size_t i = 0; i < r.sample.size(); ++i) {
+    const int64_t row = r.sample[i];
+    if (row < first || row >= first + count) continue;
+    const float* want = r.want.data<float>() + static_cast<int64_t>(i) * r.n;
+    for (int64_t n = 0; n < r.n; ++n) scale = std::max(scale, std::abs(double{want[n]}));
+  }
+  for (size_t i = 0; i < r.sample.size(); ++i) {
+    const int64_t row = r.sample[i];
+    if (row < first || row >= first + count) continue;
+    const float* want = r.want.data<float>() + static_cast<int64_t>(i) * r.n;
+    const float* g = got.data<float>() + (row - first) * r.n;
+    for (int64_t n = 0; n < r.n; ++n) {
+      if (!std::isfinite(g[n])) return INFINITY;
+      worst = std::max(worst, std::abs(static_cast<double>(g[n]) - want[n]) / scale);
+    }
+  }
+  return worst;
+}
+
+// Rows of `part` (rows [first, first + part rows) of the call) that differ from `all`'s.
+int64_t differing_rows(const Tensor& all, const Tensor& part, int64_t first, int64_t n) {
+  int64_t differ = 0;
+  const int64_t rows = part.view().size(0);
+  for (int64_t m = 0; m < rows; ++m) {
+    differ += std::memcmp(all.data<float>() + (first + m) * n, part.data<float>() + m * n,
+                          static_cast<size_t>(n) * sizeof(float)) != 0;
+  }
+  return differ;
+}
+
+class LinearFp8DenseTest : public ::testing::Test {
+ protected:
+  void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
+};
+
+// One role: the largest call through the model's op is the bit reference for every smaller call
+// (batch invariance) and for every launch variant on the largest call.
+void check_role(const Role& r) {
+  const int slices = cuda::linear_fp8_dense_k_slices(r.n, r.k);
+  std::printf("%s [%ld x %ld]: K in %d slices, path %s\n", r.name.c_str(), static_cast<long>(r.n),
+              static_cast<long>(r.k), slices, cuda::linear_fp8_dense_enabled() ? "on" : "off");
+  ASSERT_TRUE(cuda::linear_fp8_dense_supports(
+                  LinearWeight{r.device_weight.view(), r.device_scale.view()}) ||
+              !cuda::linear_fp8_dense_enabled());
+  const Tensor all = run_gpu(r, 0, r.max_rows, Path::kModelOp);
+  const double all_error = sample_error(r, all, 0, r.max_rows);
+  std::printf("%s, %ld rows (%s): worst error %.3g of the output's scale\n", r.name.c_str(),
+              static_cast<long>(r.max_rows),
+              launch_name(cuda::linear_fp8_dense_auto_launch(r.max_rows, r.n, r.k)), all_error);
+  EXPECT_LE(all_error, kTolerance) << r.name << ", " << r.max_rows << " rows";
+  for (int64_t rows : {1, 7, 16, 40, 300}) {
+    if (rows >= r.max_rows) continue;
+    const Tensor got = run_gpu(r, 0, rows, Path::kModelOp);
+    const double error = sample_error(r, got, 0, rows);
+    std::printf("%s, %ld rows (%s): worst error %.3g\n", r.name.c_str(), static_cast<long>(rows),
+                launch_name(cuda::linear_fp8_dense_auto_launch(rows, r.n, r.k)), error);
+    EXPECT_LE(error, kTolerance) << r.name << ", " << rows << " rows";
+    EXPECT_EQ(differing_rows(all, got, 0, r.n), 0)
+        << r.name << ": rows of a " << rows << "-row call differ from the " << r.max_rows
+        << "-row call";
+  }
+  // A 7-row call starting at row 33 (not on a token tile's edge).
+  EXPECT_EQ(differing_rows(all, run_gpu(r, 33, 7, Path::kModelOp), 33, r.n), 0)
+      << r.name << ": rows 33..39 differ when called alone";
+  if (!cuda::linear_fp8_dense_enabled()) return;
+  for (Fp8DenseLaunch launch : {Fp8DenseLaunch::kTokens8, Fp8DenseLaunch::kTokens16,
+                                Fp8DenseLaunch::kTokens32, Fp8DenseLaunch::kPrefillTile}) {
+    if (launch == Fp8DenseLaunch::kPrefillTile && r.n % 128 != 0) continue;
+    const Tensor got = run_gpu(r, 0, r.max_rows, Path::kDense, launch);
+    EXPECT_EQ(differing_rows(all, got, 0, r.n), 0)
+        << r.name << ": the " << launch_name(launch) << " differs from kAuto at " << r.max_rows
+        << " rows";
+  }
+  // One slice: the same operations as linear_fp8_mma (informational: that kernel is not ours).
+  if (slices == 1) {
+    const Tensor mma = run_gpu(r, 0, 16, Path::kMma);
+    std::printf("%s: one slice, %ld of 16 rows differ from linear_fp8_mma's bits\n", r.name.c_str(),
+                static_cast<long>(differing_rows(all, mma, 0, r.n)));
+  }
+}
+
+TEST_F(LinearFp8DenseTest, AttentionWqA) {
+  check_role(make_role("wq_a", 1280, 5120, 300, 11));
+}
+
+TEST_F(LinearFp8DenseTest, AttentionWkv) {
+  check_role(make_role("wkv", 512, 5120, 300, 21));
+}
+
+TEST_F(LinearFp8DenseTest, AttentionWqB) {
+  check_role(make_role("wq_b", 32768, 1280, 300, 31));
+}
+
+TEST_F(LinearFp8DenseTest, AttentionWoBPrefill) {
+  check_role(make_role("wo_b", 5120, 8192, 520, 41));
+}
+
+TEST_F(LinearFp8DenseTest, SharedExpertW1) {
+  check_role(make_role("shared w1", 2304, 5120, 300, 51));
+}
+
+TEST_F(LinearFp8DenseTest, SharedExpertW2) {
+  check_role(make_role("shared w2", 5120, 2304, 300, 61));
+}
+
+TEST_F(LinearFp8DenseTest, IndexerWqBPrefill) {
+  check_role(make_role("indexer wq_b", 4096, 1280, 520, 71));
+}
+
+// Every launch variant on small shapes, every row against the reference (quick under
+// compute-sanitizer): a partial 32-row scale block and partial row-group blocks (48 rows), slices
+// of 3 blocks that end inside the tile's 4-block stages (256 x 384), a partial token tile.
+TEST_F(LinearFp8DenseTest, SmallShapesEveryLaunch) {
+  struct Case {
+    int64_t n, k, rows;
+  };
+  for (const Case& c : {Case{48, 256, 5}, Case{48, 256, 13}, Case{48, 256, 40}, Case{256, 384, 70},
+                        Case{128, 128, 3}}) {
+    Role r = make_role("small", c.n, c.k, c.rows, 81, /*with_reference=*/false);
+    r.sample.clear();
+    for (int64_t row = 0; row < c.rows; ++row) r.sample.push_back(row);
+    Tensor dense = Tensor::empty(DType::kF32, {c.rows, c.k});
+    for (int64_t row = 0; row < c.rows; ++row) {
+      const float* source = r.x.data<float>() + row * (c.k + kExtraColumns) + kColumnOffset;
+      std::copy(source, source + c.k, dense.data<float>() + row * c.k);
+    }
+    r.want = Tensor::empty(DType::kF32, {c.rows, c.n});
+    linear(dense.view(), LinearWeight{r.weight.view(), r.scale.view()}, r.want.view(),
+           ActivationQuant::kFp8PerBlock32);
+    const Tensor model_op = run_gpu(r, 0, c.rows, Path::kModelOp);
+    EXPECT_LE(sample_error(r, model_op, 0, c.rows), kTolerance)
+        << c.n << " x " << c.k << ", " << c.rows << " rows, model op";
+    for (Fp8DenseLaunch launch :
+         {Fp8DenseLaunch::kAuto, Fp8DenseLaunch::kTokens8, Fp8DenseLaunch::kTokens16,
+          Fp8DenseLaunch::kTokens32, Fp8DenseLaunch::kPrefillTile}) {
+      if (launch == Fp8DenseLaunch::kPrefillTile && c.n % 128 != 0) continue;
+      const Tensor got = run_gpu(r, 0, c.rows, Path::kDense, launch);
+      const double error = sample_error(r, got, 0, c.rows);
+      std::printf("small %ld x %ld (%d slices), %ld rows, %s: worst error %.3g\n",
+                  static_cast<long>(c.n), static_cast<long>(c.k),
+                  cuda::linear_fp8_dense_k_slices(c.n, c.k), static_cast<long>(c.rows),
+                  launch_name(launch), error);
+      EXPECT_LE(error, kTolerance)
+          << c.n << " x " << c.k << ", " << c.rows << " rows, " << launch_name(launch);
+      if (cuda::linear_fp8_dense_enabled()) {
+        EXPECT_EQ(differing_rows(model_op, got, 0, c.n), 0)
+            << c.n << " x " << c.k << ", " << c.rows << " rows: " << launch_name(launch)
+            << " differs from the model's op";
+      }
+    }
+  }
+}
+
+// Shapes the path does not take (K % 128 != 0, N % 16 != 0): linear_fp8_dense refuses them and
+// the prefill tile refuses N % 128 != 0; ops::cuda::linear still runs them (another kernel).
+TEST_F(LinearFp8DenseTest, UnsupportedShapesFallBack) {
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{48, 192}, std::pair<int64_t, int64_t>{40, 256}}) {
+    Role r = make_role("unsupported", n, k, 5, 91);
+    EXPECT_FALSE(cuda::linear_fp8_dense_supports(
+        LinearWeight{r.device_weight.view(), r.device_scale.view()}));
+    EXPECT_THROW(run_gpu(r, 0, 5, Path::kDense), Error) << n << " x " << k;
+    EXPECT_LE(sample_error(r, run_gpu(r, 0, 5, Path::kModelOp), 0, 5), kTolerance)
+        << n << " x " << k;
+  }
+  Role r = make_role("no tile", 48, 256, 5, 93);
+  EXPECT_THROW(run_gpu(r, 0, 5, Path::kDense, Fp8DenseLaunch::kPrefillTile), Error);
+}
+
+}  // namespace
+}  // namespace deepinfer::ops
