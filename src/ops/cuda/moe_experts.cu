@@ -167,12 +167,13 @@ struct ExpertTable {
   bool fp4_kernel = false;
 };
 
-// Whether `table` still describes `experts`: every role's weight and scale pointers, and the
-// full descriptors (shape, dtype, scale layout) of the first and last expert. A model's experts
-// never move; this only guards against a span reused for other weights (tests).
-bool table_matches(const ExpertTable& table, std::span<const ExpertWeights> experts) {
+// Whether `table` still describes `experts` of inputs `dim` wide: every role's weight and scale
+// pointers, and the full descriptors (shape, dtype, scale layout) of the first and last expert
+// (a mismatch rebuilds the table, which reports bad shapes). A model's experts never move; this
+// only guards against a span reused for other weights (tests).
+bool table_matches(const ExpertTable& table, std::span<const ExpertWeights> experts, int64_t dim) {
   const size_t count = experts.size();
-  if (table.host.size() != 3 * count) return false;
+  if (table.host.size() != 3 * count || table.host[0].in != dim) return false;
   using Role = const LinearWeight ExpertWeights::*;
   const Role roles[3] = {&ExpertWeights::w1, &ExpertWeights::w3, &ExpertWeights::w2};
   for (size_t r = 0; r < 3; ++r) {
@@ -210,7 +211,7 @@ const ExpertTable& expert_table(std::span<const ExpertWeights> experts, int64_t 
   for (Entry& entry : entries) {
     if (entry.data == experts.data() && entry.size == experts.size()) found = &entry;
   }
-  if (found != nullptr && table_matches(*found->table, experts)) return *found->table;
+  if (found != nullptr && table_matches(*found->table, experts, dim)) return *found->table;
   auto table = std::make_unique<ExpertTable>();
   const int64_t inter = experts[0].w1.out_features();
   table->host.reserve(experts.size() * 3);
