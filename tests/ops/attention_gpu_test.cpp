@@ -1,0 +1,250 @@
+// ops::cuda::sink_attention against the CPU reference (ops::sink_attention on host views) at the
+// V4.1-Flash shapes the head-group kernel takes (64 heads x 512, a 128-row window, 512 selected
+// compressed entries), with short and empty windows, tokens without compressed entries and
+// partial key tiles; batch invariance bit for bit; both kernels (the per-head one through
+// DEEPINFER_ATTENTION_HEAD_GROUPS=0) within the tolerance; bad indices reported as before.
+// Every GPU output starts as NaN, so an element never written fails. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "gpu_support.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
+#include "ops/ops.h"
+
+namespace deepinfer::ops {
+namespace {
+
+namespace rt = deepinfer::cuda;
+
+// As backend_ops_test's sink_attention cases (kRowReductionTolerance): online softmax in tiles
+// vs. max-first, expf and summation order: a few ulp of the output's scale.
+constexpr double kTolerance = 1e-5;
+
+Tensor host_f32(Shape shape, uint32_t seed, float scale = 1.0f) {
+  Tensor t = Tensor::empty(DType::kF32, shape);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-scale, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = uniform(rng);
+  return t;
+}
+
+Tensor host_i32(Shape shape, const std::vector<int32_t>& values) {
+  Tensor t = Tensor::empty(DType::kI32, shape);
+  EXPECT_EQ(static_cast<int64_t>(values.size()), t.numel());
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
+}
+
+// One call's inputs: per-token window ranges and selected compressed rows (-1 = none).
+struct Case {
+  int64_t tokens = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int64_t selected = 0;  // compressed entries per token; 0: no compressed keys at all
+  Tensor q, window, compressed, sink, range, index;
+  float scale = 1.0f;
+};
+
+// Token i's window ends at window_length + i (a sliding window as in prefill); some tokens get
+// a short or empty window, some no compressed entry at all, some a few -1 entries.
+Case make_case(int64_t tokens, int64_t heads, int64_t head_dim, int64_t window_length,
+               int64_t selected, int64_t compressed_rows, uint32_t seed) {
+  Case c;
+  c.tokens = tokens;
+  c.heads = heads;
+  c.head_dim = head_dim;
+  c.selected = selected;
+  c.q = host_f32({tokens, heads, head_dim}, seed);
+  c.window = host_f32({window_length + tokens, head_dim}, seed + 1, 0.5f);
+  c.compressed = host_f32({std::max<int64_t>(compressed_rows, 1), head_dim}, seed + 2, 0.5f);
+  c.sink = host_f32({heads}, seed + 3, 2.0f);
+  std::vector<int32_t> ranges, indices;
+  std::mt19937 rng(seed + 4);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const auto hi = static_cast<int32_t>(window_length + t);
+    int32_t lo = static_cast<int32_t>(hi - window_length);
+    if (t % 7 == 1) lo = hi;       // empty window
+    if (t % 7 == 3) lo = hi - 5;   // short window
+    if (t % 7 == 5) lo = hi - 33;  // one row past a key tile
+    ranges.push_back(std::max(lo, 0));
+    ranges.push_back(hi);
+    for (int64_t k = 0; k < selected; ++k) {
+      int32_t j = static_cast<int32_t>(rng() % static_cast<uint32_t>(compressed_rows));
+      if (t % 7 == 2 || k % 9 == 8) j = -1;  // a token without compressed keys; a few holes
+      indices.push_back(j);
+    }
+  }
+  c.range = host_i32({tokens, 2}, ranges);
+  c.index = host_i32({tokens, selected}, indices);
+  c.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return c;
+}
+
+TensorView no_index(int64_t tokens, Device device) {
+  return TensorView::contiguous(nullptr, DType::kI32, {tokens, 0}, device);
+}
+
+Tensor reference(const Case& c) {
+  Tensor want = Tensor::empty(DType::kF32, {c.tokens, c.heads, c.head_dim});
+  sink_attention(c.q, c.window, c.range, c.compressed,
+                 c.selected > 0 ? c.index.view() : no_index(c.tokens, Device::cpu()), c.sink,
+                 c.scale, want);
+  return want;
+}
+
+// The device copies of a case's inputs.
+struct DeviceCase {
+  Tensor q, window, compressed, sink, range, index;
+  explicit DeviceCase(const Case& c)
+      : q(rt::to_device(c.q.view())),
+        window(rt::to_device(c.window.view())),
+        compressed(rt::to_device(c.compressed.view())),
+        sink(rt::to_device(c.sink.view())),
+        range(rt::to_device(c.range.view())),
+        index(c.selected > 0 ? rt::to_device(c.index.view()) : Tensor()) {}
+};
+
+// Tokens [first, first + count) of the case on the GPU; `head_groups` false takes the per-head
+// kernel. Waits and reports kernel errors (throws) before copying back.
+Tensor run_gpu(const Case& c, const DeviceCase& d, int64_t first, int64_t count,
+               bool head_groups = true) {
+  if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
+  Tensor out = Tensor::empty(DType::kF32, {count, c.heads, c.head_dim}, rt::device_allocator());
+  rt::fill_bytes(out.view(), 0xFF);
+  const TensorView index =
+      c.selected > 0 ? d.index.view().narrow(0, first, count) : no_index(count, Device::cuda(0));
+  cuda::sink_attention(d.q.view().narrow(0, first, count), d.window,
+                       d.range.view().narrow(0, first, count), d.compressed, index, d.sink, c.scale,
+                       out);
+  unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+  rt::synchronize();
+  return rt::to_host(out.view());
+}
+
+// Worst |got - want| over max |want|; a NaN in got (never written) is infinite.
+double worst_error(const Tensor& want, const Tensor& got, int64_t got_first_row = 0) {
+  const int64_t row = want.numel() / want.view().size(0);
+  const float* g = got.data<float>() + got_first_row * row;
+  double scale = 1e-30;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(want.data<float>()[i])));
+  }
+  double worst = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (!std::isfinite(g[i])) return INFINITY;
+    worst = std::max(worst, std::abs(static_cast<double>(g[i]) - want.data<float>()[i]) / scale);
+  }
+  return worst;
+}
+
+bool equal_rows(const Tensor& a, int64_t a_row, const Tensor& b, int64_t b_row) {
+  const int64_t row = a.numel() / a.view().size(0);
+  return std::memcmp(a.data<float>() + a_row * row, b.data<float>() + b_row * row,
+                     static_cast<size_t>(row) * sizeof(float)) == 0;
+}
+
+class AttentionGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
+};
+
+void check_against_reference(const Case& c, const std::string& what) {
+  const Tensor want = reference(c);
+  const DeviceCase d(c);
+  for (bool head_groups : {true, false}) {
+    const double error = worst_error(want, run_gpu(c, d, 0, c.tokens, head_groups));
+    std::printf("%s, %s kernel: worst error %.3g of the output's scale\n", what.c_str(),
+                head_groups ? "head-group" : "per-head", error);
+    EXPECT_LE(error, kTolerance) << what << (head_groups ? ", head-group" : ", per-head");
+  }
+}
+
+// Decode at V4.1-Flash: 64 heads x 512, window 128, 512 selected of 2048 compressed rows.
+TEST_F(AttentionGpuTest, RealShapesDecode) {
+  check_against_reference(make_case(9, 64, 512, 128, 512, 2048, 11), "v41 decode 9 tokens");
+  check_against_reference(make_case(3, 64, 512, 128, 0, 0, 21), "v41 window only");
+}
+
+// Prefill: many tokens, each its own sliding window over shared rows.
+TEST_F(AttentionGpuTest, RealShapesPrefill) {
+  check_against_reference(make_case(150, 64, 512, 128, 64, 300, 31), "v41 prefill 150 tokens");
+}
+
+// A token's output does not depend on the call: the same bits alone, in a 37-token call and in
+// a 5-token call.
+TEST_F(AttentionGpuTest, TokensDoNotDependOnTheBatch) {
+  const Case c = make_case(37, 64, 512, 128, 512, 2048, 41);
+  const DeviceCase d(c);
+  const Tensor all = run_gpu(c, d, 0, 37);
+  const Tensor want = reference(c);
+  EXPECT_LE(worst_error(want, all), kTolerance);
+  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{5}, int64_t{19}, int64_t{36}}) {
+    const Tensor alone = run_gpu(c, d, t, 1);
+    EXPECT_TRUE(equal_rows(all, t, alone, 0)) << "token " << t << " differs when alone";
+  }
+  const Tensor five = run_gpu(c, d, 30, 5);
+  for (int64_t i = 0; i < 5; ++i) {
+    EXPECT_TRUE(equal_rows(all, 30 + i, five, i)) << "token " << 30 + i << " in a 5-token call";
+  }
+}
+
+// Small shapes for the sanitizers: one and two head groups, partial key tiles (window 3..40,
+// 40 selected), a 24-head shape the per-head kernel takes.
+TEST_F(AttentionGpuTest, SmallShapes) {
+  check_against_reference(make_case(3, 16, 512, 40, 40, 50, 51), "16 heads, 3 tokens");
+  check_against_reference(make_case(2, 32, 512, 3, 7, 9, 61), "32 heads, 2 tokens");
+  check_against_reference(make_case(2, 24, 512, 20, 5, 9, 71), "24 heads (per-head kernel)");
+}
+
+// A compressed index past the table is recorded (synchronize throws) and skipped: the output is
+// the reference's with that entry dropped. A bad window range is recorded too and its token's
+// output is NaN, the other tokens' as before.
+TEST_F(AttentionGpuTest, BadIndicesAreReported) {
+  for (bool head_groups : {true, false}) {
+    Case c = make_case(3, 16, 512, 40, 40, 50, 81);
+    Case bad = make_case(3, 16, 512, 40, 40, 50, 81);
+    bad.index.data<int32_t>()[1 * 40 + 6] = 50;  // token 1, entry 6: one past the table
+    c.index.data<int32_t>()[1 * 40 + 6] = -1;
+    const DeviceCase d(bad);
+    Tensor out = Tensor::empty(DType::kF32, {3, 16, 512}, rt::device_allocator());
+    if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
+    cuda::sink_attention(d.q, d.window, d.range, d.compressed, d.index, d.sink, c.scale, out);
+    unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+    EXPECT_THROW(rt::synchronize(), Error);
+    EXPECT_LE(worst_error(reference(c), rt::to_host(out.view())), kTolerance);
+    rt::synchronize();  // reported once and cleared
+
+    Case bad_range = make_case(3, 16, 512, 40, 40, 50, 91);
+    bad_range.range.data<int32_t>()[2 * 2 + 1] = 1000;  // token 2 ends past the window rows
+    const DeviceCase dr(bad_range);
+    Tensor out2 = Tensor::empty(DType::kF32, {3, 16, 512}, rt::device_allocator());
+    if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
+    cuda::sink_attention(dr.q, dr.window, dr.range, dr.compressed, dr.index, dr.sink,
+                         bad_range.scale, out2);
+    unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+    EXPECT_THROW(rt::synchronize(), Error);
+    const Tensor got = rt::to_host(out2.view());
+    const int64_t row = 16 * 512;
+    for (int64_t i = 2 * row; i < 3 * row; ++i) {
+      ASSERT_TRUE(std::isnan(got.data<float>()[i])) << "element " << i << " of the bad token";
+    }
+    Case first_two = make_case(3, 16, 512, 40, 40, 50, 91);
+    const Tensor want = reference(first_two);
+    for (int64_t i = 0; i < 2 * row; ++i) {
+      ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5) << "element " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::ops
