@@ -6,10 +6,12 @@
 // (moe_grouped_gemm.cu) instead.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <cub/block/block_scan.cuh>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
@@ -27,7 +29,12 @@ constexpr int kMaxTopK = 64;
 // (each quantizing its input) and ops::cuda::swiglu in between (the path before the fused one;
 // the same bits).
 constexpr bool kFusedFp4Experts = true;
-std::atomic<bool> fused_fp4_experts{kFusedFp4Experts};
+// DEEPINFER_MOE_FUSED=0 starts with the earlier path (a same-binary comparison on the GPU).
+bool fused_fp4_experts_by_default() {
+  const char* setting = std::getenv("DEEPINFER_MOE_FUSED");
+  return kFusedFp4Experts && !(setting != nullptr && std::string_view(setting) == "0");
+}
+std::atomic<bool> fused_fp4_experts{fused_fp4_experts_by_default()};
 
 struct SortArgs {
   const int32_t* experts;  // [N, k] (row stride)
