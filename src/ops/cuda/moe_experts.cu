@@ -3,7 +3,9 @@
 // through the same tile GEMM as `linear` in one grouped launch per projection, and each token
 // sums its slots in ascending expert id. With the released numerics (FP8 activations) and FP4
 // experts of aligned shapes, the three projections run on the grouped FP8 x FP4 tensor-core GEMM
-// (moe_grouped_gemm.cu) instead.
+// (moe_grouped_gemm.cu) instead, as one fused sequence: the routed rows quantized straight from
+// x, w1 and w3 in one launch, the SwiGLU folded into w2's quantizer (launch_moe_fp4_experts).
+// A call makes one device allocation; the experts' descriptor table is built once per layer.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
