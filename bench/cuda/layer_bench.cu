@@ -6,7 +6,8 @@
 //    dense tensor-core peaks (cuBLASLt 8192^3 e4m3 x e4m3 -> bf16 and bf16 x bf16 -> bf16).
 // 2. Every linear of one layer at decode batch 1, 16, 64, 256 and prefill 8192: our
 //    ops::cuda::linear, the model's op (weights in their storage format, the released activation
-//    quantizer for FP8 roles, which it runs on linear_fp8_mma's tensor-core path; BF16 roles on
+//    quantizer for FP8 roles, which it runs on linear_fp8_dense.cu's tensor-core kernels, with
+//    linear_fp8_mma, their path before, as a second row at batch 1 and 8192; BF16 roles on
 //    the BF16 tensor-core path of linear_bf16_mma.cu, with the FMA tile kernel they ran on before
 //    as a second row) against cuBLASLt on the same shapes (FP8 with a per-tensor scale for FP8
 //    roles — cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles).
@@ -38,6 +39,7 @@
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/linear_bf16_mma.h"
+#include "ops/cuda/linear_fp8_dense.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 
 namespace deepinfer::bench {
@@ -413,6 +415,9 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
   // LAYER_BENCH_SKIP_FMA=1: no FMA comparison rows for the BF16 roles (they take seconds at 8192).
   const char* skip_fma_env = std::getenv("LAYER_BENCH_SKIP_FMA");
   const bool skip_fma = skip_fma_env != nullptr && std::string(skip_fma_env) == "1";
+  // LAYER_BENCH_FP8_BEFORE=0: no linear_fp8_mma comparison rows for the FP8 roles.
+  const char* fp8_before_env = std::getenv("LAYER_BENCH_FP8_BEFORE");
+  const bool skip_fp8_before = fp8_before_env != nullptr && std::string(fp8_before_env) == "0";
   for (const Role& role : kRoles) {
     const int64_t in = role.in, out = role.out, groups = role.groups;
     const double weight_elems = static_cast<double>(groups * out * in);
@@ -466,10 +471,24 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
           ops::cuda::bf16_mma_supports(
               ops::cuda::describe(LinearWeight{weights[0].view().narrow(0, 0, out), TensorView()}),
               in_rows(0));
+      const bool fp8_dense =
+          role.fp8 && ops::cuda::linear_fp8_dense_supports(
+                          LinearWeight{weights[0].view().narrow(0, 0, out), scales[0].view()});
       report(roof, "dense", role.name,
-             role.fp8 ? "ours (linear: mma)"
+             role.fp8 ? (fp8_dense ? "ours (linear: fp8 dense)" : "ours (linear: mma)")
                       : (bf16_mma ? "ours (linear: bf16 mma)" : "ours (linear: FMA)"),
              m, ms_ours, our_bytes, flops, peak);
+      if (fp8_dense && !skip_fp8_before && (m == kBatches.front() || m == kBatches.back())) {
+        // The grouped kernel the FP8 roles ran on before linear_fp8_dense (linear_fp8_mma), at
+        // the first and last batch only (the slow one costs GPU seconds at every batch).
+        const double ms_before = time_ms([&](int call) {
+          const int c = call % copies;
+          ops::cuda::linear_fp8_mma(x.view(), LinearWeight{weights[c].view(), scales[c].view()},
+                                    y.view());
+        });
+        report(roof, "dense", role.name, "ours (fp8 mma, before)", m, ms_before, our_bytes, flops,
+               peak);
+      }
       if (bf16_mma && !skip_fma) {
         // The FMA tile kernel the BF16 roles ran on before (part 1's path), for comparison.
         const double ms_fma = time_ms([&](int call) {

@@ -268,7 +268,7 @@ constexpr int kTileSmemBytes = kStages * kStageBytes;
 constexpr int kTileGroupRows = 8;
 // kAuto takes the tile from this many blocks on (fewer: the 32-token kernel fills the GPU better).
 constexpr int64_t kTileMinBlocks = 264;
-static_assert(kStageBytes % 16 == 0, "stages start on 16 bytes");
+static_assert(kStageBytes % 16 == 0 && kCodeScaleOffset % 8 == 0, "stages start on 16 bytes");
 static_assert(kTileTokens + kScaleRowsPerTile <= kThreads, "one thread per scale word");
 
 // cp.async, ldmatrix-free: the same few lines as moe_grouped_gemm.cu's prefill tile (there in an
@@ -401,10 +401,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_tile_kernel(DenseArgs arg
       for (int j = 0; j < kTileTokenMmas; ++j) {
         const int token = warp_token + 8 * j;
         const uint2 x = *reinterpret_cast<const uint2*>(codes + swizzled(token + group, offset));
-        const float xs0 = x_scale[b * kTileTokens + token + 2 * quad];
-        const float xs1 = x_scale[b * kTileTokens + token + 2 * quad + 1];
+        // Tokens 2t and 2t + 1 of the MMA tile (an even index: 8-byte aligned).
+        const float2 xs =
+            *reinterpret_cast<const float2*>(x_scale + b * kTileTokens + token + 2 * quad);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_block(lo[m], hi[m], x, ws, xs0, xs1, acc[m][j]);
+        for (int m = 0; m < 2; ++m) mma_block(lo[m], hi[m], x, ws, xs.x, xs.y, acc[m][j]);
       }
       if ((step * kStepBlocks + b + 1) % slice_blocks == 0) {
 #pragma unroll
