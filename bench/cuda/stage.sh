@@ -11,10 +11,11 @@ cmake -S . -B build-perf -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_
   -DDEEPINFER_BUILD_TESTS=ON -DDEEPINFER_BUILD_BENCH=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
 cmake --build build-perf -j"${JOBS:-2}" --target cuda_layer_bench cuda_model_bench \
-  moe_grouped_gemm_test backend_ops_test
+  cuda_attention_bench moe_grouped_gemm_test backend_ops_test attention_gpu_test
 rm -rf build-perf/device && mkdir -p build-perf/device
 for program in build-perf/bench/cuda/cuda_layer_bench build-perf/bench/cuda/cuda_model_bench \
-  build-perf/tests/ops/moe_grouped_gemm_test build-perf/tests/ops/backend_ops_test; do
+  build-perf/bench/cuda/cuda_attention_bench build-perf/tests/ops/moe_grouped_gemm_test \
+  build-perf/tests/ops/backend_ops_test build-perf/tests/ops/attention_gpu_test; do
   strip -o "build-perf/device/$(basename "$program")" "$program"
 done
 cp -L "$(ldd build-perf/bench/cuda/cuda_layer_bench | awk '/libcudart/ {print $3}')" \

@@ -1,0 +1,303 @@
+// ops::cuda::sink_attention at V4.1-Flash shapes (64 heads x 512, K = V shared by the heads): the
+// head-group kernel against the per-head kernel it replaces (DEEPINFER_ATTENTION_HEAD_GROUPS=0),
+// next to the HBM read bandwidth measured in the same run.
+//
+//   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
+//                                       ./attention_bench.json)
+//
+// Decode batch 1, 16, 64, 256: one query row per token, each token its own sequence (a window
+// of 128 rows and 512 entries selected from its own 2048 compressed rows). Prefill: 8192 tokens
+// of one sequence, token t attending the window (t - 128, t] and min(512, t / 4) compressed
+// entries (the rest -1). "Bytes" counts the distinct KV rows a call must read plus q and out;
+// GB/s is bytes over time, next to the read roofline. Both kernels' outputs are compared
+// (worst difference over the output's scale) before timing.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
+
+namespace deepinfer::bench {
+namespace {
+
+namespace rt = deepinfer::cuda;
+
+constexpr int64_t kHeads = 64;
+constexpr int64_t kHeadDim = 512;
+constexpr int64_t kWindow = 128;
+constexpr int64_t kSelected = 512;
+constexpr int64_t kCompressedPerSequence = 2048;
+constexpr int64_t kPrefillTokens = 8192;
+constexpr int kCompressRatio = 4;
+
+__device__ __forceinline__ uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+// Uniform [-scale, scale) floats.
+__global__ void fill_kernel(float* data, int64_t count, uint64_t seed, float scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    const uint64_t h = mix(seed * 0x100000001B3ull + static_cast<uint64_t>(i));
+    data[i] = (static_cast<float>(h >> 40) * 0x1p-23f - 1.0f) * scale;
+  }
+}
+
+Tensor device_f32(Shape shape, uint64_t seed, float scale) {
+  Tensor t = Tensor::empty(DType::kF32, shape, rt::device_allocator());
+  fill_kernel<<<2048, 256>>>(t.data<float>(), t.numel(), seed, scale);
+  DI_CUDA_CHECK(cudaGetLastError());
+  return t;
+}
+
+Tensor device_i32(Shape shape, const std::vector<int32_t>& values) {
+  Tensor host = Tensor::empty(DType::kI32, shape);
+  std::copy(values.begin(), values.end(), host.data<int32_t>());
+  return rt::to_device(host.view());
+}
+
+// Median milliseconds per call: a warm-up call, then rounds of `inner` calls between two events,
+// `inner` sized so a round lasts about 2 ms.
+double time_ms(const std::function<void()>& call) {
+  cudaEvent_t start, stop;
+  DI_CUDA_CHECK(cudaEventCreate(&start));
+  DI_CUDA_CHECK(cudaEventCreate(&stop));
+  call();
+  DI_CUDA_CHECK(cudaEventRecord(start));
+  call();
+  DI_CUDA_CHECK(cudaEventRecord(stop));
+  DI_CUDA_CHECK(cudaEventSynchronize(stop));
+  float first = 0;
+  DI_CUDA_CHECK(cudaEventElapsedTime(&first, start, stop));
+  const int inner = std::clamp(static_cast<int>(2.0 / std::max(first, 1e-4f)), 1, 200);
+  const int rounds = std::clamp(static_cast<int>(300.0 / (std::max(first, 1e-4f) * inner)), 3, 15);
+  std::vector<double> per_call;
+  for (int r = 0; r < rounds; ++r) {
+    DI_CUDA_CHECK(cudaEventRecord(start));
+    for (int i = 0; i < inner; ++i) call();
+    DI_CUDA_CHECK(cudaEventRecord(stop));
+    DI_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    DI_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    per_call.push_back(ms / inner);
+  }
+  DI_CUDA_CHECK(cudaEventDestroy(start));
+  DI_CUDA_CHECK(cudaEventDestroy(stop));
+  rt::synchronize();
+  std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
+  return per_call[per_call.size() / 2];
+}
+
+// ---- HBM read roofline ----------------------------------------------------------------------
+
+__global__ void read_kernel(const uint4* data, size_t count, unsigned* sink) {
+  uint32_t acc = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    const uint4 v = __ldcs(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) atomicAdd(sink, 1u);  // keeps the loads; practically never true
+}
+
+double measure_read_gbps() {
+  constexpr size_t kBytes = size_t{2} << 30;  // far past the L2
+  Tensor buffer = Tensor::empty(DType::kI8, {static_cast<int64_t>(kBytes)}, rt::device_allocator());
+  DI_CUDA_CHECK(cudaMemset(buffer.view().raw_data(), 1, kBytes));
+  Tensor sink = Tensor::empty(DType::kI32, {1}, rt::device_allocator());
+  cudaDeviceProp prop{};
+  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const auto* data = static_cast<const uint4*>(buffer.view().raw_data());
+  auto* counter = static_cast<unsigned*>(sink.view().raw_data());
+  const double ms = time_ms([&] {
+    read_kernel<<<prop.multiProcessorCount * 8, 512>>>(data, kBytes / sizeof(uint4), counter);
+  });
+  return static_cast<double>(kBytes) / (ms * 1e6);
+}
+
+// ---- cases ----------------------------------------------------------------------------------
+
+struct AttentionCase {
+  std::string name;
+  int64_t tokens = 0;
+  Tensor q, window, compressed, sink, range, index, out;
+  double bytes = 0;  // distinct KV rows, q and out
+};
+
+AttentionCase decode_case(int64_t batch) {
+  AttentionCase c;
+  c.name = "decode b" + std::to_string(batch);
+  c.tokens = batch;
+  c.q = device_f32({batch, kHeads, kHeadDim}, 1, 1.0f);
+  c.window = device_f32({batch * kWindow, kHeadDim}, 2, 0.5f);
+  c.compressed = device_f32({batch * kCompressedPerSequence, kHeadDim}, 3, 0.5f);
+  c.sink = device_f32({kHeads}, 4, 2.0f);
+  std::vector<int32_t> ranges, indices;
+  std::mt19937 rng(5);
+  for (int64_t b = 0; b < batch; ++b) {
+    ranges.push_back(static_cast<int32_t>(b * kWindow));
+    ranges.push_back(static_cast<int32_t>((b + 1) * kWindow));
+    // 512 distinct rows of the sequence's 2048, in random order.
+    std::vector<int32_t> rows(kCompressedPerSequence);
+    for (int64_t j = 0; j < kCompressedPerSequence; ++j) {
+      rows[j] = static_cast<int32_t>(b * kCompressedPerSequence + j);
+    }
+    std::shuffle(rows.begin(), rows.end(), rng);
+    indices.insert(indices.end(), rows.begin(), rows.begin() + kSelected);
+  }
+  c.range = device_i32({batch, 2}, ranges);
+  c.index = device_i32({batch, kSelected}, indices);
+  c.out = Tensor::empty(DType::kF32, {batch, kHeads, kHeadDim}, rt::device_allocator());
+  c.bytes = static_cast<double>(batch) * (kWindow + kSelected) * kHeadDim * 4 +
+            2.0 * static_cast<double>(batch) * kHeads * kHeadDim * 4;
+  return c;
+}
+
+AttentionCase prefill_case() {
+  const int64_t tokens = kPrefillTokens;
+  const int64_t compressed_rows = tokens / kCompressRatio;
+  AttentionCase c;
+  c.name = "prefill " + std::to_string(tokens);
+  c.tokens = tokens;
+  c.q = device_f32({tokens, kHeads, kHeadDim}, 11, 1.0f);
+  c.window = device_f32({tokens, kHeadDim}, 12, 0.5f);
+  c.compressed = device_f32({compressed_rows, kHeadDim}, 13, 0.5f);
+  c.sink = device_f32({kHeads}, 14, 2.0f);
+  std::vector<int32_t> ranges, indices;
+  std::mt19937 rng(15);
+  std::vector<int32_t> rows(compressed_rows);
+  for (int64_t t = 0; t < tokens; ++t) {
+    ranges.push_back(static_cast<int32_t>(std::max<int64_t>(0, t + 1 - kWindow)));
+    ranges.push_back(static_cast<int32_t>(t + 1));
+    const int64_t visible = t / kCompressRatio;
+    const int64_t chosen = std::min(kSelected, visible);
+    for (int64_t j = 0; j < visible; ++j) rows[j] = static_cast<int32_t>(j);
+    std::shuffle(rows.begin(), rows.begin() + visible, rng);
+    for (int64_t k = 0; k < kSelected; ++k) indices.push_back(k < chosen ? rows[k] : -1);
+  }
+  c.range = device_i32({tokens, 2}, ranges);
+  c.index = device_i32({tokens, kSelected}, indices);
+  c.out = Tensor::empty(DType::kF32, {tokens, kHeads, kHeadDim}, rt::device_allocator());
+  // Every window row and compressed row is read at least once; q and out once.
+  c.bytes = static_cast<double>(tokens + compressed_rows) * kHeadDim * 4 +
+            2.0 * static_cast<double>(tokens) * kHeads * kHeadDim * 4;
+  return c;
+}
+
+void call(const AttentionCase& c, bool head_groups) {
+  if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
+  ops::cuda::sink_attention(c.q, c.window, c.range, c.compressed, c.index, c.sink,
+                            1.0f / std::sqrt(static_cast<float>(kHeadDim)), c.out);
+  unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+}
+
+// Worst |new - old| over max |old| of the two kernels' outputs.
+double kernels_differ(const AttentionCase& c) {
+  call(c, false);
+  const Tensor old_out = rt::to_host(c.out.view());
+  call(c, true);
+  const Tensor new_out = rt::to_host(c.out.view());
+  rt::synchronize();
+  double scale = 1e-30;
+  double worst = 0;
+  for (int64_t i = 0; i < old_out.numel(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(old_out.data<float>()[i])));
+  }
+  for (int64_t i = 0; i < old_out.numel(); ++i) {
+    const double a = old_out.data<float>()[i];
+    const double b = new_out.data<float>()[i];
+    if (!std::isfinite(a) || !std::isfinite(b)) return INFINITY;
+    worst = std::max(worst, std::abs(a - b) / scale);
+  }
+  return worst;
+}
+
+struct Row {
+  std::string name;
+  double old_ms = 0, new_ms = 0, bytes = 0, difference = 0;
+};
+
+int run(int argc, char** argv) {
+  rt::require_supported_device(0);
+  std::string json_path = "attention_bench.json";
+  if (argc > 1) {
+    json_path = argv[1];
+  } else if (const char* out = std::getenv("OUT")) {
+    json_path = std::string(out) + "/attention_bench.json";
+  }
+  cudaDeviceProp prop{};
+  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double read_gbps = measure_read_gbps();
+  std::printf("attention bench on %s (%d SMs): HBM read %.0f GB/s\n", prop.name,
+              prop.multiProcessorCount, read_gbps);
+  std::printf("%-14s %10s %10s %8s %10s %9s %9s %9s\n", "case", "per-head", "head-grp", "speedup",
+              "MB", "GB/s", "of HBM", "differ");
+  std::vector<Row> rows;
+  std::vector<int64_t> batches = {1, 16, 64, 256};
+  for (size_t i = 0; i <= batches.size(); ++i) {
+    const AttentionCase c = i < batches.size() ? decode_case(batches[i]) : prefill_case();
+    Row row;
+    row.name = c.name;
+    row.bytes = c.bytes;
+    row.difference = kernels_differ(c);
+    row.old_ms = time_ms([&] { call(c, false); });
+    row.new_ms = time_ms([&] { call(c, true); });
+    const double gbps = c.bytes / (row.new_ms * 1e6);
+    std::printf("%-14s %8.3fms %8.3fms %7.2fx %10.1f %9.0f %8.1f%% %9.2g\n", row.name.c_str(),
+                row.old_ms, row.new_ms, row.old_ms / row.new_ms, c.bytes / 1e6, gbps,
+                100.0 * gbps / read_gbps, row.difference);
+    rows.push_back(row);
+  }
+  if (FILE* f = std::fopen(json_path.c_str(), "w")) {
+    std::fprintf(f, "{\"gpu\": \"%s\", \"read_gbps\": %.1f, \"cases\": [", prop.name, read_gbps);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::fprintf(f,
+                   "%s{\"case\": \"%s\", \"per_head_ms\": %.5f, \"head_group_ms\": %.5f, "
+                   "\"bytes\": %.0f, \"kernel_difference\": %.3g}",
+                   i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms, r.bytes, r.difference);
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  // The kernels must agree within the op's tolerance against the reference (1e-5 each way).
+  for (const Row& r : rows) {
+    if (!(r.difference <= 2e-5)) {
+      std::fprintf(stderr, "cuda_attention_bench: %s: kernels differ by %.3g\n", r.name.c_str(),
+                   r.difference);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace deepinfer::bench
+
+int main(int argc, char** argv) {
+  try {
+    return deepinfer::bench::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_attention_bench: %s\n", e.what());
+    return 1;
+  }
+}
