@@ -237,20 +237,23 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
     }
     __syncthreads();  // key_rows written; the last tile's weighted sum is done with `keys`
 
-    // All loads of the tile in flight before the first store.
-    constexpr int kLoadSteps = kGroupKeys * kRowQuads / kGroupThreads;
+    // All loads of the tile in flight before the first store: step s moves rows
+    // [s * kRowsPerLoadStep, +kRowsPerLoadStep), thread tid column tid % kRowQuads of one of them.
+    constexpr int kRowsPerLoadStep = kGroupThreads / kRowQuads;
+    constexpr int kLoadSteps = kGroupKeys / kRowsPerLoadStep;
+    static_assert(kGroupThreads % kRowQuads == 0 && kGroupKeys % kRowsPerLoadStep == 0);
+    const int load_row = tid / kRowQuads;
+    const int load_column = tid % kRowQuads;
     float4 staged[kLoadSteps];
 #pragma unroll
     for (int step = 0; step < kLoadSteps; ++step) {
-      const int i = tid + step * kGroupThreads;
-      const float* row = shared.key_rows[i / kRowQuads];
-      staged[step] = row != nullptr ? reinterpret_cast<const float4*>(row)[i % kRowQuads]
+      const float* row = shared.key_rows[step * kRowsPerLoadStep + load_row];
+      staged[step] = row != nullptr ? reinterpret_cast<const float4*>(row)[load_column]
                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int step = 0; step < kLoadSteps; ++step) {
-      const int i = tid + step * kGroupThreads;
-      shared.keys[i / kRowQuads][i % kRowQuads] = staged[step];
+      shared.keys[step * kRowsPerLoadStep + load_row][load_column] = staged[step];
     }
     __syncthreads();
 
