@@ -15,6 +15,7 @@
 #include "gpu_support.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/linear_fp8_dense.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -402,16 +403,21 @@ TEST_F(MoeGroupedGemmTest, DenseFp8MatchesReference) {
 }
 
 // ops::cuda::linear, the model's op, takes the tensor-core path for FP8 32x32 weights under the
-// released numerics (same bits as calling linear_fp8_mma) and keeps the FMA tile kernel without
+// released numerics (same bits as calling linear_fp8_dense) and keeps the FMA tile kernel without
 // activation quantization (within the reference tolerance either way).
 TEST_F(MoeGroupedGemmTest, ModelLinearUsesTheTensorCoresForReleasedFp8) {
   const Tensor x = random_f32({3, 512}, 101);
   const Tensor w = random_e4m3({64, 512}, 102);
   const Tensor s = random_bytes(DType::kF8E8M0, {2, 16}, 103, 117, 121);
-  const Tensor direct = fp8_case(x, w, s, 0, 3).second;
   Tensor dx = rt::to_device(x.view());
   Tensor dw = rt::to_device(w.view());
   Tensor ds = rt::to_device(s.view());
+  // The op's FP8 path is linear_fp8_dense (K split by the weight's shape, so its last bits are
+  // not linear_fp8_mma's): the op must give exactly the direct call's bits.
+  Tensor direct_out = Tensor::empty(DType::kF32, {3, 64}, rt::device_allocator());
+  cuda::linear_fp8_dense(dx.view(), LinearWeight{dw.view(), ds.view()}, direct_out.view());
+  rt::synchronize();
+  const Tensor direct = rt::to_host(direct_out.view());
   for (ActivationQuant quant : {ActivationQuant::kFp8PerBlock32, ActivationQuant::kNone}) {
     Tensor out = Tensor::empty(DType::kF32, {3, 64}, rt::device_allocator());
     rt::fill_bytes(out.view(), 0xFF);
