@@ -15,7 +15,8 @@ LOGS=$OUT/logs
 mkdir -p "$LOGS"
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  OUT=$LOGS BIN=$BIN "$(dirname "$0")/run_device_tests.sh" || status=1
+  # The kernel tests' sanitizer runs come after the benchmarks (the longest, least urgent part).
+  KERNEL_SANITIZERS=0 OUT=$LOGS BIN=$BIN "$(dirname "$0")/run_device_tests.sh" || status=1
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   lt=$(find /usr/local/cuda*/ /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
@@ -40,6 +41,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     cp "$LOGS/model_bench.json" "$OUT/" 2>/dev/null
     grep -vE "^\[" "$LOGS/model_bench.txt" | tail -n 60
   fi
+fi
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  KERNEL_SANITIZERS=only OUT=$LOGS BIN=$BIN "$(dirname "$0")/run_device_tests.sh" || status=1
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 echo "== run_device_all.sh exit status $status"
