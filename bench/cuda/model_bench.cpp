@@ -254,8 +254,8 @@ std::unique_ptr<RandomModel> make_random_model(const DeepseekV41TextConfig& conf
       case WeightRole::kEngramTable:
         fill.kind = FillKind::kE4m3;
         fill.stddev = static_cast<float>(sigma / scale_value(fp8_scale));
-        // The grouped wo_a runs dense: on a GPU its f32 copy is drawn there (below), so the
-        // host codes it is dequantized from need no drawing.
+        // The grouped wo_a runs dense (bf16, as the loader's own_dense leaves FP8 weights): on a
+        // GPU its copy is drawn there (below), so the host codes it comes from need no drawing.
         if (device.is_cuda() && ends_with(name, "attn.wo_a.weight")) {
           fill.kind = FillKind::kByte;
           fill.byte = 0x38;  // 1.0
@@ -289,7 +289,7 @@ std::unique_ptr<RandomModel> make_random_model(const DeepseekV41TextConfig& conf
   if (device.is_cuda()) {
     for (size_t layer = 0; layer < p.layers.size(); ++layer) {
       ops::LinearWeight& wo_a = p.layers[layer].attn.wo_a;
-      Tensor dense = Tensor::empty(DType::kF32, wo_a.weight.shape(), target);
+      Tensor dense = Tensor::empty(DType::kBF16, wo_a.weight.shape(), target);
       fill_tensor(dense.view(), {FillKind::kNormal, 0.0f, static_cast<float>(sigma)},
                   seed ^ hash_name("wo_a.dense." + std::to_string(layer)));
       model->device_bytes += static_cast<double>(dense.view().nbytes());
@@ -362,7 +362,7 @@ std::unique_ptr<RequestState> filled_state(const DeepseekV41TextConfig& c, int64
 
 // What a step must move and compute, from the config and the released storage formats: the
 // floor an implementation reading the release's compact caches would meet (ours keeps f32
-// caches and runs wo_a dense f32; the "as stored here" figure counts those).
+// caches and runs wo_a dense bf16; the "as stored here" figure counts those).
 class CostModel {
  public:
   explicit CostModel(const DeepseekV41TextConfig& config) : c_(config) {
@@ -390,9 +390,9 @@ class CostModel {
       }
       const size_t layer = static_cast<size_t>(spec.layer);
       layer_bytes_[layer] += bytes;
-      // Here wo_a runs as dense f32 (4 bytes an element, no scale).
+      // Here wo_a runs as dense bf16 (2 bytes an element, no scale).
       if (ends_with(spec.name, "attn.wo_a.weight")) {
-        layer_bytes_here_[layer] += 4.0 * static_cast<double>(spec.element_count());
+        layer_bytes_here_[layer] += 2.0 * static_cast<double>(spec.element_count());
       } else if (!ends_with(spec.name, "attn.wo_a.scale")) {
         layer_bytes_here_[layer] += bytes;
       }

@@ -31,9 +31,22 @@ TensorView ModelParameters::own_f32(const TensorView& view) {
 }
 
 ops::LinearWeight ModelParameters::own_dense(const ops::LinearWeight& weight) {
-  Tensor tensor = Tensor::empty(DType::kF32, {weight.out_features(), weight.in_features()});
-  ops::dequantize_weight(weight, tensor.view());
-  owned.push_back(std::move(tensor));
+  Tensor dense = Tensor::empty(DType::kF32, {weight.out_features(), weight.in_features()});
+  ops::dequantize_weight(weight, dense.view());
+  // An e4m3 value times a power-of-two scale has at most 4 significant bits, so FP8 weights
+  // dequantize exactly into bf16: half the bytes of f32, and the GPU's BF16 tensor-core path.
+  // Kept f32 only if some value would round (not for released FP8 weights).
+  const auto* bits = static_cast<const uint32_t*>(dense.view().raw_data());
+  const int64_t count = dense.numel();
+  bool bf16_exact = true;
+  for (int64_t i = 0; i < count && bf16_exact; ++i) bf16_exact = (bits[i] & 0xFFFFu) == 0;
+  if (bf16_exact) {
+    Tensor narrow = Tensor::empty(DType::kBF16, dense.shape());
+    auto* out = static_cast<uint16_t*>(narrow.view().raw_data());
+    for (int64_t i = 0; i < count; ++i) out[i] = static_cast<uint16_t>(bits[i] >> 16);
+    dense = std::move(narrow);
+  }
+  owned.push_back(std::move(dense));
   return ops::LinearWeight{owned.back().view(), TensorView()};
 }
 

@@ -71,7 +71,8 @@ struct ModelParameters {
 
   // Copies `view` into an owned f32 tensor (converting bf16 / f32) and returns a view of it.
   TensorView own_f32(const TensorView& view);
-  // Dequantizes a linear weight into an owned dense f32 tensor.
+  // Dequantizes a linear weight into an owned dense tensor: bf16 when every value is exact in
+  // bf16 (always for FP8 weights), else f32.
   ops::LinearWeight own_dense(const ops::LinearWeight& weight);
 };
 
