@@ -71,6 +71,28 @@ void launch_moe_fp4_experts(deepinfer::cuda::DeviceRows<const float> x, const in
                             const MoeFp4Tables& tables, float swiglu_limit, void* scratch,
                             deepinfer::cuda::DeviceRows<float> results);
 
+// Where quantize_fp8_rows stores each e4m3 code inside its 32-block, chosen by the GEMM that
+// reads it. Every layout puts the same K position in the same MMA k-slot; they differ in which
+// loads fetch it.
+enum class CodeLayout {
+  // K order (64-bit loads of 8 consecutive K: linear_fp8_mma's and linear_fp8_dense's kernels).
+  kNatural,
+  // Each 8 values as elements 0, 2, 4, 6, 1, 3, 5, 7 (the fp4 kernel's 64-bit loads: 8t..8t+7
+  // gives thread t its even K in b0 and its odd K in b1).
+  kEvenOdd8,
+  // K 8t + 2i at byte 4t + i and K 8t + 2i + 1 at byte 16 + 4t + i: the same k-slots, but b0 and
+  // b1 are then words t of the block's two 16-byte halves, which is what ldmatrix hands thread t
+  // of a quad when the halves are two 8x8 matrices (the fp4 prefill tile).
+  kMmaHalves,
+};
+
+// The released activation quantizer (linear.cu's kFp8PerBlock32) as the FP8 tensor-core GEMMs
+// read it, on the current stream: e4m3 codes [x.rows, x.cols] (each block's in `layout`) and one
+// ue8m0 scale code per 32-block [x.rows, x.cols / 32]; x.cols % 32 == 0. One quantizer for
+// moe_grouped_gemm.cu and linear_fp8_dense.cu, so their codes cannot drift apart.
+void quantize_fp8_rows(deepinfer::cuda::DeviceRows<const float> x, CodeLayout layout,
+                       uint8_t* codes, uint8_t* scale_codes);
+
 // The BF16 tensor-core GEMM of linear_bf16_mma.cu (bf16 weights, f32 activations, no activation
 // quantization): whether it takes this weight and input (its on/off switch, K % 32 == 0,
 // N % 16 == 0, 16-byte aligned rows; never the row count), and its launch. Batch invariant; with

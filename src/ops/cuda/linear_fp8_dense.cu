@@ -18,8 +18,6 @@
 // one slice the bits equal its own. Every kernel here computes each output element as the same
 // sequence (the same MMAs, the same scaled additions per slice, 0 + P_0 + P_1 + ...), which keeps
 // batch invariance when the launch changes with the row count.
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -63,25 +61,6 @@ struct DenseArgs {
   int64_t k;
   int slices;  // S: K slices of k / 32 / S blocks each
 };
-
-// The released activation quantizer in K order (moe_grouped_gemm.cu's quantize_rows_kernel with
-// CodeLayout::kNatural, which is in that file's anonymous namespace): e4m3 codes and the ue8m0
-// scale code per 32-block; one warp per block, one value per lane.
-__global__ void quantize_codes_kernel(DeviceRows<const float> x, uint8_t* codes,
-                                      uint8_t* scale_codes, int64_t blocks_per_row) {
-  const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (block >= x.rows * blocks_per_row) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t row = block / blocks_per_row;
-  const int64_t k = (block % blocks_per_row) * kBlockK + lane;
-  const float value = x.row(row)[k];
-  const float scale = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
-  const float quantized =
-      deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale, -448.0f), 448.0f));
-  codes[row * x.cols + k] =
-      static_cast<uint8_t>(__nv_cvt_float_to_fp8(quantized, __NV_SATFINITE, __NV_E4M3));
-  if (lane == 0) scale_codes[block] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
-}
 
 // d = A (16 weight rows x 32 K) . B (32 K x 8 tokens), from a zero accumulator. Not volatile:
 // the compiler may interleave independent MMAs with their scaling (same instruction, same bits).
@@ -564,10 +543,8 @@ void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const Ten
   const int64_t k_blocks = k / kBlockK;
   StreamBuffer codes(static_cast<size_t>(in.rows * k));
   StreamBuffer scales(static_cast<size_t>(in.rows * k_blocks));
-  constexpr int kQuantThreads = 256;
-  quantize_codes_kernel<<<blocks_for(in.rows * k, kQuantThreads), kQuantThreads, 0, stream>>>(
-      in, codes.as<uint8_t>(), scales.as<uint8_t>(), k_blocks);
-  DI_CUDA_LAUNCHED(quantize_codes_kernel);
+  // The released activation quantizer in K order (the tile's and the decode kernels' loads).
+  quantize_fp8_rows(in, CodeLayout::kNatural, codes.as<uint8_t>(), scales.as<uint8_t>());
 
   DenseArgs args{};
   args.x_codes = codes.as<uint8_t>();

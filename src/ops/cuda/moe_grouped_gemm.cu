@@ -61,20 +61,7 @@ __device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, ui
 
 // The released activation quantizer (linear.cu's kFp8PerBlock32) stored as e4m3 bytes and a
 // ue8m0 scale code per block (the scale is a power of two): one warp per 32-block, one value
-// per lane.
-// Where the quantizer stores each activation inside its 32-block, chosen by the GEMM that reads
-// it. Every layout puts the same K position in the same MMA k-slot; they differ in which loads
-// fetch it.
-enum class CodeLayout {
-  kNatural,  // K order (the fp8-weight kernel's 64-bit loads of 8 consecutive K)
-  // Each 8 values as elements 0, 2, 4, 6, 1, 3, 5, 7 (the fp4 kernel's 64-bit loads: 8t..8t+7
-  // gives thread t its even K in b0 and its odd K in b1).
-  kEvenOdd8,
-  // K 8t + 2i at byte 4t + i and K 8t + 2i + 1 at byte 16 + 4t + i: the same k-slots, but b0 and
-  // b1 are then words t of the block's two 16-byte halves, which is what ldmatrix hands thread t
-  // of a quad when the halves are two 8x8 matrices (the prefill tile).
-  kMmaHalves,
-};
+// per lane. CodeLayout (linear.cuh) says where each code goes inside its block.
 
 // Quantizes one activation (lane `lane` of a warp that holds the whole 32-block `block` of row
 // `row`) and stores its e4m3 code where kLayout puts it, and lane 0 the block's ue8m0 scale code.
@@ -840,28 +827,6 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
   DI_CUDA_LAUNCHED(mma_gemm_kernel);
 }
 
-void quantize_rows(const DeviceRows<const float>& in, CodeLayout layout, int64_t blocks_per_row,
-                   uint8_t* codes, uint8_t* scales) {
-  constexpr int kQuantThreads = 256;
-  const auto stream = current_stream();
-  const unsigned quant_blocks = blocks_for(in.rows * in.cols, kQuantThreads);
-  switch (layout) {
-    case CodeLayout::kNatural:
-      quantize_rows_kernel<CodeLayout::kNatural>
-          <<<quant_blocks, kQuantThreads, 0, stream>>>(in, codes, scales, blocks_per_row);
-      break;
-    case CodeLayout::kMmaHalves:
-      quantize_rows_kernel<CodeLayout::kMmaHalves>
-          <<<quant_blocks, kQuantThreads, 0, stream>>>(in, codes, scales, blocks_per_row);
-      break;
-    case CodeLayout::kEvenOdd8:
-      quantize_rows_kernel<CodeLayout::kEvenOdd8>
-          <<<quant_blocks, kQuantThreads, 0, stream>>>(in, codes, scales, blocks_per_row);
-      break;
-  }
-  DI_CUDA_LAUNCHED(quantize_rows_kernel);
-}
-
 // Quantizes x's rows (released activation numerics) and runs the kernel over `groups` groups
 // of weight rows; args carries the weight side, n and k.
 template <bool kFp8Weight>
@@ -873,7 +838,7 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   const int64_t blocks_per_row = args.k / kScaleBlock;
   StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
   StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
-  quantize_rows(in, choice.layout, blocks_per_row, codes.as<uint8_t>(), scales.as<uint8_t>());
+  quantize_fp8_rows(in, choice.layout, codes.as<uint8_t>(), scales.as<uint8_t>());
   args.x_codes = codes.as<uint8_t>();
   args.x_scales = scales.as<uint8_t>();
   args.out = o.data;
@@ -932,6 +897,30 @@ bool aligned_to(const void* pointer, uintptr_t bytes) {
 }
 
 }  // namespace
+
+void quantize_fp8_rows(DeviceRows<const float> x, CodeLayout layout, uint8_t* codes,
+                       uint8_t* scale_codes) {
+  DI_CHECK(x.cols % kScaleBlock == 0, "quantize_fp8_rows: ", x.cols, " columns are not 32-blocks");
+  constexpr int kQuantThreads = 256;
+  const auto stream = current_stream();
+  const int64_t blocks_per_row = x.cols / kScaleBlock;
+  const unsigned quant_blocks = blocks_for(x.rows * x.cols, kQuantThreads);
+  switch (layout) {
+    case CodeLayout::kNatural:
+      quantize_rows_kernel<CodeLayout::kNatural>
+          <<<quant_blocks, kQuantThreads, 0, stream>>>(x, codes, scale_codes, blocks_per_row);
+      break;
+    case CodeLayout::kMmaHalves:
+      quantize_rows_kernel<CodeLayout::kMmaHalves>
+          <<<quant_blocks, kQuantThreads, 0, stream>>>(x, codes, scale_codes, blocks_per_row);
+      break;
+    case CodeLayout::kEvenOdd8:
+      quantize_rows_kernel<CodeLayout::kEvenOdd8>
+          <<<quant_blocks, kQuantThreads, 0, stream>>>(x, codes, scale_codes, blocks_per_row);
+      break;
+  }
+  DI_CUDA_LAUNCHED(quantize_rows_kernel);
+}
 
 bool grouped_fp4_supports(const DeviceWeight& w) {
   // The prefill tile copies weight rows in 16-byte pieces; the other kernel loads scales 8 at a
