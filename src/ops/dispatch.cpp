@@ -72,6 +72,16 @@ void sink_attention(const TensorView& q, const TensorView& window_kv,
                                 scale, out));
 }
 
+void sink_attention_batch(const TensorView& q, const TensorView& new_kv,
+                          std::span<const AttentionRequest> requests, int64_t window,
+                          const TensorView& sink, float scale, const TensorView& out) {
+  DI_DISPATCH(q, sink_attention_batch(q, new_kv, requests, window, sink, scale, out));
+}
+
+void write_window_rings(const TensorView& new_kv, std::span<const AttentionRequest> requests) {
+  DI_DISPATCH(new_kv, write_window_rings(new_kv, requests));
+}
+
 void compress_pool(const TensorView& kv, const TensorView& gate, int ratio, const TensorView& out) {
   DI_DISPATCH(kv, compress_pool(kv, gate, ratio, out));
 }

@@ -112,6 +112,32 @@ void sink_attention(const TensorView& q, const TensorView& window_kv,
                     const TensorView& compressed_idx, const TensorView& sink, float scale,
                     const TensorView& out);
 
+// One request's share of a batched attention call (sink_attention_batch, write_window_rings).
+// Its tokens are rows [offset, offset + count) of the call, at positions [start, start + count).
+struct AttentionRequest {
+  TensorView window_ring;    // [capacity, Dh]: position p's K=V row at slot p % capacity
+  TensorView compressed_kv;  // [Nc, Dh]; may be empty when `selected` is
+  TensorView selected;       // i32 [count, k]: compressed rows per token (< 0 skipped); may be
+                             // empty: no compressed keys
+  int64_t offset = 0;
+  int64_t count = 0;
+  int64_t start = 0;
+};
+
+// sink_attention for the tokens of every request of a step in one call. Token t of a request,
+// at position p, attends the window positions [max(0, p - window + 1), p] in order, then its
+// selected compressed rows in order: positions before the request's `start` come from its
+// ring (which must hold them: capacity >= window - 1), later ones from new_kv [T, Dh] (this
+// call's rows, not yet in the ring). Same keys in the same order as sink_attention over the
+// gathered window rows, so the same output bit for bit. The requests' rows must tile [0, T).
+void sink_attention_batch(const TensorView& q, const TensorView& new_kv,
+                          std::span<const AttentionRequest> requests, int64_t window,
+                          const TensorView& sink, float scale, const TensorView& out);
+
+// Writes each request's new rows new_kv [T, Dh] into its window ring at slot position %
+// capacity (only the last `capacity` positions of a request longer than its ring).
+void write_window_rings(const TensorView& new_kv, std::span<const AttentionRequest> requests);
+
 // ---- compressed branch ------------------------------------------------------------------------
 
 // Softmax-gated pooling of `ratio` consecutive rows: out[g, c] = sum_j kv[g*r+j, c] *

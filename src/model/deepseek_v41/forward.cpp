@@ -45,11 +45,10 @@ struct ForwardWorkspace {
   Scratch qr, q, kv, attn_out, grouped;
   Scratch comp_kv, comp_gate, gathered_kv, gathered_gate, latent;
   Scratch index_q, index_w, scores;
-  Scratch window_rows;
   Scratch moe_gate, moe_up, shared_out, route_weights, route_experts;
   Scratch engram_rows, engram_kv;
   Scratch head_rows, logits;
-  // The step's metadata (engram ids, window ranges, visible counts), built on the host in
+  // The step's metadata (engram ids, positions, visible counts), built on the host in
   // `staging` and uploaded once per step into `metadata` (on the host it is used in place).
   std::vector<int64_t> staging;
   Scratch metadata;
@@ -57,6 +56,8 @@ struct ForwardWorkspace {
   // Per request, per forward: the latest index source's selection and the candidate mask.
   std::vector<Scratch> selection, candidates;
   std::vector<TensorView> selection_view, candidates_view;
+  // Per request, refilled per layer: what the batched attention reads and writes.
+  std::vector<ops::AttentionRequest> attention_requests;
 };
 
 namespace {
@@ -181,9 +182,8 @@ class ForwardPass {
   const ops::ActivationQuant quant_;
   const Model::LayerObserver& observer_;
   // Views of the uploaded metadata.
-  TensorView engram_ids_;     // i64 [engram layers, N, columns]
-  TensorView window_ranges_;  // i32 [N, 2], relative to each request's first window row
-  TensorView positions_;      // i32 [N]
+  TensorView engram_ids_;                                // i64 [engram layers, N, columns]
+  TensorView positions_;                                 // i32 [N]
   std::vector<std::pair<int64_t, TensorView>> visible_;  // per index-source ratio: i32 [N]
   // Per KV-source ratio > 1: the positions of the groups each request completes in this call
   // (a group's latent stands for its first token), request after request, and each request's
@@ -222,9 +222,9 @@ void ForwardPass::prepare_metadata() {
       group_positions_.push_back(std::move(groups));
     }
   }
-  // i32 layout: window ranges [N, 2], positions [N], visible [N] per index ratio, then the
-  // group positions of each KV ratio.
-  int64_t i32_count = n_ * 3 + n_ * static_cast<int64_t>(ratios.size());
+  // i32 layout: positions [N], visible [N] per index ratio, then the group positions of each KV
+  // ratio.
+  int64_t i32_count = n_ + n_ * static_cast<int64_t>(ratios.size());
   std::vector<int64_t> group_starts;
   for (const GroupPositions& groups : group_positions_) {
     group_starts.push_back(i32_count);
@@ -236,19 +236,9 @@ void ForwardPass::prepare_metadata() {
   int64_t* host_ids = ws_.staging.data();
   auto* host_i32 = reinterpret_cast<int32_t*>(ws_.staging.data() + engram_words);
   if (engram_ != nullptr) engram_hashes(host_ids);
-  const int64_t window = c_.sliding_window;
-  for (const RequestSpan& span : spans_) {
-    const int64_t base = std::max<int64_t>(0, span.start - (window - 1));
-    for (int64_t t = 0; t < span.count; ++t) {
-      const int64_t position = span.start + t;
-      int32_t* range = host_i32 + 2 * (span.offset + t);
-      range[0] = static_cast<int32_t>(std::max<int64_t>(0, position - window + 1) - base);
-      range[1] = static_cast<int32_t>(position + 1 - base);
-    }
-  }
-  std::copy_n(ws_.positions.data(), n_, host_i32 + n_ * 2);
+  std::copy_n(ws_.positions.data(), n_, host_i32);
   for (size_t i = 0; i < ratios.size(); ++i) {
-    int32_t* visible = host_i32 + n_ * 3 + n_ * static_cast<int64_t>(i);
+    int32_t* visible = host_i32 + n_ + n_ * static_cast<int64_t>(i);
     for (int64_t t = 0; t < n_; ++t) {
       visible[t] = static_cast<int32_t>((ws_.positions[static_cast<size_t>(t)] + 1) / ratios[i]);
     }
@@ -276,13 +266,12 @@ void ForwardPass::prepare_metadata() {
     engram_ids_ = TensorView::contiguous(base_i64, DType::kI64,
                                          {engram_->layers(), n_, engram_->columns()}, device);
   }
-  window_ranges_ = TensorView::contiguous(base_i32, DType::kI32, {n_, 2}, device);
-  positions_ = TensorView::contiguous(base_i32 + n_ * 2, DType::kI32, {n_}, device);
+  positions_ = TensorView::contiguous(base_i32, DType::kI32, {n_}, device);
   visible_.clear();
   for (size_t i = 0; i < ratios.size(); ++i) {
-    visible_.emplace_back(ratios[i],
-                          TensorView::contiguous(base_i32 + n_ * 3 + n_ * static_cast<int64_t>(i),
-                                                 DType::kI32, {n_}, device));
+    visible_.emplace_back(
+        ratios[i], TensorView::contiguous(base_i32 + n_ + n_ * static_cast<int64_t>(i), DType::kI32,
+                                          {n_}, device));
   }
   for (size_t g = 0; g < group_positions_.size(); ++g) {
     group_positions_[g].positions = TensorView::contiguous(
@@ -445,37 +434,31 @@ void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView
              ", which scores another source's keys; such schedules are not supported");
   }
 
-  // Attention per request over [window rows] + [selected compressed rows].
+  // Attention of every request in one call over [window positions] + [selected compressed
+  // rows]: window positions before a request's first new token come from its ring, the rest
+  // from this call's kv rows.
   const TensorView attn_view = f32(ws_.attn_out, {n_, heads, head_dim});
-  const int64_t window = c_.sliding_window;
+  std::vector<ops::AttentionRequest>& requests = ws_.attention_requests;
+  requests.resize(spans_.size());
   for (size_t r = 0; r < spans_.size(); ++r) {
     const RequestSpan& span = spans_[r];
-    const int64_t base = std::max<int64_t>(0, span.start - (window - 1));
-    const int64_t rows = span.end() - base;
-    const TensorView window_rows = f32(ws_.window_rows, {rows, head_dim});
-    read_ring(span.state->window(layer), base, window_rows.narrow(0, 0, span.start - base));
-    ops::copy(kv_view.narrow(0, span.offset, span.count),
-              window_rows.narrow(0, span.start - base, span.count));
-    TensorView compressed_rows;
-    TensorView selected;
+    ops::AttentionRequest& request = requests[r];
+    request = ops::AttentionRequest{};
+    request.window_ring = span.state->window(layer);
+    request.offset = span.offset;
+    request.count = span.count;
+    request.start = span.start;
     if (index_source >= 0 && ws_.selection_view[r].numel() > 0) {
       const int64_t groups = span.end() / c_.compress_ratio(kv_source);
-      compressed_rows = span.state->compressed_kv(kv_source).narrow(0, 0, groups);
-      selected = ws_.selection_view[r];
+      request.compressed_kv = span.state->compressed_kv(kv_source).narrow(0, 0, groups);
+      request.selected = ws_.selection_view[r];
     }
-    ops::sink_attention(q_view.narrow(0, span.offset, span.count), window_rows,
-                        window_ranges_.narrow(0, span.offset, span.count), compressed_rows,
-                        selected, ap.attn_sink, 1.0f / std::sqrt(static_cast<float>(head_dim)),
-                        attn_view.narrow(0, span.offset, span.count));
   }
+  ops::sink_attention_batch(q_view, kv_view, requests, c_.sliding_window, ap.attn_sink,
+                            1.0f / std::sqrt(static_cast<float>(head_dim)), attn_view);
   // Only now the new window rows go into the rings (earlier queries of a long chunk needed the
   // rows the ring would have overwritten).
-  for (const RequestSpan& span : spans_) {
-    const TensorView& ring = span.state->window(layer);
-    const int64_t first = std::max(span.start, span.end() - ring.size(0));
-    write_ring(kv_view.narrow(0, span.offset + first - span.start, span.end() - first), ring,
-               first);
-  }
+  ops::write_window_rings(kv_view, requests);
 
   // Remove the query's rotation from the output, then the grouped low-rank projection.
   ops::rope(attn_view, all_positions, rope, true);

@@ -8,9 +8,18 @@
 //  - the per-head kernel (every other shape): one block per (token, head), a warp per key.
 // Which one runs depends on the shapes and alignment only, never on the token count, and each
 // token's arithmetic is fixed by its own inputs (batch invariant).
+// Both kernels serve both forms of the op: sink_attention (one window matrix, per-token ranges)
+// and sink_attention_batch (every request of a step: each token's window read from its
+// request's ring and this call's new rows, through a per-request table uploaded per call).
+// Thread 0 of a block resolves where its token's keys are (TokenKeys) into shared memory, so
+// the inner loops only change in how a key slot becomes a row pointer.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -25,12 +34,39 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kMaxHeadDim = 1024;
 constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
 
+// false: sink_attention_batch and write_window_rings loop over the requests on the host, each
+// gathering its window rows with copies and calling the single-matrix form (the forward's path
+// before the batched op). DEEPINFER_ATTENTION_BATCHED=0 does the same at run time.
+constexpr bool kUseBatchedAttention = true;
+
+// One request of a batched call, as the kernels read it (no padding: 8-byte fields only).
+struct DeviceRequest {
+  float* ring;  // [capacity, Dh]: position p at slot p % capacity
+  int64_t ring_stride;
+  int64_t ring_capacity;
+  const float* compressed;
+  int64_t compressed_stride;
+  int64_t compressed_rows;
+  const int32_t* selected;  // [count, k]; nullptr: no compressed keys
+  int64_t selected_stride;
+  int64_t selected_cols;
+  int64_t offset;
+  int64_t count;
+  int64_t start;
+};
+
 struct AttentionArgs {
   DeviceRows<const float> q;  // [T, H*Dh]
+  // The single-matrix form (requests == nullptr).
   DeviceRows<const float> window;
   DeviceRows<const int32_t> ranges;
   DeviceRows<const float> compressed;
   DeviceRows<const int32_t> selected;  // rows == 0: no compressed keys
+  // The batched form.
+  const DeviceRequest* requests;
+  const int32_t* token_request;   // [T]
+  DeviceRows<const float> fresh;  // [T, Dh]: this call's new K=V rows
+  int64_t window_size;
   const float* sinks;
   float scale;
   int64_t heads;
@@ -39,28 +75,113 @@ struct AttentionArgs {
   int* error;
 };
 
+// Where one token's keys are. Window slot s is position first + s: before ring_end it is the
+// ring's slot position % capacity, from ring_end on the row of this call's rows `fresh` (the
+// row of position ring_end, rows consecutive). The single-matrix form is a ring that holds all
+// of its window (first = lo, ring_end = hi, capacity = its rows). Then the selected compressed
+// rows. Lives in shared memory: no initializers.
+struct TokenKeys {
+  const float* ring;
+  int64_t ring_stride;
+  int64_t capacity;
+  int64_t first;
+  int64_t ring_end;
+  const float* fresh;
+  int64_t fresh_stride;
+  int64_t window_count;
+  const int32_t* selected;  // nullptr: no compressed keys
+  int64_t selected_cols;
+  const float* compressed;
+  int64_t compressed_stride;
+  int64_t compressed_rows;
+  int bad_range;
+
+  __device__ int64_t total() const {
+    return window_count + (selected != nullptr ? selected_cols : 0);
+  }
+  __device__ const float* window_row(int64_t slot) const {
+    const int64_t position = first + slot;
+    return position < ring_end ? ring + (position % capacity) * ring_stride
+                               : fresh + (position - ring_end) * fresh_stride;
+  }
+  // Selected entry `index`: nullptr when skipped (< 0) or past the rows (recorded).
+  __device__ const float* compressed_row(int64_t index, int* error) const {
+    const int32_t j = selected[index];
+    if (j >= compressed_rows) {
+      deepinfer::cuda::record_error(error, deepinfer::cuda::kCompressedIndexOutOfBounds);
+      return nullptr;
+    }
+    return j >= 0 ? compressed + j * compressed_stride : nullptr;
+  }
+};
+
+// Run by one thread per block: token t's keys, a bad range recorded (no window keys, NaN out).
+__device__ void resolve_token_keys(const AttentionArgs& args, int64_t t, TokenKeys& keys) {
+  if (args.requests == nullptr) {
+    int32_t lo = args.ranges.row(t)[0];
+    int32_t hi = args.ranges.row(t)[1];
+    keys.bad_range = lo < 0 || hi > args.window.rows || lo > hi;
+    if (keys.bad_range) {
+      deepinfer::cuda::record_error(args.error, deepinfer::cuda::kWindowRangeOutOfBounds);
+      lo = hi = 0;
+    }
+    keys.ring = args.window.data;
+    keys.ring_stride = args.window.stride;
+    keys.capacity = args.window.rows > 0 ? args.window.rows : 1;
+    keys.first = lo;
+    keys.ring_end = hi;
+    keys.fresh = nullptr;
+    keys.fresh_stride = 0;
+    keys.window_count = hi - lo;
+    const bool has_selected = args.selected.rows > 0 && args.selected.cols > 0;
+    keys.selected = has_selected ? args.selected.row(t) : nullptr;
+    keys.selected_cols = has_selected ? args.selected.cols : 0;
+    keys.compressed = args.compressed.data;
+    keys.compressed_stride = args.compressed.stride;
+    keys.compressed_rows = args.compressed.rows;
+    return;
+  }
+  const DeviceRequest& request = args.requests[args.token_request[t]];
+  const int64_t position = request.start + t - request.offset;
+  const int64_t first = position - args.window_size + 1 > 0 ? position - args.window_size + 1 : 0;
+  // The host checked the table; a ring too short for the window is still caught here.
+  keys.bad_range = request.start - first > request.ring_capacity;
+  if (keys.bad_range) {
+    deepinfer::cuda::record_error(args.error, deepinfer::cuda::kWindowRangeOutOfBounds);
+  }
+  keys.ring = request.ring;
+  keys.ring_stride = request.ring_stride;
+  keys.capacity = request.ring_capacity > 0 ? request.ring_capacity : 1;
+  keys.first = first;
+  keys.ring_end = request.start;
+  keys.fresh = args.fresh.row(request.offset);
+  keys.fresh_stride = args.fresh.stride;
+  keys.window_count = keys.bad_range ? 0 : position - first + 1;
+  const bool has_selected = request.selected != nullptr && request.selected_cols > 0;
+  keys.selected =
+      has_selected ? request.selected + (t - request.offset) * request.selected_stride : nullptr;
+  keys.selected_cols = has_selected ? request.selected_cols : 0;
+  keys.compressed = request.compressed;
+  keys.compressed_stride = request.compressed_stride;
+  keys.compressed_rows = request.compressed_rows;
+}
+
 __global__ void __launch_bounds__(kThreads) sink_attention_kernel(AttentionArgs args) {
   extern __shared__ float query[];  // head_dim floats
   __shared__ float chunk_scores[kWarps];
   __shared__ const float* chunk_keys[kWarps];
+  __shared__ TokenKeys keys;
   const int64_t t = blockIdx.x / args.heads;
   const int64_t h = blockIdx.x % args.heads;
   const int64_t dim = args.head_dim;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   for (int64_t d = threadIdx.x; d < dim; d += kThreads) query[d] = args.q.row(t)[h * dim + d];
-
-  int32_t lo = args.ranges.row(t)[0];
-  int32_t hi = args.ranges.row(t)[1];
-  bool bad_range = lo < 0 || hi > args.window.rows || lo > hi;
-  if (bad_range) {
-    if (threadIdx.x == 0)
-      deepinfer::cuda::record_error(args.error, deepinfer::cuda::kWindowRangeOutOfBounds);
-    lo = hi = 0;
-  }
-  const int64_t window_count = hi - lo;
-  const int64_t total = window_count + args.selected.cols * (args.selected.rows > 0);
+  if (threadIdx.x == 0) resolve_token_keys(args, t, keys);
   __syncthreads();
+  const bool bad_range = keys.bad_range != 0;
+  const int64_t window_count = keys.window_count;
+  const int64_t total = keys.total();
 
   float acc[kDimsPerThread];
 #pragma unroll
@@ -72,16 +193,9 @@ __global__ void __launch_bounds__(kThreads) sink_attention_kernel(AttentionArgs 
     const int64_t slot = chunk + warp;
     const float* key = nullptr;
     if (slot < window_count) {
-      key = args.window.row(lo + slot);
+      key = keys.window_row(slot);
     } else if (slot < total) {
-      const int32_t j = args.selected.row(t)[slot - window_count];
-      if (j >= args.compressed.rows) {
-        if (lane == 0) {
-          deepinfer::cuda::record_error(args.error, deepinfer::cuda::kCompressedIndexOutOfBounds);
-        }
-      } else if (j >= 0) {
-        key = args.compressed.row(j);
-      }
+      key = keys.compressed_row(slot - window_count, args.error);
     }
     float score = -INFINITY;
     if (key != nullptr) {
@@ -164,6 +278,7 @@ struct GroupShared {
   float denominator[kGroupHeads];
   float rescale[kGroupHeads];  // exp(previous max - new max) of the last tile
   const float* key_rows[kGroupKeys];
+  TokenKeys token_keys;
 };
 constexpr size_t kGroupSharedBytes = sizeof(GroupShared);
 
@@ -201,17 +316,11 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
     shared.running_max[tid] = args.sinks[first_head + tid];
     shared.denominator[tid] = 1.0f;  // exp(sink - running_max)
   }
-
-  int32_t lo = args.ranges.row(t)[0];
-  int32_t hi = args.ranges.row(t)[1];
-  const bool bad_range = lo < 0 || hi > args.window.rows || lo > hi;
-  if (bad_range) {
-    if (tid == 0)
-      deepinfer::cuda::record_error(args.error, deepinfer::cuda::kWindowRangeOutOfBounds);
-    lo = hi = 0;
-  }
-  const int64_t window_count = hi - lo;
-  const int64_t total = window_count + args.selected.cols * (args.selected.rows > 0);
+  if (tid == 0) resolve_token_keys(args, t, shared.token_keys);
+  __syncthreads();  // token_keys written
+  const bool bad_range = shared.token_keys.bad_range != 0;
+  const int64_t window_count = shared.token_keys.window_count;
+  const int64_t total = shared.token_keys.total();
 
   float2 acc[kGroupHeads];
 #pragma unroll
@@ -224,14 +333,9 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
       const int64_t slot = tile + tid;
       const float* key = nullptr;
       if (slot < window_count) {
-        key = args.window.row(lo + slot);
+        key = shared.token_keys.window_row(slot);
       } else if (slot < total) {
-        const int32_t j = args.selected.row(t)[slot - window_count];
-        if (j >= args.compressed.rows) {
-          deepinfer::cuda::record_error(args.error, deepinfer::cuda::kCompressedIndexOutOfBounds);
-        } else if (j >= 0) {
-          key = args.compressed.row(j);
-        }
+        key = shared.token_keys.compressed_row(slot - window_count, args.error);
       }
       shared.key_rows[tid] = key;
     }
@@ -358,55 +462,44 @@ bool aligned_rows(const void* data, int64_t stride_elements) {
   return reinterpret_cast<uintptr_t>(data) % 16 == 0 && stride_elements % 4 == 0;
 }
 
-// The head-group kernel's shapes and alignment; DEEPINFER_ATTENTION_HEAD_GROUPS=0 turns it off
-// (read at every call, so one process can time both kernels).
-bool head_group_kernel_fits(const AttentionArgs& args) {
-  if (!kUseHeadGroupKernel) return false;
-  const char* setting = std::getenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
-  if (setting != nullptr && std::string_view(setting) == "0") return false;
-  return args.head_dim == kGroupHeadDim && args.heads % kGroupHeads == 0 &&
-         aligned_rows(args.q.data, args.q.stride) && aligned_rows(args.out.data, args.out.stride) &&
-         (args.window.rows == 0 || aligned_rows(args.window.data, args.window.stride)) &&
-         (args.compressed.rows == 0 || aligned_rows(args.compressed.data, args.compressed.stride));
+bool setting_off(const char* name) {
+  const char* setting = std::getenv(name);
+  return setting != nullptr && std::string_view(setting) == "0";
 }
 
-}  // namespace
+// The head-group kernel's shapes and alignment (`key_rows_aligned`: every key row the call can
+// read); DEEPINFER_ATTENTION_HEAD_GROUPS=0 turns it off (read at every call, so one process can
+// time both kernels).
+bool head_group_kernel_fits(const AttentionArgs& args, bool key_rows_aligned) {
+  if (!kUseHeadGroupKernel || setting_off("DEEPINFER_ATTENTION_HEAD_GROUPS")) return false;
+  return args.head_dim == kGroupHeadDim && args.heads % kGroupHeads == 0 &&
+         aligned_rows(args.q.data, args.q.stride) && aligned_rows(args.out.data, args.out.stride) &&
+         key_rows_aligned;
+}
 
-void sink_attention(const TensorView& q, const TensorView& window_kv,
-                    const TensorView& window_range, const TensorView& compressed_kv,
-                    const TensorView& compressed_idx, const TensorView& sink, float scale,
-                    const TensorView& out) {
+// The checks and fields both forms share: q, out, sink, scale, error word.
+AttentionArgs common_args(const TensorView& q, const TensorView& sink, float scale,
+                          const TensorView& out) {
   DI_CHECK(q.rank() == 3, "attention q must be [T, H, Dh]: ", q.to_string());
   AttentionArgs args{};
-  const int64_t tokens = q.size(0);
   args.heads = q.size(1);
   args.head_dim = q.size(2);
   DI_CHECK(args.head_dim <= kMaxHeadDim, "attention head_dim ", args.head_dim, " exceeds ",
            kMaxHeadDim);
   args.q = deepinfer::cuda::device_rows<const float>(q, "attention q");
   args.out = deepinfer::cuda::device_rows<float>(out, "attention output");
-  args.window = deepinfer::cuda::device_rows<const float>(window_kv, "window kv");
-  args.ranges = deepinfer::cuda::device_rows<const int32_t>(window_range, "window range");
   args.sinks = deepinfer::cuda::device_flat<const float>(sink, "attention sink");
-  DI_CHECK(args.out.rows == tokens && args.out.cols == args.heads * args.head_dim,
+  DI_CHECK(args.out.rows == q.size(0) && args.out.cols == args.heads * args.head_dim,
            "attention output ", out.to_string());
-  DI_CHECK(args.window.rows == 0 || args.window.cols == args.head_dim, "window kv ",
-           window_kv.to_string());
-  DI_CHECK(args.ranges.rows == tokens && args.ranges.cols == 2, "window range ",
-           window_range.to_string());
   DI_CHECK(sink.numel() == args.heads, "attention sink ", sink.to_string());
-  if (compressed_idx.numel() > 0) {
-    args.compressed = deepinfer::cuda::device_rows<const float>(compressed_kv, "compressed kv");
-    args.selected =
-        deepinfer::cuda::device_rows<const int32_t>(compressed_idx, "compressed indices");
-    DI_CHECK(args.selected.rows == tokens, "compressed indices ", compressed_idx.to_string());
-    DI_CHECK(args.compressed.rows == 0 || args.compressed.cols == args.head_dim, "compressed kv ",
-             compressed_kv.to_string());
-  }
   args.scale = scale;
   args.error = deepinfer::cuda::kernel_error_word();
+  return args;
+}
+
+void launch_attention(const AttentionArgs& args, int64_t tokens, bool key_rows_aligned) {
   if (tokens * args.heads == 0) return;
-  if (head_group_kernel_fits(args)) {
+  if (head_group_kernel_fits(args, key_rows_aligned)) {
     static const bool configured = [] {
       DI_CUDA_CHECK(cudaFuncSetAttribute(sink_attention_head_group_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -421,10 +514,259 @@ void sink_attention(const TensorView& q, const TensorView& window_kv,
     DI_CUDA_LAUNCHED(sink_attention_head_group_kernel);
     return;
   }
+  DI_CHECK(tokens * args.heads <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
   sink_attention_kernel<<<static_cast<unsigned>(tokens * args.heads), kThreads,
                           static_cast<size_t>(args.head_dim) * sizeof(float),
                           deepinfer::cuda::current_stream()>>>(args);
   DI_CUDA_LAUNCHED(sink_attention_kernel);
+}
+
+bool batched_path_on() {
+  return kUseBatchedAttention && !setting_off("DEEPINFER_ATTENTION_BATCHED");
+}
+
+// Calls fn(slot, row, length) for the runs of ring slots holding positions [first, first +
+// count) of a ring of `capacity` rows: at most two runs.
+template <typename Fn>
+void for_each_ring_run(int64_t capacity, int64_t first, int64_t count, Fn&& fn) {
+  int64_t row = 0;
+  while (row < count) {
+    const int64_t slot = (first + row) % capacity;
+    const int64_t length = std::min(count - row, capacity - slot);
+    fn(slot, row, length);
+    row += length;
+  }
+}
+
+// The per-request path (kUseBatchedAttention off): each request's window rows gathered into
+// one matrix with copies, then the single-matrix form on its tokens.
+void attention_per_request(const TensorView& q, const TensorView& new_kv,
+                           std::span<const AttentionRequest> requests, int64_t window,
+                           const TensorView& sink, float scale, const TensorView& out) {
+  const int64_t head_dim = q.size(2);
+  for (const AttentionRequest& request : requests) {
+    if (request.count == 0) continue;
+    const int64_t base = std::max<int64_t>(0, request.start - (window - 1));
+    const int64_t rows = request.start + request.count - base;
+    deepinfer::cuda::StreamBuffer rows_buffer(static_cast<size_t>(rows * head_dim) * sizeof(float));
+    const TensorView window_rows =
+        TensorView::contiguous(rows_buffer.as<float>(), DType::kF32, {rows, head_dim}, q.device());
+    if (request.start > base) {
+      const TensorView& ring = request.window_ring;
+      DI_CHECK(ring.rank() == 2 && ring.size(0) >= request.start - base, "window ring ",
+               ring.to_string(), " cannot hold the ", request.start - base, " positions before ",
+               request.start);
+      for_each_ring_run(ring.size(0), base, request.start - base,
+                        [&](int64_t slot, int64_t row, int64_t n) {
+                          copy(ring.narrow(0, slot, n), window_rows.narrow(0, row, n));
+                        });
+    }
+    copy(new_kv.narrow(0, request.offset, request.count),
+         window_rows.narrow(0, request.start - base, request.count));
+    std::vector<int32_t> ranges(static_cast<size_t>(2 * request.count));
+    for (int64_t t = 0; t < request.count; ++t) {
+      const int64_t position = request.start + t;
+      ranges[static_cast<size_t>(2 * t)] =
+          static_cast<int32_t>(std::max<int64_t>(0, position - window + 1) - base);
+      ranges[static_cast<size_t>(2 * t + 1)] = static_cast<int32_t>(position + 1 - base);
+    }
+    deepinfer::cuda::StreamBuffer range_buffer(ranges.size() * sizeof(int32_t));
+    int32_t* device_ranges = deepinfer::cuda::upload(range_buffer, ranges.data(), ranges.size());
+    sink_attention(
+        q.narrow(0, request.offset, request.count), window_rows,
+        TensorView::contiguous(device_ranges, DType::kI32, {request.count, 2}, q.device()),
+        request.compressed_kv, request.selected, sink, scale,
+        out.narrow(0, request.offset, request.count));
+  }
+}
+
+// The batched call's table: per request its rows and views, per token its request (checked:
+// the requests tile the tokens), uploaded in one copy.
+struct RequestTable {
+  std::vector<DeviceRequest> requests;
+  std::vector<int32_t> token_request;
+  bool key_rows_aligned = true;
+};
+
+RequestTable build_request_table(std::span<const AttentionRequest> requests, int64_t tokens,
+                                 int64_t head_dim, int64_t window) {
+  RequestTable table;
+  table.requests.resize(requests.size());
+  table.token_request.assign(static_cast<size_t>(tokens), -1);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const AttentionRequest& request = requests[r];
+    DI_CHECK(request.offset >= 0 && request.count >= 0 &&
+                 request.offset + request.count <= tokens && request.start >= 0,
+             "attention request ", r, ": rows [", request.offset, ", +", request.count,
+             ") at position ", request.start, " outside ", tokens, " tokens");
+    DeviceRequest& entry = table.requests[r];
+    entry = DeviceRequest{};
+    entry.offset = request.offset;
+    entry.count = request.count;
+    entry.start = request.start;
+    if (request.window_ring.numel() > 0) {
+      const auto ring = deepinfer::cuda::device_rows<float>(request.window_ring, "window ring");
+      DI_CHECK(ring.cols == head_dim, "window ring ", request.window_ring.to_string());
+      entry.ring = ring.data;
+      entry.ring_stride = ring.stride;
+      entry.ring_capacity = ring.rows;
+      table.key_rows_aligned &= aligned_rows(ring.data, ring.stride);
+    }
+    const int64_t needed = std::min(request.start, window - 1);
+    DI_CHECK(entry.ring_capacity >= needed, "window ring ", request.window_ring.to_string(),
+             " cannot hold the ", needed, " positions before ", request.start);
+    if (request.selected.numel() > 0) {
+      const auto selected =
+          deepinfer::cuda::device_rows<const int32_t>(request.selected, "compressed indices");
+      DI_CHECK(selected.rows == request.count, "compressed indices ", request.selected.to_string());
+      entry.selected = selected.data;
+      entry.selected_stride = selected.stride;
+      entry.selected_cols = selected.cols;
+      const auto compressed =
+          deepinfer::cuda::device_rows<const float>(request.compressed_kv, "compressed kv");
+      DI_CHECK(compressed.rows == 0 || compressed.cols == head_dim, "compressed kv ",
+               request.compressed_kv.to_string());
+      entry.compressed = compressed.data;
+      entry.compressed_stride = compressed.stride;
+      entry.compressed_rows = compressed.rows;
+      if (compressed.rows > 0) {
+        table.key_rows_aligned &= aligned_rows(compressed.data, compressed.stride);
+      }
+    }
+    for (int64_t t = request.offset; t < request.offset + request.count; ++t) {
+      int32_t& owner = table.token_request[static_cast<size_t>(t)];
+      DI_CHECK(owner < 0, "attention token ", t, " is in two requests");
+      owner = static_cast<int32_t>(r);
+    }
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    DI_CHECK(table.token_request[static_cast<size_t>(t)] >= 0, "attention token ", t,
+             " is in no request");
+  }
+  return table;
+}
+
+// The table's bytes on the device: the requests, then the token map.
+struct UploadedTable {
+  deepinfer::cuda::StreamBuffer buffer;
+  const DeviceRequest* requests;
+  const int32_t* token_request;
+  explicit UploadedTable(const RequestTable& table)
+      : buffer(table.requests.size() * sizeof(DeviceRequest) +
+               table.token_request.size() * sizeof(int32_t)) {
+    static_assert(sizeof(DeviceRequest) % alignof(int32_t) == 0);
+    std::vector<unsigned char> bytes(table.requests.size() * sizeof(DeviceRequest) +
+                                     table.token_request.size() * sizeof(int32_t));
+    const size_t request_bytes = table.requests.size() * sizeof(DeviceRequest);
+    if (request_bytes > 0) std::memcpy(bytes.data(), table.requests.data(), request_bytes);
+    if (!table.token_request.empty()) {
+      std::memcpy(bytes.data() + request_bytes, table.token_request.data(),
+                  table.token_request.size() * sizeof(int32_t));
+    }
+    unsigned char* device = nullptr;
+    if (!bytes.empty()) device = deepinfer::cuda::upload(buffer, bytes.data(), bytes.size());
+    requests = reinterpret_cast<const DeviceRequest*>(device);
+    token_request =
+        device != nullptr ? reinterpret_cast<const int32_t*>(device + request_bytes) : nullptr;
+  }
+};
+
+// One block per new row: the rows of the last `capacity` positions of each request go to its
+// ring's slots.
+constexpr int kRingThreads = 128;
+
+__global__ void __launch_bounds__(kRingThreads)
+    write_window_rings_kernel(DeviceRows<const float> fresh, const DeviceRequest* requests,
+                              const int32_t* token_request) {
+  const int64_t t = blockIdx.x;
+  const DeviceRequest& request = requests[token_request[t]];
+  const int64_t position = request.start + t - request.offset;
+  if (position < request.start + request.count - request.ring_capacity) return;
+  float* slot = request.ring + (position % request.ring_capacity) * request.ring_stride;
+  const float* row = fresh.row(t);
+  for (int64_t d = threadIdx.x; d < fresh.cols; d += kRingThreads) slot[d] = row[d];
+}
+
+}  // namespace
+
+void sink_attention(const TensorView& q, const TensorView& window_kv,
+                    const TensorView& window_range, const TensorView& compressed_kv,
+                    const TensorView& compressed_idx, const TensorView& sink, float scale,
+                    const TensorView& out) {
+  AttentionArgs args = common_args(q, sink, scale, out);
+  const int64_t tokens = q.size(0);
+  args.window = deepinfer::cuda::device_rows<const float>(window_kv, "window kv");
+  args.ranges = deepinfer::cuda::device_rows<const int32_t>(window_range, "window range");
+  DI_CHECK(args.window.rows == 0 || args.window.cols == args.head_dim, "window kv ",
+           window_kv.to_string());
+  DI_CHECK(args.ranges.rows == tokens && args.ranges.cols == 2, "window range ",
+           window_range.to_string());
+  if (compressed_idx.numel() > 0) {
+    args.compressed = deepinfer::cuda::device_rows<const float>(compressed_kv, "compressed kv");
+    args.selected =
+        deepinfer::cuda::device_rows<const int32_t>(compressed_idx, "compressed indices");
+    DI_CHECK(args.selected.rows == tokens, "compressed indices ", compressed_idx.to_string());
+    DI_CHECK(args.compressed.rows == 0 || args.compressed.cols == args.head_dim, "compressed kv ",
+             compressed_kv.to_string());
+  }
+  const bool key_rows_aligned =
+      (args.window.rows == 0 || aligned_rows(args.window.data, args.window.stride)) &&
+      (args.compressed.rows == 0 || aligned_rows(args.compressed.data, args.compressed.stride));
+  launch_attention(args, tokens, key_rows_aligned);
+}
+
+void sink_attention_batch(const TensorView& q, const TensorView& new_kv,
+                          std::span<const AttentionRequest> requests, int64_t window,
+                          const TensorView& sink, float scale, const TensorView& out) {
+  AttentionArgs args = common_args(q, sink, scale, out);
+  const int64_t tokens = q.size(0);
+  DI_CHECK(window >= 1, "attention window ", window);
+  args.fresh = deepinfer::cuda::device_rows<const float>(new_kv, "attention new kv");
+  DI_CHECK(args.fresh.rows == tokens && (tokens == 0 || args.fresh.cols == args.head_dim),
+           "attention new kv ", new_kv.to_string());
+  const RequestTable table = build_request_table(requests, tokens, args.head_dim, window);
+  if (tokens == 0) return;
+  if (!batched_path_on()) {
+    attention_per_request(q, new_kv, requests, window, sink, scale, out);
+    return;
+  }
+  const UploadedTable uploaded(table);
+  args.requests = uploaded.requests;
+  args.token_request = uploaded.token_request;
+  args.window_size = window;
+  launch_attention(args, tokens,
+                   table.key_rows_aligned && aligned_rows(args.fresh.data, args.fresh.stride));
+}
+
+void write_window_rings(const TensorView& new_kv, std::span<const AttentionRequest> requests) {
+  const auto fresh = deepinfer::cuda::device_rows<const float>(new_kv, "window new kv");
+  const int64_t tokens = fresh.rows;
+  for (const AttentionRequest& request : requests) {
+    DI_CHECK(
+        request.count == 0 || (request.window_ring.rank() == 2 && request.window_ring.size(0) > 0 &&
+                               request.window_ring.size(1) == fresh.cols),
+        "window ring ", request.window_ring.to_string(), " for rows ", new_kv.to_string());
+  }
+  const RequestTable table = build_request_table(requests, tokens, fresh.cols, 1);
+  if (tokens == 0) return;
+  if (!batched_path_on()) {
+    for (const AttentionRequest& request : requests) {
+      const TensorView& ring = request.window_ring;
+      const int64_t end = request.start + request.count;
+      const int64_t first = std::max(request.start, end - ring.size(0));
+      for_each_ring_run(ring.size(0), first, end - first,
+                        [&](int64_t slot, int64_t row, int64_t n) {
+                          copy(new_kv.narrow(0, request.offset + first - request.start + row, n),
+                               ring.narrow(0, slot, n));
+                        });
+    }
+    return;
+  }
+  const UploadedTable uploaded(table);
+  DI_CHECK(tokens <= INT32_MAX, "write_window_rings: ", tokens, " rows exceed one launch");
+  write_window_rings_kernel<<<static_cast<unsigned>(tokens), kRingThreads, 0, current_stream()>>>(
+      fresh, uploaded.requests, uploaded.token_request);
+  DI_CUDA_LAUNCHED(write_window_rings_kernel);
 }
 
 }  // namespace deepinfer::ops::cuda
