@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/linear_fp8_dense.h"
 
@@ -62,16 +63,6 @@ struct DenseArgs {
   int slices;  // S: K slices of k / 32 / S blocks each
 };
 
-// d = A (16 weight rows x 32 K) . B (32 K x 8 tokens), from a zero accumulator. Not volatile:
-// the compiler may interleave independent MMAs with their scaling (same instruction, same bits).
-__device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                         float (&d)[4]) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
 __device__ __forceinline__ float scale_value(uint8_t code) {
   return deepinfer::cuda::e8m0_to_float(code);
 }
@@ -84,7 +75,7 @@ __device__ __forceinline__ void mma_block(uint2 lo, uint2 hi, uint2 x, float w_s
                                           float x_scale0, float x_scale1, float (&acc)[4]) {
   const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
   float d[4];
-  mma_e4m3(a, x.x, x.y, d);
+  mma_e4m3_from_zero(a, x.x, x.y, d);
   acc[0] += d[0] * (x_scale0 * w_scale);
   acc[1] += d[1] * (x_scale1 * w_scale);
   acc[2] += d[2] * (x_scale0 * w_scale);
@@ -249,25 +240,6 @@ constexpr int kTileGroupRows = 8;
 constexpr int64_t kTileMinBlocks = 264;
 static_assert(kStageBytes % 16 == 0 && kCodeScaleOffset % 8 == 0, "stages start on 16 bytes");
 static_assert(kTileTokens + kScaleRowsPerTile <= kThreads, "one thread per scale word");
-
-// cp.async, ldmatrix-free: the same few lines as moe_grouped_gemm.cu's prefill tile (there in an
-// anonymous namespace).
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void copy_16_async(uint32_t shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(global) : "memory");
-}
-
-__device__ __forceinline__ void commit_copies() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // Byte offset of logical byte `offset` (0..127) of stage row `row` (a weight row or a token).
 __device__ __forceinline__ int swizzled(int row, int offset) {

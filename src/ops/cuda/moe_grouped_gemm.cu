@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/moe_grouped_gemm.h"
 
@@ -463,38 +464,11 @@ struct PrefillTile {
                 "one thread per weight row and per token loads a stage's scale codes");
 };
 
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void copy_16_async(uint32_t shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(global) : "memory");
-}
-
-__device__ __forceinline__ void commit_copies() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 __device__ __forceinline__ void load_matrices_x4(uint32_t (&r)[4], uint32_t shared) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(shared)
                : "memory");
-}
-
-// mma_e4m3 without `volatile`, so the compiler may interleave the tile's independent MMAs with
-// their scaling; the same instruction, so the same bits.
-__device__ __forceinline__ void mma_e4m3_free(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                              float (&d)[4]) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
 // One work item: weight rows [128 row_tile, +128) times one token tile. fp4 weights only.
@@ -644,7 +618,7 @@ __device__ __forceinline__ void prefill_tile(const GroupedArgs& args, const Toke
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
               float d[4];
-              mma_e4m3_free(a[m], codes[2 * jj], codes[2 * jj + 1], d);
+              mma_e4m3_from_zero(a[m], codes[2 * jj], codes[2 * jj + 1], d);
               acc[m][j][0] += d[0] * (x_scales.x * w_scale_lo[m]);
               acc[m][j][1] += d[1] * (x_scales.y * w_scale_lo[m]);
               acc[m][j][2] += d[2] * (x_scales.x * w_scale_hi[m]);
