@@ -93,6 +93,25 @@ enum class CodeLayout {
 void quantize_fp8_rows(deepinfer::cuda::DeviceRows<const float> x, CodeLayout layout,
                        uint8_t* codes, uint8_t* scale_codes);
 
+// K slices of the split-K tensor-core GEMMs (linear_bf16_mma.cu, linear_fp8_dense.cu): a
+// function of the weight's shape only, so every batch size sums the same slices (batch
+// invariance). Decode gives each 16-row group's slices to warps of one block, so S doubles, up to
+// the block's 8 warps, until N / 16 * S reaches about 1024 warps in flight, while every slice
+// keeps whole 32-wide chunks of K.
+inline constexpr int kSplitKRowsPerWarp = 16;  // the MMAs' M
+inline constexpr int kSplitKChunk = 32;        // K granularity of a slice
+inline constexpr int kSplitKMaxSlices = 8;     // warps per block
+inline constexpr int64_t kSplitKTargetWarps = 1024;
+constexpr int split_k_slices(int64_t n, int64_t k) {
+  const int64_t row_groups = n / kSplitKRowsPerWarp;
+  int slices = 1;
+  while (slices < kSplitKMaxSlices && row_groups * slices < kSplitKTargetWarps &&
+         k % (int64_t{kSplitKChunk} * slices * 2) == 0) {
+    slices *= 2;
+  }
+  return slices;
+}
+
 // The BF16 tensor-core GEMM of linear_bf16_mma.cu (bf16 weights, f32 activations, no activation
 // quantization): whether it takes this weight and input (its on/off switch, K % 32 == 0,
 // N % 16 == 0, 16-byte aligned rows; never the row count), and its launch. Batch invariant; with

@@ -42,8 +42,10 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerWarp = 16;  // the MMA's M
 constexpr int kChunk = 32;        // K per step: 8 bf16 (16 bytes) per thread per weight row
 constexpr int kChunkBytes = kChunk * 2;
-// Decode wants about this many warps in flight; K is split (up to kWarps ways) until it has them.
-constexpr int64_t kTargetWarps = 1024;
+// linear.cuh's split_k_slices gives the K slices for this block shape.
+static_assert(kSplitKRowsPerWarp == kRowsPerWarp && kSplitKChunk == kChunk &&
+                  kWarps % kSplitKMaxSlices == 0,
+              "split_k_slices must match the kernel's rows per warp, chunk and warps");
 // Prefill (one warp runs all slices, 8 row groups share the block's activations) once it gives
 // the GPU at least this many blocks (INT64_MAX: never; the split kernel computes the same bits).
 constexpr int64_t kWideMinBlocks = 512;
@@ -357,13 +359,7 @@ bool linear_bf16_mma_enabled() {
 }
 
 int linear_bf16_mma_k_slices(int64_t n, int64_t k) {
-  const int64_t row_groups = n / kRowsPerWarp;
-  int slices = 1;
-  while (slices < kWarps && row_groups * slices < kTargetWarps &&
-         k % (static_cast<int64_t>(kChunk) * slices * 2) == 0) {
-    slices *= 2;
-  }
-  return slices;
+  return split_k_slices(n, k);
 }
 
 bool bf16_mma_supports(const DeviceWeight& w, const DeviceRows<const float>& x) {

@@ -47,8 +47,10 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerWarp = 16;  // the MMA's M
 constexpr int kBlockK = 32;       // the MMA's K and both operands' scale block
 constexpr int kRequiredK = 128;   // K multiple: the tile's stage (4 blocks)
-// Decode wants about this many warps in flight; K is split (up to kWarps ways) until it has them.
-constexpr int64_t kTargetWarps = 1024;
+// linear.cuh's split_k_slices gives the K slices for this block shape.
+static_assert(kSplitKRowsPerWarp == kRowsPerWarp && kSplitKChunk == kBlockK &&
+                  kWarps % kSplitKMaxSlices == 0,
+              "split_k_slices must match the kernel's rows per warp, K block and warps");
 
 struct DenseArgs {
   const uint8_t* x_codes;   // [rows, k] e4m3, K order
@@ -468,13 +470,8 @@ bool linear_fp8_dense_tile_enabled() {
 }
 
 int linear_fp8_dense_k_slices(int64_t n, int64_t k) {
-  const int64_t row_groups = n / kRowsPerWarp;
-  const int64_t k_blocks = k / kBlockK;
-  int slices = 1;
-  while (slices < kWarps && row_groups * slices < kTargetWarps && k_blocks % (slices * 2) == 0) {
-    slices *= 2;
-  }
-  return slices;
+  // The same rule as linear_bf16_mma's (for the K % 128 == 0 this path takes).
+  return split_k_slices(n, k);
 }
 
 Fp8DenseLaunch linear_fp8_dense_auto_launch(int64_t rows, int64_t n, int64_t k) {
