@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "attention_batch_case.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -58,6 +61,90 @@ TEST(AttentionTest, QueryWithNoKeysGivesZeros) {
   sink_attention(view_of(q, {1, 1, d}), view_of(window, {1, d}), view_of(ranges, {1, 2}),
                  TensorView(), TensorView(), view_of(sink, {1}), 1.0f, view_of(out, {1, 1, d}));
   for (float v : out) EXPECT_EQ(v, 0.0f);
+}
+
+// ---- the batched form -------------------------------------------------------------------------
+
+using attention_cases::AttentionBatch;
+using attention_cases::RequestSpec;
+
+// Window 8: a first chunk, a decode token whose window wraps its ring, a chunk longer than the
+// window (its early queries read the ring, later ones only this call's rows), a chunk whose
+// ring slots wrap with the ring exactly as long as the window, a short history; rows not in
+// request order.
+AttentionBatch tiny_batch() {
+  return attention_cases::make_batch(
+      {{0, 5, 10, 0}, {13, 1, 10, 3}, {7, 12, 9, 4}, {25, 3, 8, 2}, {3, 2, 8, 0}}, {2, 0, 4, 1, 3},
+      2, 16, 8, 7);
+}
+
+Tensor run_batch(const AttentionBatch& b) {
+  Tensor out = Tensor::empty(DType::kF32, {b.tokens, b.heads, b.head_dim});
+  const std::vector<AttentionRequest> requests = attention_cases::request_views(b, b.host);
+  sink_attention_batch(b.host.q, b.host.new_kv, requests, b.window, b.host.sink, b.scale, out);
+  return out;
+}
+
+void expect_same_bits(const TensorView& want, const TensorView& got, int64_t got_first_row = 0) {
+  const int64_t row = want.numel() / want.size(0);
+  ASSERT_EQ(std::memcmp(want.data<float>(), got.data<float>() + got_first_row * row,
+                        static_cast<size_t>(want.numel()) * sizeof(float)),
+            0);
+}
+
+TEST(AttentionTest, BatchEqualsTheGatheredWindowBitForBit) {
+  const AttentionBatch b = tiny_batch();
+  expect_same_bits(attention_cases::gathered_reference(b), run_batch(b));
+}
+
+TEST(AttentionTest, BatchTokensDoNotDependOnTheOtherRequests) {
+  const AttentionBatch b = tiny_batch();
+  const Tensor all = run_batch(b);
+  for (size_t r = 0; r < b.specs.size(); ++r) {
+    expect_same_bits(run_batch(attention_cases::only_request(b, r)), all, b.offsets[r]);
+  }
+}
+
+TEST(AttentionTest, WriteWindowRingsPutsTheLastPositionsAtTheirSlots) {
+  const AttentionBatch b = tiny_batch();
+  std::vector<Tensor> before;
+  for (const Tensor& ring : b.host.rings) before.push_back(attention_cases::clone_rows(ring));
+  write_window_rings(b.host.new_kv, attention_cases::request_views(b, b.host));
+  const int64_t d = b.head_dim;
+  for (size_t r = 0; r < b.specs.size(); ++r) {
+    const RequestSpec& spec = b.specs[r];
+    const int64_t end = spec.start + spec.count;
+    for (int64_t slot = 0; slot < spec.capacity; ++slot) {
+      // The newest position at this slot among the new ones, if any.
+      int64_t position = -1;
+      for (int64_t p = spec.start; p < end; ++p) {
+        if (p % spec.capacity == slot) position = p;
+      }
+      const float* want =
+          position >= 0 ? b.host.new_kv.data<float>() + (b.offsets[r] + position - spec.start) * d
+                        : before[r].data<float>() + slot * d;
+      EXPECT_EQ(std::memcmp(b.host.rings[r].data<float>() + slot * d, want, d * sizeof(float)), 0)
+          << "request " << r << " slot " << slot;
+    }
+  }
+}
+
+TEST(AttentionTest, BatchRejectsUncoveredTokensAndShortRings) {
+  const AttentionBatch b = tiny_batch();
+  Tensor out = Tensor::empty(DType::kF32, {b.tokens, b.heads, b.head_dim});
+  std::vector<AttentionRequest> requests = attention_cases::request_views(b, b.host);
+  std::vector<AttentionRequest> missing(requests.begin(), requests.end() - 1);
+  EXPECT_ANY_THROW(
+      sink_attention_batch(b.host.q, b.host.new_kv, missing, b.window, b.host.sink, b.scale, out));
+  std::vector<AttentionRequest> twice = requests;
+  twice.push_back(requests[0]);
+  EXPECT_ANY_THROW(
+      sink_attention_batch(b.host.q, b.host.new_kv, twice, b.window, b.host.sink, b.scale, out));
+  // Request 1 (position 13) needs 7 ring rows.
+  std::vector<AttentionRequest> short_ring = requests;
+  short_ring[1].window_ring = b.host.rings[1].view().narrow(0, 0, 6);
+  EXPECT_ANY_THROW(sink_attention_batch(b.host.q, b.host.new_kv, short_ring, b.window, b.host.sink,
+                                        b.scale, out));
 }
 
 }  // namespace
