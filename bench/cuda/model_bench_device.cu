@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_runtime.h"
+#include "roofline.cuh"
 
 namespace deepinfer::model_bench {
 namespace {
@@ -143,17 +144,6 @@ void check_fill(const TensorView& view, const FillSpec& spec) {
   }
 }
 
-__global__ void read_kernel(const uint4* data, uint64_t count, unsigned* sink) {
-  uint32_t acc = 0;
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    const uint4 v = __ldcs(data + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) atomicAdd(sink, 1u);  // keeps the loads alive; practically never true
-}
-
 }  // namespace
 
 void fill_tensor(const TensorView& view, const FillSpec& spec, uint64_t seed) {
@@ -179,35 +169,7 @@ uint8_t encode_e2m1_for_test(float value) {
 }
 
 double measure_read_bandwidth_gbps(size_t bytes) {
-  bytes &= ~static_cast<size_t>(15);
-  void* data = nullptr;
-  unsigned* sink = nullptr;
-  DI_CUDA_CHECK(cudaMalloc(&data, bytes));
-  DI_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
-  DI_CUDA_CHECK(cudaMemset(data, 0x5A, bytes));
-  cudaDeviceProp prop{};
-  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const unsigned grid = static_cast<unsigned>(prop.multiProcessorCount) * 8;
-  cudaEvent_t start, stop;
-  DI_CUDA_CHECK(cudaEventCreate(&start));
-  DI_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> gbps;
-  for (int run = 0; run < 12; ++run) {
-    DI_CUDA_CHECK(cudaEventRecord(start));
-    read_kernel<<<grid, 512>>>(static_cast<const uint4*>(data), bytes / 16, sink);
-    DI_CUDA_CHECK(cudaGetLastError());
-    DI_CUDA_CHECK(cudaEventRecord(stop));
-    DI_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    DI_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (run >= 2) gbps.push_back(static_cast<double>(bytes) / ms * 1e-6);  // 2 warm-ups
-  }
-  DI_CUDA_CHECK(cudaEventDestroy(start));
-  DI_CUDA_CHECK(cudaEventDestroy(stop));
-  DI_CUDA_CHECK(cudaFree(sink));
-  DI_CUDA_CHECK(cudaFree(data));
-  std::sort(gbps.begin(), gbps.end());
-  return gbps[gbps.size() / 2];
+  return bench::measure_hbm_read_gbps(bytes);
 }
 
 size_t device_free_bytes() {
