@@ -3,6 +3,9 @@
 // compressed entries), with short and empty windows, tokens without compressed entries and
 // partial key tiles; batch invariance bit for bit; both kernels (the per-head one through
 // DEEPINFER_ATTENTION_HEAD_GROUPS=0) within the tolerance; bad indices reported as before.
+// The batched form (sink_attention_batch: every request of a step, windows read from the
+// requests' rings) against its CPU reference, bit-equal to its per-request path
+// (DEEPINFER_ATTENTION_BATCHED=0) and batch invariant; write_window_rings bit-equal to the CPU.
 // Every GPU output starts as NaN, so an element never written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -15,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_batch_case.h"
 #include "core/error.h"
 #include "gpu_support.h"
 #include "ops/cuda/cuda_ops.h"
@@ -243,6 +247,139 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
     for (int64_t i = 0; i < 2 * row; ++i) {
       ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5) << "element " << i;
     }
+  }
+}
+
+// ---- the batched form -------------------------------------------------------------------------
+
+using attention_cases::AttentionBatch;
+using attention_cases::BatchTensors;
+
+BatchTensors device_tensors(const AttentionBatch& b) {
+  return attention_cases::copy_tensors(b.host,
+                                       [](const TensorView& v) { return rt::to_device(v); });
+}
+
+// One switch set for the duration of a call.
+struct Setting {
+  const char* name = nullptr;
+  const char* value = nullptr;
+};
+
+// The batch on the GPU (fresh device copies); waits and reports kernel errors (throws) before
+// copying back.
+Tensor run_gpu_batch(const AttentionBatch& b, std::vector<Setting> settings = {}) {
+  const BatchTensors d = device_tensors(b);
+  Tensor out = Tensor::empty(DType::kF32, {b.tokens, b.heads, b.head_dim}, rt::device_allocator());
+  rt::fill_bytes(out.view(), 0xFF);
+  for (const Setting& setting : settings) setenv(setting.name, setting.value, 1);
+  cuda::sink_attention_batch(d.q, d.new_kv, attention_cases::request_views(b, d), b.window, d.sink,
+                             b.scale, out);
+  for (const Setting& setting : settings) unsetenv(setting.name);
+  rt::synchronize();
+  return rt::to_host(out.view());
+}
+
+Tensor cpu_batch(const AttentionBatch& b) {
+  Tensor out = Tensor::empty(DType::kF32, {b.tokens, b.heads, b.head_dim});
+  sink_attention_batch(b.host.q, b.host.new_kv, attention_cases::request_views(b, b.host), b.window,
+                       b.host.sink, b.scale, out);
+  return out;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
+                                               static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
+}
+
+// V4.1-Flash: 64 heads x 512, window 128, 512 selected; rows not in request order: a decode
+// token whose window wraps its ring, a first chunk, a 45-token chunk whose early queries read
+// a wrapping ring, a decode token with a short history (4 compressed rows, repeated), a
+// 3-token chunk at position 1000.
+AttentionBatch real_batch() {
+  return attention_cases::make_batch({{300, 1, 130, 512},
+                                      {0, 40, 130, 0},
+                                      {200, 45, 128, 512},
+                                      {5, 1, 128, 512},
+                                      {1000, 3, 136, 512}},
+                                     {3, 1, 0, 4, 2}, 64, 512, 128, 101);
+}
+
+// Small shapes for the sanitizers: one head group with partial key tiles, and 24 heads (the
+// per-head kernel).
+AttentionBatch small_batch(int64_t heads) {
+  return attention_cases::make_batch({{50, 3, 40, 40}, {0, 2, 40, 0}, {45, 1, 41, 7}}, {1, 0, 2},
+                                     heads, 512, 40, 111);
+}
+
+void check_batch_against_cpu(const AttentionBatch& b, const std::string& what) {
+  const Tensor want = cpu_batch(b);
+  for (bool head_groups : {true, false}) {
+    std::vector<Setting> settings;
+    if (!head_groups) settings.push_back({"DEEPINFER_ATTENTION_HEAD_GROUPS", "0"});
+    const double error = worst_error(want, run_gpu_batch(b, settings));
+    std::printf("batched %s, %s kernel: worst error %.3g of the output's scale\n", what.c_str(),
+                head_groups ? "head-group" : "per-head", error);
+    EXPECT_LE(error, kTolerance) << what << (head_groups ? ", head-group" : ", per-head");
+  }
+}
+
+TEST_F(AttentionGpuTest, BatchMatchesTheCpu) {
+  check_batch_against_cpu(real_batch(), "v41 5 requests");
+  check_batch_against_cpu(small_batch(16), "16 heads, 3 requests");
+  check_batch_against_cpu(small_batch(24), "24 heads, 3 requests");
+}
+
+// The same keys in the same order as the per-request path (gathered rows, single-matrix form):
+// the same bits; and a request's tokens alone give the same bits as in the full call.
+TEST_F(AttentionGpuTest, BatchEqualsThePerRequestPathAndIsBatchInvariant) {
+  const AttentionBatch b = real_batch();
+  const Tensor all = run_gpu_batch(b);
+  EXPECT_TRUE(same_bits(all, run_gpu_batch(b, {{"DEEPINFER_ATTENTION_BATCHED", "0"}})))
+      << "batched path differs from the per-request path";
+  for (size_t r = 0; r < b.specs.size(); ++r) {
+    const Tensor alone = run_gpu_batch(attention_cases::only_request(b, r));
+    for (int64_t i = 0; i < b.specs[r].count; ++i) {
+      EXPECT_TRUE(equal_rows(all, b.offsets[r] + i, alone, i))
+          << "request " << r << " token " << i << " differs when alone";
+    }
+  }
+}
+
+TEST_F(AttentionGpuTest, WriteWindowRingsMatchesTheCpu) {
+  for (const char* batched : {"1", "0"}) {
+    AttentionBatch b = small_batch(16);
+    const BatchTensors d = device_tensors(b);
+    setenv("DEEPINFER_ATTENTION_BATCHED", batched, 1);
+    cuda::write_window_rings(d.new_kv, attention_cases::request_views(b, d));
+    unsetenv("DEEPINFER_ATTENTION_BATCHED");
+    rt::synchronize();
+    write_window_rings(b.host.new_kv, attention_cases::request_views(b, b.host));
+    for (size_t r = 0; r < b.specs.size(); ++r) {
+      EXPECT_TRUE(same_bits(b.host.rings[r], rt::to_host(d.rings[r].view())))
+          << "ring " << r << " (DEEPINFER_ATTENTION_BATCHED=" << batched << ")";
+    }
+  }
+}
+
+// A compressed index past a request's rows is recorded (synchronize throws) and skipped.
+TEST_F(AttentionGpuTest, BatchBadIndicesAreReported) {
+  for (bool head_groups : {true, false}) {
+    AttentionBatch bad = small_batch(16);
+    AttentionBatch skipped = small_batch(16);
+    const int64_t rows = bad.host.compressed[0].view().size(0);
+    bad.host.selected[0].data<int32_t>()[1 * 40 + 3] = static_cast<int32_t>(rows);
+    skipped.host.selected[0].data<int32_t>()[1 * 40 + 3] = -1;
+    const BatchTensors d = device_tensors(bad);
+    Tensor out =
+        Tensor::empty(DType::kF32, {bad.tokens, bad.heads, bad.head_dim}, rt::device_allocator());
+    if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
+    cuda::sink_attention_batch(d.q, d.new_kv, attention_cases::request_views(bad, d), bad.window,
+                               d.sink, bad.scale, out);
+    unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+    EXPECT_THROW(rt::synchronize(), Error);
+    EXPECT_LE(worst_error(cpu_batch(skipped), rt::to_host(out.view())), kTolerance);
+    rt::synchronize();  // reported once and cleared
   }
 }
 
