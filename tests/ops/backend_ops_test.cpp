@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_batch_case.h"
 #include "core/dtype_convert.h"
 #include "gpu_support.h"
 #include "ops/cuda/cuda_ops.h"
@@ -468,6 +469,37 @@ TEST_F(BackendOpsTest, SinkAttentionWindowAndCompressed) {
       expect_close(want, got, kRowReductionTolerance,
                    s.name + (with_compressed ? " sink_attention window+compressed"
                                              : " sink_attention window"));
+    }
+  }
+}
+
+// The batched form over 4 requests: a decode token whose window wraps its ring, a first chunk
+// (no ring reads, no compressed keys), a chunk straddling its ring's wrap, a short history; rows
+// not in request order; then write_window_rings bit-equal to the CPU.
+TEST_F(BackendOpsTest, SinkAttentionBatchAndWindowRings) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int64_t w = s.window;
+    const int64_t k = s.index_topk;
+    attention_cases::AttentionBatch b =
+        attention_cases::make_batch({{2 * w + 5, 1, w + 2, k},
+                                     {0, s.rows + 2, w + 2, 0},
+                                     {w + 3, s.rows + 4, w, k},
+                                     {5, 1, w, k}},
+                                    {2, 0, 3, 1}, s.heads, s.head_dim, w, 25);
+    const attention_cases::BatchTensors d =
+        attention_cases::copy_tensors(b.host, [](const TensorView& v) { return gpu(v); });
+    Tensor want = Tensor::empty(DType::kF32, {b.tokens, b.heads, b.head_dim});
+    sink_attention_batch(b.host.q, b.host.new_kv, attention_cases::request_views(b, b.host),
+                         b.window, b.host.sink, b.scale, want);
+    Tensor got = gpu_output(DType::kF32, {b.tokens, b.heads, b.head_dim});
+    cuda::sink_attention_batch(d.q, d.new_kv, attention_cases::request_views(b, d), b.window,
+                               d.sink, b.scale, got);
+    expect_close(want, got, kRowReductionTolerance, s.name + " sink_attention_batch");
+    write_window_rings(b.host.new_kv, attention_cases::request_views(b, b.host));
+    cuda::write_window_rings(d.new_kv, attention_cases::request_views(b, d));
+    for (size_t r = 0; r < b.specs.size(); ++r) {
+      expect_equal(b.host.rings[r], d.rings[r],
+                   s.name + " write_window_rings " + std::to_string(r));
     }
   }
 }
