@@ -1,6 +1,7 @@
 // Device pieces the FP8 tensor-core GEMMs share (moe_grouped_gemm.cu, linear_fp8_dense.cu): the
-// m16n8k32 e4m3 MMA from a zero accumulator, and the cp.async copies of their shared-memory
-// pipelines. Internal to the CUDA backend; include from .cu files only (sm_89+ instructions).
+// m16n8k32 e4m3 MMA from a zero accumulator, the cp.async copies of their shared-memory
+// pipelines, and the prefill tiles' pipeline schedule. Internal to the CUDA backend; include from
+// .cu files only (sm_89+ instructions).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,43 @@ __device__ __forceinline__ void commit_copies() {
 template <int kPending>
 __device__ __forceinline__ void wait_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The prefill tiles' software pipeline over `steps` K steps in kStages shared-memory slots
+// (step s in slot s % kStages): copy_stage(step, slot) issues a stage's cp.async copies,
+// load_scale_codes(step) returns this thread's scale codes of a stage as a word and
+// store_scales(codes, slot) writes them into the slot, compute_stage(slot, step) runs a stage's
+// MMAs (only where `computes`: warps past the tile's tokens still reach every barrier). Each step
+// waits for its own copies, then refills the slot the step before it used; the scale codes of
+// that refill are loaded before this step's MMAs and stored after them, hiding the load. On
+// return every copy of a real stage has landed (the groups still counted are the empty ones the
+// last steps commit).
+template <int kStages, typename CopyStage, typename LoadScaleCodes, typename StoreScales,
+          typename ComputeStage>
+__device__ __forceinline__ void run_stage_pipeline(int steps, bool computes,
+                                                   const CopyStage& copy_stage,
+                                                   const LoadScaleCodes& load_scale_codes,
+                                                   const StoreScales& store_scales,
+                                                   const ComputeStage& compute_stage) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) {
+      copy_stage(s, s);
+      store_scales(load_scale_codes(s), s);
+    }
+    commit_copies();
+  }
+  for (int step = 0; step < steps; ++step) {
+    const int ahead = step + kStages - 1;
+    // Loaded now, stored after this step's MMAs: the load's latency hides behind them.
+    const uint32_t ahead_codes = ahead < steps ? load_scale_codes(ahead) : 0;
+    wait_copies<kStages - 2>();
+    __syncthreads();  // stage `step` is in; every warp is done with the slot `ahead` reuses
+    if (ahead < steps) copy_stage(ahead, ahead % kStages);
+    commit_copies();
+    if (computes) compute_stage(step % kStages, step);
+    if (ahead < steps) store_scales(ahead_codes, ahead % kStages);
+  }
 }
 
 }  // namespace deepinfer::ops::cuda

@@ -376,25 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_tile_kernel(DenseArgs arg
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) {
-      copy_stage(s, s);
-      store_scales(load_scale_codes(s), s);
-    }
-    commit_copies();
-  }
-  for (int step = 0; step < steps; ++step) {
-    const int ahead = step + kStages - 1;
-    // Loaded now, stored after this step's MMAs: the load's latency hides behind them.
-    const uint32_t ahead_codes = ahead < steps ? load_scale_codes(ahead) : 0;
-    wait_copies<kStages - 2>();
-    __syncthreads();  // stage `step` is in; every warp is done with the slot `ahead` reuses
-    if (ahead < steps) copy_stage(ahead, ahead % kStages);
-    commit_copies();
-    if (warp_has_tokens) compute_stage(step % kStages, step);
-    if (ahead < steps) store_scales(ahead_codes, ahead % kStages);
-  }
+  run_stage_pipeline<kStages>(steps, warp_has_tokens, copy_stage, load_scale_codes, store_scales,
+                              compute_stage);
   wait_copies<0>();  // nothing in flight when the block exits
 
 #pragma unroll

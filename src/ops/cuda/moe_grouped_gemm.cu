@@ -569,7 +569,7 @@ __device__ __forceinline__ void prefill_tile(const GroupedArgs& args, const Toke
   const bool warp_has_tokens = warp_token < tokens;
   float acc[2][Tile::kTokenMmas][4] = {};
 
-  const auto compute_stage = [&](int slot) {
+  const auto compute_stage = [&](int slot, int /*step*/) {
     const uint8_t* base = stage_base(slot);
     const uint32_t weight_base = shared_address(base);
     const uint32_t code_base = shared_address(base + Tile::kCodeOffset);
@@ -630,25 +630,8 @@ __device__ __forceinline__ void prefill_tile(const GroupedArgs& args, const Toke
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) {
-      copy_stage(s, s);
-      store_scales(load_scale_codes(s), s);
-    }
-    commit_copies();
-  }
-  for (int step = 0; step < steps; ++step) {
-    const int ahead = step + kStages - 1;
-    // Loaded now, stored after this step's MMAs: the load's latency hides behind them.
-    const uint32_t ahead_codes = ahead < steps ? load_scale_codes(ahead) : 0;
-    wait_copies<kStages - 2>();
-    __syncthreads();  // stage `step` is in; every warp is done with the slot `ahead` reuses
-    if (ahead < steps) copy_stage(ahead, ahead % kStages);
-    commit_copies();
-    if (warp_has_tokens) compute_stage(step % kStages);
-    if (ahead < steps) store_scales(ahead_codes, ahead % kStages);
-  }
+  run_stage_pipeline<kStages>(steps, warp_has_tokens, copy_stage, load_scale_codes, store_scales,
+                              compute_stage);
 
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
