@@ -1,22 +1,26 @@
-// ops::cuda::sink_attention at V4.1-Flash shapes (64 heads x 512, K = V shared by the heads): the
-// head-group kernel against the per-head kernel it replaces (DEEPINFER_ATTENTION_HEAD_GROUPS=0),
-// next to the HBM read bandwidth measured in the same run.
+// ops::cuda::sink_attention_batch at V4.1-Flash shapes (64 heads x 512, K = V shared by the
+// heads): the head-group kernel against the per-head kernel it replaces
+// (DEEPINFER_ATTENTION_HEAD_GROUPS=0), and the batched path against the per-request loop it
+// replaces (DEEPINFER_ATTENTION_BATCHED=0: gathered window rows, one call per request), next to
+// the HBM read bandwidth measured in the same run.
 //
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
 //
-// Decode batch 1, 16, 64, 256: one query row per token, each token its own sequence (a window
-// of 128 rows and 512 entries selected from its own 2048 compressed rows). Prefill: 8192 tokens
-// of one sequence, token t attending the window (t - 128, t] and min(512, t / 4) compressed
-// entries (the rest -1). "Bytes" counts the distinct KV rows a call must read plus q and out;
-// GB/s is bytes over time, next to the read roofline. Both kernels' outputs are compared
-// (worst difference over the output's scale) before timing.
+// Decode batch 1, 16, 64, 256: one query row per token, each token its own request (a window
+// of 127 rows of its ring plus its new row, and 512 entries selected from its own 2048
+// compressed rows). Prefill: the first 8192 tokens of one request, token t attending the window
+// (t - 128, t] of the call's rows and min(512, t / 4) compressed entries (the rest -1). "Bytes"
+// counts the distinct KV rows a call must read plus q and out; GB/s is bytes over time, next to
+// the read roofline. Before timing, both kernels' outputs are compared (worst difference over
+// the output's scale; exit 2 past 2e-5) and the two paths' (the same bits or exit 3).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -135,42 +139,59 @@ double measure_read_gbps() {
 
 // ---- cases ----------------------------------------------------------------------------------
 
+// Ring rows per request: the window plus a rollback margin, as RequestState keeps.
+constexpr int64_t kRingCapacity = kWindow + 8;
+
+// One batched call: every request's views into shared device tensors.
 struct AttentionCase {
   std::string name;
   int64_t tokens = 0;
-  Tensor q, window, compressed, sink, range, index, out;
+  Tensor q, new_kv, rings, compressed, sink, index, out;
+  std::vector<ops::AttentionRequest> requests;
   double bytes = 0;  // distinct KV rows, q and out
 };
 
+// Each token its own request at position 4000 + 37 b (the ring's window wraps at different
+// slots), reading 127 ring rows and its own new row, 512 entries selected from its own 2048
+// compressed rows.
 AttentionCase decode_case(int64_t batch) {
   AttentionCase c;
   c.name = "decode b" + std::to_string(batch);
   c.tokens = batch;
   c.q = device_f32({batch, kHeads, kHeadDim}, 1, 1.0f);
-  c.window = device_f32({batch * kWindow, kHeadDim}, 2, 0.5f);
+  c.new_kv = device_f32({batch, kHeadDim}, 6, 0.5f);
+  c.rings = device_f32({batch * kRingCapacity, kHeadDim}, 2, 0.5f);
   c.compressed = device_f32({batch * kCompressedPerSequence, kHeadDim}, 3, 0.5f);
   c.sink = device_f32({kHeads}, 4, 2.0f);
-  std::vector<int32_t> ranges, indices;
+  std::vector<int32_t> indices;
   std::mt19937 rng(5);
   for (int64_t b = 0; b < batch; ++b) {
-    ranges.push_back(static_cast<int32_t>(b * kWindow));
-    ranges.push_back(static_cast<int32_t>((b + 1) * kWindow));
-    // 512 distinct rows of the sequence's 2048, in random order.
+    // 512 distinct rows of the request's 2048, in random order.
     std::vector<int32_t> rows(kCompressedPerSequence);
-    for (int64_t j = 0; j < kCompressedPerSequence; ++j) {
-      rows[j] = static_cast<int32_t>(b * kCompressedPerSequence + j);
-    }
+    for (int64_t j = 0; j < kCompressedPerSequence; ++j) rows[j] = static_cast<int32_t>(j);
     std::shuffle(rows.begin(), rows.end(), rng);
     indices.insert(indices.end(), rows.begin(), rows.begin() + kSelected);
   }
-  c.range = device_i32({batch, 2}, ranges);
   c.index = device_i32({batch, kSelected}, indices);
+  for (int64_t b = 0; b < batch; ++b) {
+    ops::AttentionRequest request;
+    request.window_ring = c.rings.view().narrow(0, b * kRingCapacity, kRingCapacity);
+    request.compressed_kv =
+        c.compressed.view().narrow(0, b * kCompressedPerSequence, kCompressedPerSequence);
+    request.selected = c.index.view().narrow(0, b, 1);
+    request.offset = b;
+    request.count = 1;
+    request.start = 4000 + 37 * b;
+    c.requests.push_back(request);
+  }
   c.out = Tensor::empty(DType::kF32, {batch, kHeads, kHeadDim}, rt::device_allocator());
   c.bytes = static_cast<double>(batch) * (kWindow + kSelected) * kHeadDim * 4 +
             2.0 * static_cast<double>(batch) * kHeads * kHeadDim * 4;
   return c;
 }
 
+// One request's first 8192 tokens: token t attends (t - 128, t] of this call's rows and
+// min(512, t / 4) compressed entries (the rest -1).
 AttentionCase prefill_case() {
   const int64_t tokens = kPrefillTokens;
   const int64_t compressed_rows = tokens / kCompressRatio;
@@ -178,23 +199,29 @@ AttentionCase prefill_case() {
   c.name = "prefill " + std::to_string(tokens);
   c.tokens = tokens;
   c.q = device_f32({tokens, kHeads, kHeadDim}, 11, 1.0f);
-  c.window = device_f32({tokens, kHeadDim}, 12, 0.5f);
+  c.new_kv = device_f32({tokens, kHeadDim}, 12, 0.5f);
+  c.rings = device_f32({kRingCapacity, kHeadDim}, 16, 0.5f);
   c.compressed = device_f32({compressed_rows, kHeadDim}, 13, 0.5f);
   c.sink = device_f32({kHeads}, 14, 2.0f);
-  std::vector<int32_t> ranges, indices;
+  std::vector<int32_t> indices;
   std::mt19937 rng(15);
   std::vector<int32_t> rows(compressed_rows);
   for (int64_t t = 0; t < tokens; ++t) {
-    ranges.push_back(static_cast<int32_t>(std::max<int64_t>(0, t + 1 - kWindow)));
-    ranges.push_back(static_cast<int32_t>(t + 1));
     const int64_t visible = t / kCompressRatio;
     const int64_t chosen = std::min(kSelected, visible);
     for (int64_t j = 0; j < visible; ++j) rows[j] = static_cast<int32_t>(j);
     std::shuffle(rows.begin(), rows.begin() + visible, rng);
     for (int64_t k = 0; k < kSelected; ++k) indices.push_back(k < chosen ? rows[k] : -1);
   }
-  c.range = device_i32({tokens, 2}, ranges);
   c.index = device_i32({tokens, kSelected}, indices);
+  ops::AttentionRequest request;
+  request.window_ring = c.rings.view();
+  request.compressed_kv = c.compressed.view();
+  request.selected = c.index.view();
+  request.offset = 0;
+  request.count = tokens;
+  request.start = 0;
+  c.requests.push_back(request);
   c.out = Tensor::empty(DType::kF32, {tokens, kHeads, kHeadDim}, rt::device_allocator());
   // Every window row and compressed row is read at least once; q and out once.
   c.bytes = static_cast<double>(tokens + compressed_rows) * kHeadDim * 4 +
@@ -202,28 +229,27 @@ AttentionCase prefill_case() {
   return c;
 }
 
-void call(const AttentionCase& c, bool head_groups) {
+// The kernel (head groups or per head) and the path (batched, or the per-request loop:
+// window rows gathered with copies, one single-matrix call per request).
+void call(const AttentionCase& c, bool head_groups, bool batched = true) {
   if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
-  ops::cuda::sink_attention(c.q, c.window, c.range, c.compressed, c.index, c.sink,
-                            1.0f / std::sqrt(static_cast<float>(kHeadDim)), c.out);
+  if (!batched) setenv("DEEPINFER_ATTENTION_BATCHED", "0", 1);
+  ops::cuda::sink_attention_batch(c.q, c.new_kv, c.requests, kWindow, c.sink,
+                                  1.0f / std::sqrt(static_cast<float>(kHeadDim)), c.out);
   unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+  unsetenv("DEEPINFER_ATTENTION_BATCHED");
 }
 
-// Worst |new - old| over max |old| of the two kernels' outputs.
-double kernels_differ(const AttentionCase& c) {
-  call(c, false);
-  const Tensor old_out = rt::to_host(c.out.view());
-  call(c, true);
-  const Tensor new_out = rt::to_host(c.out.view());
-  rt::synchronize();
+// Worst |b - a| over max |a| of two outputs; infinite when either is not finite.
+double outputs_differ(const Tensor& a_out, const Tensor& b_out) {
   double scale = 1e-30;
   double worst = 0;
-  for (int64_t i = 0; i < old_out.numel(); ++i) {
-    scale = std::max(scale, std::abs(static_cast<double>(old_out.data<float>()[i])));
+  for (int64_t i = 0; i < a_out.numel(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(a_out.data<float>()[i])));
   }
-  for (int64_t i = 0; i < old_out.numel(); ++i) {
-    const double a = old_out.data<float>()[i];
-    const double b = new_out.data<float>()[i];
+  for (int64_t i = 0; i < a_out.numel(); ++i) {
+    const double a = a_out.data<float>()[i];
+    const double b = b_out.data<float>()[i];
     if (!std::isfinite(a) || !std::isfinite(b)) return INFINITY;
     worst = std::max(worst, std::abs(a - b) / scale);
   }
@@ -232,8 +258,23 @@ double kernels_differ(const AttentionCase& c) {
 
 struct Row {
   std::string name;
-  double old_ms = 0, new_ms = 0, bytes = 0, difference = 0;
+  double old_ms = 0, new_ms = 0, per_request_ms = 0, bytes = 0, difference = 0;
+  bool paths_equal = false;  // batched and per-request paths: the same bits
 };
+
+// The two kernels' difference, and whether the batched and per-request paths agree bit for bit.
+void compare_outputs(const AttentionCase& c, Row& row) {
+  call(c, false);
+  const Tensor per_head = rt::to_host(c.out.view());
+  call(c, true);
+  const Tensor head_group = rt::to_host(c.out.view());
+  call(c, true, false);
+  const Tensor per_request = rt::to_host(c.out.view());
+  rt::synchronize();
+  row.difference = outputs_differ(per_head, head_group);
+  row.paths_equal = std::memcmp(head_group.data<float>(), per_request.data<float>(),
+                                static_cast<size_t>(head_group.numel()) * sizeof(float)) == 0;
+}
 
 int run(int argc, char** argv) {
   rt::require_supported_device(0);
@@ -248,8 +289,8 @@ int run(int argc, char** argv) {
   const double read_gbps = measure_read_gbps();
   std::printf("attention bench on %s (%d SMs): HBM read %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, read_gbps);
-  std::printf("%-14s %10s %10s %8s %10s %9s %9s %9s\n", "case", "per-head", "head-grp", "speedup",
-              "MB", "GB/s", "of HBM", "differ");
+  std::printf("%-14s %10s %10s %8s %10s %9s %9s %9s %11s %s\n", "case", "per-head", "head-grp",
+              "speedup", "MB", "GB/s", "of HBM", "differ", "per-request", "bits");
   std::vector<Row> rows;
   std::vector<int64_t> batches = {1, 16, 64, 256};
   for (size_t i = 0; i <= batches.size(); ++i) {
@@ -257,13 +298,15 @@ int run(int argc, char** argv) {
     Row row;
     row.name = c.name;
     row.bytes = c.bytes;
-    row.difference = kernels_differ(c);
+    compare_outputs(c, row);
     row.old_ms = time_ms([&] { call(c, false); });
     row.new_ms = time_ms([&] { call(c, true); });
+    row.per_request_ms = time_ms([&] { call(c, true, false); });
     const double gbps = c.bytes / (row.new_ms * 1e6);
-    std::printf("%-14s %8.3fms %8.3fms %7.2fx %10.1f %9.0f %8.1f%% %9.2g\n", row.name.c_str(),
-                row.old_ms, row.new_ms, row.old_ms / row.new_ms, c.bytes / 1e6, gbps,
-                100.0 * gbps / read_gbps, row.difference);
+    std::printf("%-14s %8.3fms %8.3fms %7.2fx %10.1f %9.0f %8.1f%% %9.2g %9.3fms %s\n",
+                row.name.c_str(), row.old_ms, row.new_ms, row.old_ms / row.new_ms, c.bytes / 1e6,
+                gbps, 100.0 * gbps / read_gbps, row.difference, row.per_request_ms,
+                row.paths_equal ? "same" : "DIFFERENT");
     rows.push_back(row);
   }
   if (FILE* f = std::fopen(json_path.c_str(), "w")) {
@@ -272,8 +315,10 @@ int run(int argc, char** argv) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "%s{\"case\": \"%s\", \"per_head_ms\": %.5f, \"head_group_ms\": %.5f, "
-                   "\"bytes\": %.0f, \"kernel_difference\": %.3g}",
-                   i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms, r.bytes, r.difference);
+                   "\"per_request_path_ms\": %.5f, \"bytes\": %.0f, \"kernel_difference\": %.3g, "
+                   "\"paths_bit_equal\": %s}",
+                   i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms, r.per_request_ms,
+                   r.bytes, r.difference, r.paths_equal ? "true" : "false");
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);
@@ -285,6 +330,11 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "cuda_attention_bench: %s: kernels differ by %.3g\n", r.name.c_str(),
                    r.difference);
       return 2;
+    }
+    if (!r.paths_equal) {
+      std::fprintf(stderr, "cuda_attention_bench: %s: batched and per-request paths differ\n",
+                   r.name.c_str());
+      return 3;
     }
   }
   return 0;
