@@ -112,6 +112,43 @@ constexpr int split_k_slices(int64_t n, int64_t k) {
   return slices;
 }
 
+// The split-K decode kernels' reduction: a 16-row group's S slices are S consecutive warps of the
+// block (slice 0 first), each holding its partial for kTokenTiles 8-token MMA tiles in `acc` (the
+// m16n8 accumulator layout). Every warp stores its partial in `partials` (lane-major, so writes
+// and reads are conflict-free); after a barrier the slice-0 warp (`sums`) adds them,
+// 0 + P_0 + P_1 + ... in slice order (the prefill kernels' additions), and hands each token
+// tile's four sums to take(j, sums) as soon as they are done. Warps past the last row group
+// (!active) store and sum nothing but must still call it: it holds a barrier. The caller needs
+// another barrier before `partials` is written again.
+template <int kWarps, int kTokenTiles, typename Take>
+__device__ __forceinline__ void sum_slice_partials(float (&partials)[kWarps][kTokenTiles * 4][32],
+                                                   const float (&acc)[kTokenTiles][4], bool active,
+                                                   bool sums, int slices, const Take& take) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partials[warp][4 * j + i][lane] = acc[j][i];
+    }
+  }
+  __syncthreads();
+  if (active && sums) {
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j) {
+      float total[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float sum = 0.0f;
+        for (int s = 0; s < slices; ++s) sum += partials[warp + s][4 * j + i][lane];
+        total[i] = sum;
+      }
+      take(j, total);
+    }
+  }
+}
+
 // The BF16 tensor-core GEMM of linear_bf16_mma.cu (bf16 weights, f32 activations, no activation
 // quantization): whether it takes this weight and input (its on/off switch, K % 32 == 0,
 // N % 16 == 0, 16-byte aligned rows; never the row count), and its launch. Batch invariant; with

@@ -246,28 +246,12 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
       }
     }
     if constexpr (kSplitSlices) {
-      // Each warp's slice partial, lane-major so the writes and reads are conflict-free.
+      // The same additions as prefill's total: 0 + P_0 + P_1 + ... in slice order.
       __shared__ float partials[kWarps][kTokenTiles * 4][32];
-      if (active) {
-#pragma unroll
-        for (int j = 0; j < kTokenTiles; ++j) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) partials[warp][4 * j + i][lane] = acc[j][i];
-        }
-      }
-      __syncthreads();
-      if (active && first_slice == 0) {
-        // The same additions as prefill's total: 0 + P_0 + P_1 + ... in slice order.
-#pragma unroll
-        for (int j = 0; j < kTokenTiles; ++j) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float sum = 0.0f;
-            for (int s = 0; s < slices; ++s) sum += partials[warp + s][4 * j + i][lane];
-            total[j][i] = sum;
-          }
-        }
-      }
+      sum_slice_partials(partials, acc, active, first_slice == 0, slices,
+                         [&](int j, const float(&sums)[4]) {
+                           for (int i = 0; i < 4; ++i) total[j][i] = sums[i];
+                         });
       __syncthreads();  // partials are rewritten by the next token tile
     }
     if (active && first_slice == 0) {

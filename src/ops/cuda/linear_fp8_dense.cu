@@ -171,40 +171,22 @@ __global__ void __launch_bounds__(kThreads) split_kernel(DenseArgs args) {
         }
       }
     }
-    // Each warp's slice partial, lane-major so the writes and reads are conflict-free.
+    // 0 + P_0 + P_1 + ... in slice order (the prefill tile's additions).
     __shared__ float partials[kWarps][kTokenTiles * 4][32];
-    if (active) {
-#pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) partials[warp][4 * j + i][lane] = acc[j][i];
-      }
-    }
-    __syncthreads();
-    if (active && slice == 0) {
-      // d[0], d[1]: weight row g, tokens 2t and 2t + 1; d[2], d[3]: row g + 8, same tokens.
-      const int64_t n = n_base + group;
-#pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) {
-        float total[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          // 0 + P_0 + P_1 + ... in slice order (the prefill tile's additions).
-          float sum = 0.0f;
-          for (int s = 0; s < slices; ++s) sum += partials[warp + s][4 * j + i][lane];
-          total[i] = sum;
-        }
-        const int64_t token = tile + 8 * j + 2 * quad;
-        if (token < rows) {
-          args.out[token * args.out_stride + n] = total[0];
-          args.out[token * args.out_stride + n + 8] = total[2];
-        }
-        if (token + 1 < rows) {
-          args.out[(token + 1) * args.out_stride + n] = total[1];
-          args.out[(token + 1) * args.out_stride + n + 8] = total[3];
-        }
-      }
-    }
+    sum_slice_partials(partials, acc, active, slice == 0, slices,
+                       [&](int j, const float(&total)[4]) {
+                         // total[0], [1]: weight row g, tokens 2t and 2t + 1; [2], [3]: row g + 8.
+                         const int64_t n = n_base + group;
+                         const int64_t token = tile + 8 * j + 2 * quad;
+                         if (token < rows) {
+                           args.out[token * args.out_stride + n] = total[0];
+                           args.out[token * args.out_stride + n + 8] = total[2];
+                         }
+                         if (token + 1 < rows) {
+                           args.out[(token + 1) * args.out_stride + n] = total[1];
+                           args.out[(token + 1) * args.out_stride + n + 8] = total[3];
+                         }
+                       });
     __syncthreads();  // partials are rewritten by the next token tile
   }
 }
