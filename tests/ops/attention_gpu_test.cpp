@@ -326,6 +326,10 @@ void check_batch_against_cpu(const AttentionBatch& b, const std::string& what) {
 
 TEST_F(AttentionGpuTest, BatchMatchesTheCpu) {
   check_batch_against_cpu(real_batch(), "v41 5 requests");
+}
+
+// Named for the sanitizer runs' filter (scripts/cuda/run_device_tests.sh: *SmallShapes*).
+TEST_F(AttentionGpuTest, BatchSmallShapes) {
   check_batch_against_cpu(small_batch(16), "16 heads, 3 requests");
   check_batch_against_cpu(small_batch(24), "24 heads, 3 requests");
 }
@@ -346,7 +350,7 @@ TEST_F(AttentionGpuTest, BatchEqualsThePerRequestPathAndIsBatchInvariant) {
   }
 }
 
-TEST_F(AttentionGpuTest, WriteWindowRingsMatchesTheCpu) {
+TEST_F(AttentionGpuTest, WriteWindowRingsSmallShapes) {
   for (const char* batched : {"1", "0"}) {
     AttentionBatch b = small_batch(16);
     const BatchTensors d = device_tensors(b);
