@@ -2,8 +2,9 @@
 // there describes the data flow implemented here).
 //
 // Shape of one call: N tokens from R requests, token-major. Everything per token (projections,
-// norms, mHC, MoE) runs over all N rows at once; everything that reads a request's history
-// (window attention, compressor groups, indexer, engram n-grams) runs per request on its rows.
+// norms, mHC, MoE) runs over all N rows at once, and so does the attention (each token reads its
+// own request's window ring and compressed rows through a per-request table); what else reads a
+// request's history (compressor groups, indexer, engram n-grams) runs per request on its rows.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
