@@ -59,6 +59,8 @@ struct ForwardWorkspace {
   std::vector<TensorView> selection_view, candidates_view;
   // Per request, refilled per layer: what the batched attention reads and writes.
   std::vector<ops::AttentionRequest> attention_requests;
+  // Per request, refilled per compressor layer: its pending rings for write_window_rings.
+  std::vector<ops::AttentionRequest> pending_ring_writes;
 };
 
 namespace {
@@ -524,11 +526,35 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
       publish_compressed(layer, span, latent, first_group,
                          group_positions->positions.narrow(0, group_positions->offsets[r], groups));
     }
-    const int64_t first = std::max(span.start, span.end() - pending_kv.size(0));
-    const int64_t count = span.end() - first;
-    write_ring(kv.narrow(0, span.offset + first - span.start, count), pending_kv, first);
-    write_ring(gate.narrow(0, span.offset + first - span.start, count), pending_gate, first);
   }
+  // Then every request's new rows into its pending rings, one call per ring kind (each request's
+  // groups above read the rows these overwrite). false: the per-request copies of before.
+  constexpr bool kBatchedPendingWrites = true;
+  if (!kBatchedPendingWrites) {
+    for (const RequestSpan& span : spans_) {
+      const TensorView& pending_kv = span.state->pending_kv(layer);
+      const int64_t first = std::max(span.start, span.end() - pending_kv.size(0));
+      const int64_t count = span.end() - first;
+      write_ring(kv.narrow(0, span.offset + first - span.start, count), pending_kv, first);
+      write_ring(gate.narrow(0, span.offset + first - span.start, count),
+                 span.state->pending_gate(layer), first);
+    }
+    return;
+  }
+  std::vector<ops::AttentionRequest>& rings = ws_.pending_ring_writes;
+  rings.resize(spans_.size());
+  for (size_t r = 0; r < spans_.size(); ++r) {
+    rings[r] = ops::AttentionRequest{};
+    rings[r].window_ring = spans_[r].state->pending_kv(layer);
+    rings[r].offset = spans_[r].offset;
+    rings[r].count = spans_[r].count;
+    rings[r].start = spans_[r].start;
+  }
+  ops::write_window_rings(kv, rings);
+  for (size_t r = 0; r < spans_.size(); ++r) {
+    rings[r].window_ring = spans_[r].state->pending_gate(layer);
+  }
+  ops::write_window_rings(gate, rings);
 }
 
 // Turns the pre-RoPE latents [groups, head_dim] of groups [first_group, first_group + groups)
