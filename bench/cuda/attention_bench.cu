@@ -32,6 +32,7 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "roofline.cuh"
 
 namespace deepinfer::bench {
 namespace {
@@ -107,34 +108,6 @@ double time_ms(const std::function<void()>& call) {
   rt::synchronize();
   std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
   return per_call[per_call.size() / 2];
-}
-
-// ---- HBM read roofline ----------------------------------------------------------------------
-
-__global__ void read_kernel(const uint4* data, size_t count, unsigned* sink) {
-  uint32_t acc = 0;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    const uint4 v = __ldcs(data + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) atomicAdd(sink, 1u);  // keeps the loads; practically never true
-}
-
-double measure_read_gbps() {
-  constexpr size_t kBytes = size_t{2} << 30;  // far past the L2
-  Tensor buffer = Tensor::empty(DType::kI8, {static_cast<int64_t>(kBytes)}, rt::device_allocator());
-  DI_CUDA_CHECK(cudaMemset(buffer.view().raw_data(), 1, kBytes));
-  Tensor sink = Tensor::empty(DType::kI32, {1}, rt::device_allocator());
-  cudaDeviceProp prop{};
-  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const auto* data = static_cast<const uint4*>(buffer.view().raw_data());
-  auto* counter = static_cast<unsigned*>(sink.view().raw_data());
-  const double ms = time_ms([&] {
-    read_kernel<<<prop.multiProcessorCount * 8, 512>>>(data, kBytes / sizeof(uint4), counter);
-  });
-  return static_cast<double>(kBytes) / (ms * 1e6);
 }
 
 // ---- cases ----------------------------------------------------------------------------------
@@ -286,7 +259,7 @@ int run(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const double read_gbps = measure_read_gbps();
+  const double read_gbps = measure_hbm_read_gbps(size_t{2} << 30);  // far past the L2
   std::printf("attention bench on %s (%d SMs): HBM read %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, read_gbps);
   std::printf("%-14s %10s %10s %8s %10s %9s %9s %9s %11s %s\n", "case", "per-head", "head-grp",
