@@ -54,9 +54,12 @@ struct ForwardWorkspace {
   std::vector<int64_t> staging;
   Scratch metadata;
   std::vector<int32_t> positions, ids;
-  // Per request, per forward: the latest index source's selection and the candidate mask.
-  std::vector<Scratch> selection, candidates;
-  std::vector<TensorView> selection_view, candidates_view;
+  // The latest index source's selection [N, k] and the candidate source's mask [N, entries],
+  // for all rows of the step (the mask empty until a candidate source ran this step); per
+  // request, views of its selection rows (empty while it has no compressed entries).
+  Scratch selection, candidates;
+  TensorView candidate_mask;
+  std::vector<TensorView> selection_view;
   // Per request, refilled per layer: what the batched attention reads and writes.
   std::vector<ops::AttentionRequest> attention_requests;
   // Per request, refilled per compressor layer: its pending rings for write_window_rings.
@@ -611,33 +614,49 @@ void ForwardPass::indexer(int64_t layer, const TensorView& x, const TensorView& 
 
   const bool candidate_source = c_.is_candidate_source(layer);
   const bool uses_candidates = c_.uses_candidates(layer);
-  for (size_t r = 0; r < spans_.size(); ++r) {
-    const RequestSpan& span = spans_[r];
+  // One score matrix [N, most entries] for the whole step, so candidate selection and top-k run
+  // once over all rows (one block per row) instead of once per request. A request's columns past
+  // its own entries hold -inf, which both selections never keep: its rows select exactly what a
+  // matrix of its own width would, padded with -1 up to the common k (attention skips -1).
+  int64_t most_entries = 0;
+  bool ragged = false;
+  for (const RequestSpan& span : spans_) {
     const int64_t entries = span.end() / c_.compress_ratio(kv_source);
-    ws_.selection_view[r] = TensorView();
+    ragged = ragged || (most_entries > 0 && entries != most_entries);
+    most_entries = std::max(most_entries, entries);
+  }
+  for (size_t r = 0; r < spans_.size(); ++r) ws_.selection_view[r] = TensorView();
+  if (most_entries == 0) return;
+  const TensorView scores_view = f32(ws_.scores, {n_, most_entries});
+  if (ragged) ops::fill(scores_view, -std::numeric_limits<float>::infinity());
+  for (const RequestSpan& span : spans_) {
+    const int64_t entries = span.end() / c_.compress_ratio(kv_source);
     if (entries == 0) continue;
-    const TensorView visible = visible_all.narrow(0, span.offset, span.count);
-    const TensorView scores_view = f32(ws_.scores, {span.count, entries});
     ops::indexer_scores(q_view.narrow(0, span.offset, span.count),
                         span.state->index_keys(kv_source).narrow(0, 0, entries),
-                        w_view.narrow(0, span.offset, span.count), visible,
-                        1.0f / std::sqrt(static_cast<float>(index_dim)), scores_view);
-    if (candidate_source) {
-      const TensorView mask = take(ws_.candidates[r], DType::kI8, {span.count, entries});
-      ops::candidate_blocks(scores_view, visible, static_cast<int>(c_.candidate_topk_blocks),
-                            static_cast<int>(c_.candidate_block_size), mask);
-      ws_.candidates_view[r] = mask;
-    } else if (uses_candidates && ws_.candidates_view[r].numel() > 0) {
-      if (ws_.candidates_view[r].size(1) != entries) {
-        DI_THROW("index source ", layer, " scores ", entries,
-                 " entries but the candidate mask covers ", ws_.candidates_view[r].size(1));
-      }
-      ops::mask_scores(scores_view, ws_.candidates_view[r]);
+                        w_view.narrow(0, span.offset, span.count),
+                        visible_all.narrow(0, span.offset, span.count),
+                        1.0f / std::sqrt(static_cast<float>(index_dim)),
+                        scores_view.narrow(0, span.offset, span.count).narrow(1, 0, entries));
+  }
+  if (candidate_source) {
+    ws_.candidate_mask = take(ws_.candidates, DType::kI8, {n_, most_entries});
+    ops::candidate_blocks(scores_view, visible_all, static_cast<int>(c_.candidate_topk_blocks),
+                          static_cast<int>(c_.candidate_block_size), ws_.candidate_mask);
+  } else if (uses_candidates && ws_.candidate_mask.numel() > 0) {
+    if (ws_.candidate_mask.size(1) != most_entries) {
+      DI_THROW("index source ", layer, " scores ", most_entries,
+               " entries but the candidate mask covers ", ws_.candidate_mask.size(1));
     }
-    const int64_t k = std::min<int64_t>(c_.index_topk, entries);
-    const TensorView selection = take(ws_.selection[r], DType::kI32, {span.count, k});
-    ops::topk_indices(scores_view, static_cast<int>(k), selection);
-    ws_.selection_view[r] = selection;
+    ops::mask_scores(scores_view, ws_.candidate_mask);
+  }
+  const int64_t k = std::min<int64_t>(c_.index_topk, most_entries);
+  const TensorView selection = take(ws_.selection, DType::kI32, {n_, k});
+  ops::topk_indices(scores_view, static_cast<int>(k), selection);
+  for (size_t r = 0; r < spans_.size(); ++r) {
+    const RequestSpan& span = spans_[r];
+    if (span.end() / c_.compress_ratio(kv_source) == 0) continue;
+    ws_.selection_view[r] = selection.narrow(0, span.offset, span.count);
   }
 }
 
@@ -770,12 +789,8 @@ void Model::forward_impl(std::span<const ForwardRequest> requests,
     }
   }
   // Grow only: a Scratch dropped and re-made would free and reallocate device memory.
-  if (ws.selection.size() < spans.size()) {
-    ws.selection.resize(spans.size());
-    ws.candidates.resize(spans.size());
-  }
   ws.selection_view.assign(spans.size(), TensorView());
-  ws.candidates_view.assign(spans.size(), TensorView());
+  ws.candidate_mask = TensorView();
 
   ForwardPass pass(config_, parameters_, expert_weights_, numerics_, engram_.get(), rope_main_,
                    rope_compress_, ws, spans, tokens, observer_);
