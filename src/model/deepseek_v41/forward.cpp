@@ -44,7 +44,7 @@ struct ForwardWorkspace {
   Scratch streams, collapsed, sublayer_out;
   Scratch pre, post, comb, next_pre;
   Scratch qr, q, kv, attn_out, grouped;
-  Scratch comp_kv, comp_gate, gathered_kv, gathered_gate, latent;
+  Scratch comp_kv, comp_gate, gathered_kv, gathered_gate, latent, comp_keys, comp_entries;
   Scratch index_q, index_w, scores;
   Scratch moe_gate, moe_up, shared_out, route_weights, route_experts;
   Scratch engram_rows, engram_kv;
@@ -64,6 +64,9 @@ struct ForwardWorkspace {
   std::vector<ops::AttentionRequest> attention_requests;
   // Per request, refilled per compressor layer: its pending rings for write_window_rings.
   std::vector<ops::AttentionRequest> pending_ring_writes;
+  // Per request, per compressor layer: its completing groups' rows of the step's latents, and
+  // the same rows aimed at its compressed caches (write_window_rings scatters them).
+  std::vector<ops::AttentionRequest> completing_groups, cache_writes;
 };
 
 namespace {
@@ -168,8 +171,11 @@ class ForwardPass {
   void engram_layer(int64_t layer, int64_t engram_index);
   void attention(int64_t layer, const TensorView& x, const TensorView& out);
   void compressor(int64_t layer, const TensorView& x);
-  void publish_compressed(int64_t layer, const RequestSpan& span, const TensorView& latent,
-                          int64_t first_group, const TensorView& group_positions);
+  // Per request with completing groups: its rows [offset, offset + count) of the step's
+  // latents are its groups [start, start + count).
+  void publish_compressed(int64_t layer, const TensorView& latents,
+                          const TensorView& group_positions,
+                          std::span<const ops::AttentionRequest> groups);
   void indexer(int64_t layer, const TensorView& x, const TensorView& qr);
   void moe(int64_t layer, const TensorView& x, const TensorView& out);
 
@@ -488,13 +494,17 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const TensorView kv = f32(ws_.comp_kv, {n_, head_dim});
   ops::linear(x, ap.compressor_wkv, kv);
+  std::vector<ops::AttentionRequest>& completing = ws_.completing_groups;
+  completing.assign(spans_.size(), ops::AttentionRequest{});
   if (ratio == 1) {
     // Every token is its own group: a plain projection, normed.
     ops::rmsnorm(kv, ap.compressor_norm, eps, kv);
-    for (const RequestSpan& span : spans_) {
-      publish_compressed(layer, span, kv.narrow(0, span.offset, span.count), span.start,
-                         positions_.narrow(0, span.offset, span.count));
+    for (size_t r = 0; r < spans_.size(); ++r) {
+      completing[r].offset = spans_[r].offset;
+      completing[r].count = spans_[r].count;
+      completing[r].start = spans_[r].start;
     }
+    publish_compressed(layer, kv, positions_, completing);
     return;
   }
   const TensorView gate = f32(ws_.comp_gate, {n_, head_dim});
@@ -504,31 +514,36 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
     if (groups.ratio == ratio) group_positions = &groups;
   }
   DI_CHECK(group_positions != nullptr, "no group positions for ratio ", ratio);
-  for (size_t r = 0; r < spans_.size(); ++r) {
-    const RequestSpan& span = spans_[r];
-    RequestState& state = *span.state;
-    const TensorView& pending_kv = state.pending_kv(layer);
-    const TensorView& pending_gate = state.pending_gate(layer);
-    const int64_t first_group = span.start / ratio;
-    const int64_t groups = span.end() / ratio - first_group;
-    if (groups > 0) {
-      // The r rows of each completing group: older ones from the pending ring, the rest from
-      // this call.
+  // The r rows of every completing group of the step, request after request (the order of the
+  // group positions): older ones from the request's pending ring, the rest from this call. Then
+  // one pooling and one norm over all of them.
+  const int64_t total_groups = group_positions->offsets.back();
+  if (total_groups > 0) {
+    const TensorView gathered_kv = f32(ws_.gathered_kv, {total_groups * ratio, head_dim});
+    const TensorView gathered_gate = f32(ws_.gathered_gate, {total_groups * ratio, head_dim});
+    for (size_t r = 0; r < spans_.size(); ++r) {
+      const RequestSpan& span = spans_[r];
+      const int64_t first_group = span.start / ratio;
+      const int64_t groups = span.end() / ratio - first_group;
+      if (groups == 0) continue;
       const int64_t first = first_group * ratio;
       const int64_t old_rows = span.start - first;
       const int64_t new_rows = groups * ratio - old_rows;
-      const TensorView gathered_kv = f32(ws_.gathered_kv, {groups * ratio, head_dim});
-      const TensorView gathered_gate = f32(ws_.gathered_gate, {groups * ratio, head_dim});
-      read_ring(pending_kv, first, gathered_kv.narrow(0, 0, old_rows));
-      read_ring(pending_gate, first, gathered_gate.narrow(0, 0, old_rows));
-      ops::copy(kv.narrow(0, span.offset, new_rows), gathered_kv.narrow(0, old_rows, new_rows));
-      ops::copy(gate.narrow(0, span.offset, new_rows), gathered_gate.narrow(0, old_rows, new_rows));
-      const TensorView latent = f32(ws_.latent, {groups, head_dim});
-      ops::compress_pool(gathered_kv, gathered_gate, static_cast<int>(ratio), latent);
-      ops::rmsnorm(latent, ap.compressor_norm, eps, latent);
-      publish_compressed(layer, span, latent, first_group,
-                         group_positions->positions.narrow(0, group_positions->offsets[r], groups));
+      const int64_t row = group_positions->offsets[r] * ratio;
+      read_ring(span.state->pending_kv(layer), first, gathered_kv.narrow(0, row, old_rows));
+      read_ring(span.state->pending_gate(layer), first, gathered_gate.narrow(0, row, old_rows));
+      ops::copy(kv.narrow(0, span.offset, new_rows),
+                gathered_kv.narrow(0, row + old_rows, new_rows));
+      ops::copy(gate.narrow(0, span.offset, new_rows),
+                gathered_gate.narrow(0, row + old_rows, new_rows));
+      completing[r].offset = group_positions->offsets[r];
+      completing[r].count = groups;
+      completing[r].start = first_group;
     }
+    const TensorView latent = f32(ws_.latent, {total_groups, head_dim});
+    ops::compress_pool(gathered_kv, gathered_gate, static_cast<int>(ratio), latent);
+    ops::rmsnorm(latent, ap.compressor_norm, eps, latent);
+    publish_compressed(layer, latent, group_positions->positions, completing);
   }
   // Then every request's new rows into its pending rings, one call per ring kind (each request's
   // groups above read the rows these overwrite). false: the per-request copies of before.
@@ -560,34 +575,46 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
   ops::write_window_rings(gate, rings);
 }
 
-// Turns the pre-RoPE latents [groups, head_dim] of groups [first_group, first_group + groups)
-// into indexer keys (when the source runs an indexer) and compressed KV entries, both in the
-// request's state.
-void ForwardPass::publish_compressed(int64_t layer, const RequestSpan& span,
-                                     const TensorView& latent, int64_t first_group,
-                                     const TensorView& group_positions) {
-  const int64_t groups = latent.size(0);
-  if (groups == 0) return;
+// Turns the step's pre-RoPE latents [G, head_dim] into indexer keys (when the source runs an
+// indexer) and compressed KV entries, each op once over all G rows, then scatters every
+// request's rows into its state at their group index (the caches never wrap: a group's slot is
+// its index, checked against max_groups).
+void ForwardPass::publish_compressed(int64_t layer, const TensorView& latents,
+                                     const TensorView& group_positions,
+                                     std::span<const ops::AttentionRequest> groups) {
+  const int64_t total = latents.size(0);
+  if (total == 0) return;
   const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
-  RequestState& state = *span.state;
-  if (first_group + groups > state.max_groups(layer)) {
-    DI_THROW("compressed cache of layer ", layer, " is full (", state.max_groups(layer),
-             " groups)");
+  std::vector<ops::AttentionRequest>& targets = ws_.cache_writes;
+  targets.assign(groups.begin(), groups.end());
+  for (size_t r = 0; r < spans_.size(); ++r) {
+    const RequestState& state = *spans_[r].state;
+    if (targets[r].count == 0) continue;
+    if (targets[r].start + targets[r].count > state.max_groups(layer)) {
+      DI_THROW("compressed cache of layer ", layer, " is full (", state.max_groups(layer),
+               " groups)");
+    }
   }
-  // A latent stands for its group's first token: gp, from the step's metadata.
-  const TensorView& gp = group_positions;
+  // A latent stands for its group's first token: its position, from the step's metadata.
   if (c_.is_index_source(layer)) {
-    // linear reads the latent only, so it stays pre-RoPE for the KV entry below.
-    const TensorView key_view = state.index_keys(layer).narrow(0, first_group, groups);
-    ops::linear(latent, ap.indexer_wk, key_view);
-    ops::rmsnorm(key_view, ap.indexer_k_norm, static_cast<float>(c_.rms_norm_eps), key_view);
-    ops::rope(key_view, gp, rope_compress_, false);
-    ops::fake_quant_fp4(key_view, 32, ops::Fp4ScaleFormat::kUe8m0);
+    const TensorView keys = f32(ws_.comp_keys, {total, c_.index_head_dim});
+    ops::linear(latents, ap.indexer_wk, keys);
+    ops::rmsnorm(keys, ap.indexer_k_norm, static_cast<float>(c_.rms_norm_eps), keys);
+    ops::rope(keys, group_positions, rope_compress_, false);
+    ops::fake_quant_fp4(keys, 32, ops::Fp4ScaleFormat::kUe8m0);
+    for (size_t r = 0; r < spans_.size(); ++r) {
+      targets[r].window_ring = spans_[r].state->index_keys(layer);
+    }
+    ops::write_window_rings(keys, targets);
   }
-  const TensorView entry_view = state.compressed_kv(layer).narrow(0, first_group, groups);
-  ops::copy(latent, entry_view);
-  ops::rope(entry_view, gp, rope_compress_, false);
-  ops::fake_quant_fp4(entry_view, 16, ops::Fp4ScaleFormat::kE4m3);
+  const TensorView entries = f32(ws_.comp_entries, {total, c_.head_dim});
+  ops::copy(latents, entries);
+  ops::rope(entries, group_positions, rope_compress_, false);
+  ops::fake_quant_fp4(entries, 16, ops::Fp4ScaleFormat::kE4m3);
+  for (size_t r = 0; r < spans_.size(); ++r) {
+    targets[r].window_ring = spans_[r].state->compressed_kv(layer);
+  }
+  ops::write_window_rings(entries, targets);
 }
 
 void ForwardPass::indexer(int64_t layer, const TensorView& x, const TensorView& qr) {

@@ -679,6 +679,7 @@ __global__ void __launch_bounds__(kRingThreads)
     write_window_rings_kernel(DeviceRows<const float> fresh, const DeviceRequest* requests,
                               const int32_t* token_request) {
   const int64_t t = blockIdx.x;
+  if (token_request[t] < 0) return;  // a row no request claims is not written (as on the CPU)
   const DeviceRequest& request = requests[token_request[t]];
   const int64_t position = request.start + t - request.offset;
   if (position < request.start + request.count - request.ring_capacity) return;
