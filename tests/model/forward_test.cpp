@@ -121,6 +121,47 @@ TEST(ForwardTest, ARequestsLogitsDoNotDependOnTheRestOfTheBatch) {
   EXPECT_EQ(alone[0], together[1]);  // bit-identical: batch invariance
 }
 
+TEST(ForwardTest, RequestsAtDifferentPositionsInOneStepEqualEachAlone) {
+  // One step holding a long request's decode token and a new request's first tokens: their
+  // compressed entries differ (ratio 2: 20 groups against 0 or 1; ratio 1: 41 against 1 or 3,
+  // fewer than index_topk), so the step's shared score matrix is ragged and the short request's
+  // selections are padded. Each request's logits must be exactly its logits alone.
+  for (const Numerics numerics : {Numerics::kDense, Numerics::kReleased}) {
+    Fixture f("{}", WeightFormat::kReleased, numerics);
+    const int64_t vocab = f.config.vocab_size;
+    const auto history = random_tokens(40, vocab, 31);
+    const auto next = random_tokens(1, vocab, 32);
+    for (const int64_t fresh_count : {1, 3}) {
+      const auto fresh = random_tokens(fresh_count, vocab, 33);
+      auto step = [&](bool with_long, bool with_fresh) {
+        RequestState long_state(f.config, f.limits());
+        RequestState fresh_state(f.config, f.limits());
+        std::vector<float> ignored(history.size() * static_cast<size_t>(vocab));
+        const ForwardRequest prefill{&long_state, history};
+        f.model->forward({&prefill, 1},
+                         TensorView::contiguous(ignored.data(), DType::kF32,
+                                                {static_cast<int64_t>(history.size()), vocab}));
+        std::vector<ForwardRequest> requests;
+        if (with_long) requests.push_back({&long_state, next});
+        if (with_fresh) requests.push_back({&fresh_state, fresh});
+        const int64_t rows = (with_long ? 1 : 0) + (with_fresh ? fresh_count : 0);
+        std::vector<float> logits(static_cast<size_t>(rows * vocab));
+        f.model->forward(requests,
+                         TensorView::contiguous(logits.data(), DType::kF32, {rows, vocab}));
+        return logits;
+      };
+      const auto both = step(true, true);
+      const auto long_alone = step(true, false);
+      const auto fresh_alone = step(false, true);
+      EXPECT_TRUE(std::equal(long_alone.begin(), long_alone.end(), both.begin()))
+          << "long request, fresh request of " << fresh_count;
+      EXPECT_TRUE(std::equal(fresh_alone.begin(), fresh_alone.end(),
+                             both.begin() + static_cast<int64_t>(vocab)))
+          << "fresh request of " << fresh_count;
+    }
+  }
+}
+
 TEST(ForwardTest, SelectedLogitRowsEqualThoseRowsOfTheFullLogits) {
   // Released numerics: the head runs on the same linear either way, so the rows must be the
   // full call's bit for bit, in the order asked (repeats allowed).
