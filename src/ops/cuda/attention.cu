@@ -459,19 +459,15 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
 }
 
 bool aligned_rows(const void* data, int64_t stride_elements) {
-  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && stride_elements % 4 == 0;
-}
-
-bool setting_off(const char* name) {
-  const char* setting = std::getenv(name);
-  return setting != nullptr && std::string_view(setting) == "0";
+  return aligned_to(data, 16) && stride_elements % 4 == 0;
 }
 
 // The head-group kernel's shapes and alignment (`key_rows_aligned`: every key row the call can
 // read); DEEPINFER_ATTENTION_HEAD_GROUPS=0 turns it off (read at every call, so one process can
 // time both kernels).
 bool head_group_kernel_fits(const AttentionArgs& args, bool key_rows_aligned) {
-  if (!kUseHeadGroupKernel || setting_off("DEEPINFER_ATTENTION_HEAD_GROUPS")) return false;
+  if (!kUseHeadGroupKernel || disabled_by_environment("DEEPINFER_ATTENTION_HEAD_GROUPS"))
+    return false;
   return args.head_dim == kGroupHeadDim && args.heads % kGroupHeads == 0 &&
          aligned_rows(args.q.data, args.q.stride) && aligned_rows(args.out.data, args.out.stride) &&
          key_rows_aligned;
@@ -522,7 +518,7 @@ void launch_attention(const AttentionArgs& args, int64_t tokens, bool key_rows_a
 }
 
 bool batched_path_on() {
-  return kUseBatchedAttention && !setting_off("DEEPINFER_ATTENTION_BATCHED");
+  return kUseBatchedAttention && !disabled_by_environment("DEEPINFER_ATTENTION_BATCHED");
 }
 
 // Calls fn(slot, row, length) for the runs of ring slots holding positions [first, first +

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "core/error.h"
@@ -110,6 +112,23 @@ T* upload(StreamBuffer& buffer, const T* host, size_t count) {
 
 inline unsigned blocks_for(int64_t work, int threads) {
   return static_cast<unsigned>((work + threads - 1) / threads);
+}
+
+inline bool aligned_to(const void* pointer, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+// The fast paths' run-time switches: NAME=0 in the environment turns one off (so one binary
+// can compare both paths on the GPU machine, or step around a bad one without a rebuild).
+inline bool disabled_by_environment(const char* name) {
+  const char* setting = std::getenv(name);
+  return setting != nullptr && std::string_view(setting) == "0";
+}
+
+// Bad arguments are the caller's error (Error naming them), not an internal one.
+template <typename... Parts>
+void require(bool condition, const Parts&... parts) {
+  if (!condition) DI_THROW(parts...);
 }
 
 // ---- device numerics --------------------------------------------------------------------
@@ -255,9 +274,12 @@ __device__ __forceinline__ void warp_fake_quant_fp8_block(const float* in, float
 // Every op file launches through these helpers; naming them once here keeps the files' own
 // using-lists to what is particular to them.
 namespace deepinfer::ops::cuda {
+using deepinfer::cuda::aligned_to;
 using deepinfer::cuda::blocks_for;
 using deepinfer::cuda::current_stream;
 using deepinfer::cuda::device_rows;
 using deepinfer::cuda::DeviceRows;
+using deepinfer::cuda::disabled_by_environment;
+using deepinfer::cuda::require;
 using deepinfer::cuda::StreamBuffer;
 }  // namespace deepinfer::ops::cuda

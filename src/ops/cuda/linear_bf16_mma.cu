@@ -273,13 +273,10 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
   }
 }
 
-bool aligned16(const void* pointer) {
-  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
-}
-
 bool bf16_mma_fits(const DeviceWeight& w, const DeviceRows<const float>& x) {
   return w.kind == WeightKind::kBF16 && w.in % kChunk == 0 && w.out % kRowsPerWarp == 0 &&
-         w.row_bytes == 2 * w.in && aligned16(w.bytes) && x.stride % 4 == 0 && aligned16(x.data);
+         w.row_bytes == 2 * w.in && aligned_to(w.bytes, 16) && x.stride % 4 == 0 &&
+         aligned_to(x.data, 16);
 }
 
 template <int kTerms>

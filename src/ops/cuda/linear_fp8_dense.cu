@@ -37,11 +37,6 @@ constexpr bool kFp8DenseEnabled = true;
 // above 16 rows (same bits, slower at prefill).
 constexpr bool kFp8DenseTileEnabled = true;
 
-bool environment_says_off(const char* name) {
-  const char* setting = std::getenv(name);
-  return setting != nullptr && std::string_view(setting) == "0";
-}
-
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerWarp = 16;  // the MMA's M
@@ -384,18 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_tile_kernel(DenseArgs arg
 
 // ---- host ---------------------------------------------------------------------------------
 
-bool aligned_to(const void* pointer, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
-}
-
 bool tile_fits(int64_t n) {
   return n % kTileRows == 0;
-}
-
-// Bad arguments are the caller's error (Error), not an internal one.
-template <typename... Parts>
-void require(bool condition, const Parts&... parts) {
-  if (!condition) DI_THROW(parts...);
 }
 
 bool weight_fits(const LinearWeight& weight) {
@@ -424,13 +409,13 @@ void launch_split(const DenseArgs& args, deepinfer::cuda::StreamHandle stream) {
 }  // namespace
 
 bool linear_fp8_dense_enabled() {
-  static const bool enabled = kFp8DenseEnabled && !environment_says_off("DEEPINFER_FP8_DENSE");
+  static const bool enabled = kFp8DenseEnabled && !disabled_by_environment("DEEPINFER_FP8_DENSE");
   return enabled;
 }
 
 bool linear_fp8_dense_tile_enabled() {
   static const bool enabled =
-      kFp8DenseTileEnabled && !environment_says_off("DEEPINFER_FP8_DENSE_TILE");
+      kFp8DenseTileEnabled && !disabled_by_environment("DEEPINFER_FP8_DENSE_TILE");
   return enabled;
 }
 

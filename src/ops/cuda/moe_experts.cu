@@ -33,8 +33,7 @@ constexpr int kMaxTopK = 64;
 constexpr bool kFusedFp4Experts = true;
 // DEEPINFER_MOE_FUSED=0 starts with the earlier path (a same-binary comparison on the GPU).
 bool fused_fp4_experts_by_default() {
-  const char* setting = std::getenv("DEEPINFER_MOE_FUSED");
-  return kFusedFp4Experts && !(setting != nullptr && std::string_view(setting) == "0");
+  return kFusedFp4Experts && !disabled_by_environment("DEEPINFER_MOE_FUSED");
 }
 std::atomic<bool> fused_fp4_experts{fused_fp4_experts_by_default()};
 

@@ -366,10 +366,8 @@ constexpr bool kUsePrefillTiles = true;
 // kUsePrefillTiles unless DEEPINFER_MOE_PREFILL_TILE=0, which lets one binary compare the two
 // prefill paths (or step around this one) on the GPU machine.
 bool prefill_tiles_enabled() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("DEEPINFER_MOE_PREFILL_TILE");
-    return kUsePrefillTiles && !(setting != nullptr && std::string_view(setting) == "0");
-  }();
+  static const bool enabled =
+      kUsePrefillTiles && !disabled_by_environment("DEEPINFER_MOE_PREFILL_TILE");
   return enabled;
 }
 
@@ -676,12 +674,6 @@ constexpr int kPrefillSmemBytes =
     std::max(PrefillTile<kSmallTileTokens / kTileWarpsAlongTokens>::kSmemBytes,
              PrefillTile<kBigTileTokens / kTileWarpsAlongTokens>::kSmemBytes);
 
-// Bad arguments are the caller's error (Error), not an internal one.
-template <typename... Parts>
-void require(bool condition, const Parts&... parts) {
-  if (!condition) DI_THROW(parts...);
-}
-
 const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* what) {
   require(view.device().is_cuda() && view.dtype() == dtype && view.is_contiguous(), what,
           " must be a contiguous ", dtype_name(dtype), " device tensor, got ", view.to_string());
@@ -847,10 +839,6 @@ MoeScratch carve_moe_scratch(void* base, int64_t entries, int64_t dim, int64_t i
   scratch.mid_codes = take(entries * inter);
   scratch.mid_scales = take(entries * inter / kScaleBlock);
   return scratch;
-}
-
-bool aligned_to(const void* pointer, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
 }
 
 }  // namespace
