@@ -11,6 +11,7 @@
 //  - `out` may alias an input only where the op says so.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -111,6 +112,20 @@ void sink_attention(const TensorView& q, const TensorView& window_kv,
                     const TensorView& window_range, const TensorView& compressed_kv,
                     const TensorView& compressed_idx, const TensorView& sink, float scale,
                     const TensorView& out);
+
+// Calls fn(slot, row, length) for the runs of ring slots holding positions [first, first +
+// count) of a ring of `capacity` rows (slot = position % capacity): at most two runs. For copies
+// of ring rows in contiguous pieces.
+template <typename Fn>
+void for_each_ring_run(int64_t capacity, int64_t first, int64_t count, Fn&& fn) {
+  int64_t row = 0;
+  while (row < count) {
+    const int64_t slot = (first + row) % capacity;
+    const int64_t length = std::min(count - row, capacity - slot);
+    fn(slot, row, length);
+    row += length;
+  }
+}
 
 // One request's share of a batched attention call (sink_attention_batch, write_window_rings).
 // Its tokens are rows [offset, offset + count) of the call, at positions [start, start + count).

@@ -107,31 +107,20 @@ struct RequestSpan {
   int64_t end() const { return start + count; }
 };
 
-// Calls fn(slot, row, length) for the runs of ring slots holding positions [first, first +
-// count) of a ring of `capacity` rows (slot = position % capacity): at most two runs.
-template <typename Fn>
-void for_each_ring_run(int64_t capacity, int64_t first, int64_t count, Fn&& fn) {
-  int64_t row = 0;
-  while (row < count) {
-    const int64_t slot = (first + row) % capacity;
-    const int64_t length = std::min(count - row, capacity - slot);
-    fn(slot, row, length);
-    row += length;
-  }
-}
-
 // dst [count, D] = the ring rows of positions [first, first + count).
 void read_ring(const TensorView& ring, int64_t first, const TensorView& dst) {
-  for_each_ring_run(ring.size(0), first, dst.size(0), [&](int64_t slot, int64_t row, int64_t n) {
-    ops::copy(ring.narrow(0, slot, n), dst.narrow(0, row, n));
-  });
+  ops::for_each_ring_run(ring.size(0), first, dst.size(0),
+                         [&](int64_t slot, int64_t row, int64_t n) {
+                           ops::copy(ring.narrow(0, slot, n), dst.narrow(0, row, n));
+                         });
 }
 
 // The ring rows of positions [first, first + count) = src [count, D].
 void write_ring(const TensorView& src, const TensorView& ring, int64_t first) {
-  for_each_ring_run(ring.size(0), first, src.size(0), [&](int64_t slot, int64_t row, int64_t n) {
-    ops::copy(src.narrow(0, row, n), ring.narrow(0, slot, n));
-  });
+  ops::for_each_ring_run(ring.size(0), first, src.size(0),
+                         [&](int64_t slot, int64_t row, int64_t n) {
+                           ops::copy(src.narrow(0, row, n), ring.narrow(0, slot, n));
+                         });
 }
 
 // One forward call: the batch layout plus the layer-by-layer computation.

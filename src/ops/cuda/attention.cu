@@ -521,19 +521,6 @@ bool batched_path_on() {
   return kUseBatchedAttention && !disabled_by_environment("DEEPINFER_ATTENTION_BATCHED");
 }
 
-// Calls fn(slot, row, length) for the runs of ring slots holding positions [first, first +
-// count) of a ring of `capacity` rows: at most two runs.
-template <typename Fn>
-void for_each_ring_run(int64_t capacity, int64_t first, int64_t count, Fn&& fn) {
-  int64_t row = 0;
-  while (row < count) {
-    const int64_t slot = (first + row) % capacity;
-    const int64_t length = std::min(count - row, capacity - slot);
-    fn(slot, row, length);
-    row += length;
-  }
-}
-
 // The per-request path (kUseBatchedAttention off): each request's window rows gathered into
 // one matrix with copies, then the single-matrix form on its tokens.
 void attention_per_request(const TensorView& q, const TensorView& new_kv,
