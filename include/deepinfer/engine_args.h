@@ -26,7 +26,9 @@ struct EngineArgs {
   int32_t max_num_seqs = 64;
   // Token budget of one step: decode tokens first, then prefill chunks fill the rest.
   int32_t max_num_batched_tokens = 2048;
-  // Fraction of the device memory (host memory on cpu) the state pools may use after weights.
+  // Fraction of the memory free on the model's device after the weights (host memory on cpu)
+  // the state slots may take: engine creation fails naming it when max_num_seqs slots of
+  // max_model_len tokens do not fit.
   float memory_fraction = 0.9f;
   // Explicit size of the state pools in bytes; overrides memory_fraction when > 0 (tests use
   // tiny pools to force preemption).

@@ -305,7 +305,8 @@ void bind_engine_args(nb::module_& module) {
   add_field(cls, *setters, "max_num_batched_tokens", &EngineArgs::max_num_batched_tokens,
             "Token budget of one step.");
   add_field(cls, *setters, "memory_fraction", &EngineArgs::memory_fraction,
-            "Fraction of the memory the state pools may use after the weights.");
+            "Fraction of the memory free after the weights that the state slots may take; "
+            "engine creation fails naming it when they do not fit.");
   add_field(cls, *setters, "state_pool_bytes", &EngineArgs::state_pool_bytes,
             "Explicit state pool size in bytes; overrides memory_fraction when > 0.");
   add_field(cls, *setters, "seed", &EngineArgs::seed, "Seed of requests without seq_seed.");

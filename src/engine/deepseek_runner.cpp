@@ -27,6 +27,10 @@ namespace deepinfer::engine {
 
 namespace v41 = deepseek_v41;
 
+int64_t ModelRunner::free_memory() const {
+  return ops::free_memory(Device::cpu());
+}
+
 void ModelRunner::sample(std::span<const sampling::SamplerRow>, std::span<sampling::SampledToken>) {
   throw InternalError("ModelRunner::sample called on a runner that samples on the host");
 }
@@ -81,6 +85,14 @@ int64_t DeepseekRunner::state_bytes_per_token() const {
                                   probe.index_keys(layer).nbytes());
   }
   return std::max<int64_t>(1, bytes / kProbeTokens);
+}
+
+int64_t DeepseekRunner::slot_bytes(int64_t max_tokens) const {
+  return v41::RequestState::bytes(config_, v41::StateLimits{max_tokens, 0});
+}
+
+int64_t DeepseekRunner::free_memory() const {
+  return ops::free_memory(device_);
 }
 
 void DeepseekRunner::allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot,

@@ -29,6 +29,8 @@ class DeepseekRunner final : public ModelRunner {
   std::vector<int32_t> eos_token_ids() const override;
   int64_t max_model_len() const override;
   int64_t state_bytes_per_token() const override;
+  int64_t slot_bytes(int64_t max_tokens) const override;
+  int64_t free_memory() const override;
   void allocate_slots(int32_t num_slots, int64_t max_tokens_per_slot,
                       int64_t max_tokens_per_step) override;
   void reset_slot(int32_t slot) override;

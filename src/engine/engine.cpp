@@ -479,6 +479,23 @@ Engine::Engine(const EngineArgs& args, std::unique_ptr<ModelRunner> runner,
     DI_THROW("EngineArgs.max_num_batched_tokens must be > 0, got ", args.max_num_batched_tokens);
   }
   int64_t capacity = static_cast<int64_t>(args.max_num_seqs) * s.max_model_len;
+  if (args.state_pool_bytes == 0) {
+    // Every slot is allocated at max_model_len now: they must fit the memory_fraction of what
+    // the model's memory has free once the weights are in.
+    const int64_t slots_bytes = args.max_num_seqs * s.runner->slot_bytes(s.max_model_len);
+    const int64_t free_bytes = s.runner->free_memory();
+    const double allowed =
+        static_cast<double>(args.memory_fraction) * static_cast<double>(free_bytes);
+    if (static_cast<double>(slots_bytes) > allowed) {
+      constexpr double kMiB = 1024.0 * 1024.0;
+      DI_THROW("the request state slots need ", static_cast<int64_t>(slots_bytes / kMiB),
+               " MiB (max_num_seqs ", args.max_num_seqs, " x max_model_len ", s.max_model_len,
+               "), more than memory_fraction ", args.memory_fraction, " of the ",
+               static_cast<int64_t>(static_cast<double>(free_bytes) / kMiB),
+               " MiB free on the model's device: lower max_num_seqs or max_model_len, or raise "
+               "memory_fraction");
+    }
+  }
   if (args.state_pool_bytes > 0) {
     capacity = std::min(
         capacity, args.state_pool_bytes / std::max<int64_t>(1, s.runner->state_bytes_per_token()));

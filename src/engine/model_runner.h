@@ -32,6 +32,12 @@ class ModelRunner {
   virtual int64_t max_model_len() const = 0;
   // Bytes of state one token of one request occupies (pool sizing from state_pool_bytes).
   virtual int64_t state_bytes_per_token() const = 0;
+  // Bytes one slot allocated for `max_tokens` takes, and the bytes its memory has free now
+  // (the engine checks its slots against EngineArgs.memory_fraction of that).
+  virtual int64_t slot_bytes(int64_t max_tokens) const {
+    return max_tokens * state_bytes_per_token();
+  }
+  virtual int64_t free_memory() const;
 
   // Creates every state slot, and whatever a step needs (a runner on a GPU: its logits
   // buffers), once at start-up; nothing is allocated per step afterwards. A step holds at most

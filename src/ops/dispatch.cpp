@@ -1,4 +1,9 @@
 // The public op layer: each function runs the backend of its first tensor argument's device.
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
 #include "core/error.h"
 #include "ops/ops.h"
 #ifdef DEEPINFER_HAS_CUDA
@@ -171,6 +176,26 @@ Allocator& allocator_for(Device device) {
   DI_THROW("no allocator for ", device.to_string(),
            ": this deepinfer was built without the CUDA backend (-DDEEPINFER_CUDA=ON)");
 #endif
+}
+
+int64_t free_memory(Device device) {
+  if (device.is_cuda()) {
+#ifdef DEEPINFER_HAS_CUDA
+    return deepinfer::cuda::free_memory(device.index);
+#else
+    DI_THROW("no memory figures for ", device.to_string(),
+             ": this deepinfer was built without the CUDA backend (-DDEEPINFER_CUDA=ON)");
+#endif
+  }
+  // MemAvailable counts reclaimable caches, which free RAM alone does not.
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
 }
 
 void synchronize(Device device) {

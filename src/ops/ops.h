@@ -286,6 +286,9 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
 
 // The allocator for long-lived tensors (weights, request state, scratch) on `device`.
 Allocator& allocator_for(Device device);
+// Bytes a new allocation on `device` can still take: free device memory on a GPU, the
+// kernel's MemAvailable estimate of host memory on the CPU.
+int64_t free_memory(Device device);
 // Waits for the work queued on `device` (the current stream) and throws Error for any
 // out-of-range index a kernel met since the last call; nothing on the host.
 void synchronize(Device device);

@@ -208,6 +208,22 @@ TEST_P(EngineModes, AbortMidGenerationLeavesOthersIntact) {
 
 INSTANTIATE_TEST_SUITE_P(AsyncOnOff, EngineModes, ::testing::Bool());
 
+TEST(Engine, StateSlotsBeyondMemoryFractionFailNamingIt) {
+  // 6 slots of kMaxLen tokens at the toy's 8 bytes a token cannot fit 1e-12 of any machine's
+  // free memory; an explicit state_pool_bytes is the caller's choice and is not checked.
+  EngineArgs args = small_args(false);
+  args.memory_fraction = 1e-12f;
+  try {
+    make_engine(args);
+    ADD_FAILURE() << "the engine accepted state slots larger than memory_fraction allows";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("memory_fraction"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_num_seqs 6"), std::string::npos) << e.what();
+  }
+  args.state_pool_bytes = 8 * 100;
+  EXPECT_NO_THROW(make_engine(args));
+}
+
 TEST(Engine, RunsAreIdenticalAcrossRunsAndAsyncModes) {
   const auto cases = mixed_cases(32, 77);
   std::vector<std::vector<int32_t>> first;

@@ -232,6 +232,23 @@ TEST(ForwardTest, RollbackRestoresTheStateExactly) {
   EXPECT_THROW(plain.rollback(9), Error);  // beyond max_rollback
 }
 
+TEST(ForwardTest, StateBytesAreWhatTheStateAllocates) {
+  Fixture f("{}", WeightFormat::kDense, Numerics::kDense);
+  for (const StateLimits limits : {StateLimits{256, 8}, StateLimits{37, 0}, StateLimits{1, 3}}) {
+    const RequestState state(f.config, limits);
+    int64_t allocated = 0;
+    for (int64_t layer = 0; layer < f.config.num_hidden_layers; ++layer) {
+      allocated += static_cast<int64_t>(state.window(layer).nbytes());
+    }
+    for (int64_t layer : f.config.kv_source_layer_ids) {
+      allocated += static_cast<int64_t>(
+          state.compressed_kv(layer).nbytes() + state.index_keys(layer).nbytes() +
+          state.pending_kv(layer).nbytes() + state.pending_gate(layer).nbytes());
+    }
+    EXPECT_EQ(RequestState::bytes(f.config, limits), allocated) << limits.max_tokens;
+  }
+}
+
 TEST(ForwardTest, BadInputsFailClearly) {
   Fixture f("{}", WeightFormat::kDense, Numerics::kDense);
   RequestState state(f.config, {16, 0});

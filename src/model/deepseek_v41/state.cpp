@@ -50,6 +50,20 @@ RequestState::RequestState(const DeepseekV41TextConfig& config, StateLimits limi
   }
 }
 
+int64_t RequestState::bytes(const DeepseekV41TextConfig& config, StateLimits limits) {
+  const int64_t f32 = static_cast<int64_t>(sizeof(float));
+  int64_t total = config.num_hidden_layers * (config.sliding_window + limits.max_rollback) *
+                  config.head_dim * f32;
+  for (int64_t layer : config.kv_source_layer_ids) {
+    const int64_t ratio = config.compress_ratio(layer);
+    const int64_t groups = limits.max_tokens / ratio + 1;
+    total += groups * config.head_dim * f32;
+    if (config.is_index_source(layer)) total += groups * config.index_head_dim * f32;
+    if (ratio > 1) total += 2 * (ratio + limits.max_rollback) * config.head_dim * f32;
+  }
+  return total;
+}
+
 void RequestState::rollback(int64_t count) {
   if (count < 0 || count > limits_.max_rollback || count > length_) {
     DI_THROW("cannot roll back ", count, " tokens: the state holds ", length_,

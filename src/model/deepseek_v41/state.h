@@ -41,6 +41,10 @@ class RequestState {
   int64_t length() const { return length_; }
   const StateLimits& limits() const { return limits_; }
 
+  // Bytes a state with these limits holds on its device: what the constructor allocates (all
+  // but the few-int engram history, on the host), computed without allocating.
+  static int64_t bytes(const DeepseekV41TextConfig& config, StateLimits limits);
+
   // Forgets the last `count` tokens. Throws Error when count exceeds max_rollback or length().
   void rollback(int64_t count);
   // Back to an empty sequence (nothing is freed).

@@ -74,6 +74,18 @@ void DeviceAllocator::deallocate(void* ptr, size_t, size_t) {
   if (ptr != nullptr) cudaFree(ptr);  // never throws: called from destructors
 }
 
+int64_t free_memory(int ordinal) {
+  device_allocator(ordinal);  // the GPU checks, with their errors
+  int previous = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&previous));
+  DI_CUDA_CHECK(cudaSetDevice(ordinal));
+  size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
+  DI_CUDA_CHECK(cudaSetDevice(previous));
+  DI_CUDA_CHECK(status);
+  return static_cast<int64_t>(free_bytes);
+}
+
 Allocator& device_allocator(int ordinal) {
   constexpr int kMaxDevices = 16;
   static std::array<std::unique_ptr<DeviceAllocator>, kMaxDevices> allocators;

@@ -69,6 +69,9 @@ Tensor to_host(const TensorView& device_view);
 // Sets every byte of a contiguous device view (tests fill outputs with a NaN sentinel).
 void fill_bytes(const TensorView& view, uint8_t byte);
 
+// Free bytes on GPU `ordinal` (cudaMemGetInfo); checks the GPU as device_allocator does.
+int64_t free_memory(int ordinal);
+
 // Waits for the current stream, then throws Error if any kernel since the last call met an
 // index outside its table (kernels cannot throw: they record the first such problem, skip the
 // bad entry, and report it here).
