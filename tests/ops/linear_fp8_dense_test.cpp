@@ -29,6 +29,8 @@ namespace {
 
 namespace rt = deepinfer::cuda;
 using cuda::Fp8DenseLaunch;
+using testing::random_bytes;
+using testing::random_e4m3;
 
 // As linear_fp8_mma against the same reference (moe_grouped_gemm_test): summation order only.
 // Each 32-block's products are exact in f32 and one MMA step starts from zero.
@@ -55,25 +57,6 @@ const char* launch_name(Fp8DenseLaunch launch) {
       return "prefill tile";
   }
   return "?";
-}
-
-Tensor random_bytes(DType dtype, Shape shape, uint32_t seed, int lo, int hi) {
-  Tensor t = Tensor::empty(dtype, shape);
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> byte(lo, hi);
-  auto* bytes = static_cast<uint8_t*>(t.view().raw_data());
-  for (size_t i = 0; i < t.view().nbytes(); ++i) bytes[i] = static_cast<uint8_t>(byte(rng));
-  return t;
-}
-
-// Random e4m3 bytes without the NaN codes (S.1111.111).
-Tensor random_e4m3(Shape shape, uint32_t seed) {
-  Tensor t = random_bytes(DType::kF8E4M3, shape, seed, 0, 255);
-  auto* bytes = static_cast<uint8_t*>(t.view().raw_data());
-  for (size_t i = 0; i < t.view().nbytes(); ++i) {
-    if ((bytes[i] & 0x7F) == 0x7F) bytes[i] ^= 1;
-  }
-  return t;
 }
 
 struct Role {

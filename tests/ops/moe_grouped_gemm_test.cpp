@@ -24,6 +24,8 @@ namespace deepinfer::ops {
 namespace {
 
 namespace rt = deepinfer::cuda;
+using testing::random_bytes;
+using testing::random_e4m3;
 
 // Summation order only: each 32-block's products are exact in fp32 (e2m1 and e4m3 significands
 // are short), the reference adds them in another order. Hopper's FP8 tensor cores add with
@@ -40,15 +42,6 @@ struct Problem {
   Tensor weight;                 // host [E, N, K] fp4
   Tensor scale;                  // host [E, N, K/32] ue8m0
 };
-
-Tensor random_bytes(DType dtype, Shape shape, uint32_t seed, int lo, int hi) {
-  Tensor t = Tensor::empty(dtype, shape);
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> byte(lo, hi);
-  auto* bytes = static_cast<uint8_t*>(t.view().raw_data());
-  for (size_t i = 0; i < t.view().nbytes(); ++i) bytes[i] = static_cast<uint8_t>(byte(rng));
-  return t;
-}
 
 Problem make_problem(int64_t experts, int64_t n, int64_t k, const std::vector<int32_t>& counts,
                      int64_t extra_rows, uint32_t seed) {
@@ -343,16 +336,6 @@ Tensor random_f32(Shape shape, uint32_t seed) {
   Tensor t = Tensor::empty(DType::kF32, shape);
   const std::vector<float> values = testing::random_values(static_cast<size_t>(t.numel()), seed);
   std::copy(values.begin(), values.end(), t.data<float>());
-  return t;
-}
-
-// Our random e4m3 bytes skip the NaN codes (S.1111.111).
-Tensor random_e4m3(Shape shape, uint32_t seed) {
-  Tensor t = random_bytes(DType::kF8E4M3, shape, seed, 0, 255);
-  auto* bytes = static_cast<uint8_t*>(t.view().raw_data());
-  for (size_t i = 0; i < t.view().nbytes(); ++i) {
-    if ((bytes[i] & 0x7F) == 0x7F) bytes[i] ^= 1;
-  }
   return t;
 }
 
