@@ -34,6 +34,7 @@
 
 #include "core/dtype_convert.h"
 #include "core/error.h"
+#include "kernel_trace.h"
 #include "model/deepseek_v41/config.h"
 #include "model/deepseek_v41/engram_hash.h"
 #include "model/deepseek_v41/loader.h"
@@ -83,6 +84,7 @@ struct Options {
   uint64_t seed = 20261130;
   std::string json_path;
   bool dry_run = false;  // config and cost model only
+  bool trace = true;     // one extra step of each case under the CUPTI kernel trace (GPU only)
 };
 
 // ---- progress -------------------------------------------------------------------------------
@@ -605,11 +607,8 @@ class StepMarks {
   }
   int slots() const { return slots_; }
   void record(int slot) {
-    if (events_) {
-      events_->record(slot);
-    } else {
-      host_[static_cast<size_t>(slot)] = std::chrono::steady_clock::now();
-    }
+    if (events_) events_->record(slot);
+    host_[static_cast<size_t>(slot)] = std::chrono::steady_clock::now();
   }
   // Waits for the step; returns [step, layer 0 .. layer L-1, after the last layer] in ms.
   std::vector<double> intervals() {
@@ -619,10 +618,21 @@ class StepMarks {
     for (int slot = 1; slot < slots_; ++slot) out.push_back(elapsed(slot - 1, slot));
     return out;
   }
+  // The same intervals on the host clock: how long the host took to enqueue the step and each
+  // layer. On a device model, host intervals as long as the GPU's say the step is launch-bound.
+  std::vector<double> host_intervals() const {
+    std::vector<double> out;
+    out.push_back(host_elapsed(0, slots_ - 1));
+    for (int slot = 1; slot < slots_; ++slot) out.push_back(host_elapsed(slot - 1, slot));
+    return out;
+  }
 
  private:
   double elapsed(int from, int to) const {
     if (events_) return events_->elapsed_ms(from, to);
+    return host_elapsed(from, to);
+  }
+  double host_elapsed(int from, int to) const {
     return std::chrono::duration<double, std::milli>(host_[static_cast<size_t>(to)] -
                                                      host_[static_cast<size_t>(from)])
         .count();
@@ -674,6 +684,33 @@ FiniteCheck check_logits(const TensorView& logits) {
     }
   }
   return check;
+}
+
+// One more run of `step` under the CUPTI kernel trace; prints where its time went.
+template <typename Step>
+Json traced(const char* label, Step&& step) {
+  KernelTrace trace;
+  trace.start();
+  step();
+  Json summary = trace.stop();
+  if (summary.contains("error")) {
+    progress("%s trace: %s", label, summary["error"].get<std::string>().c_str());
+    return summary;
+  }
+  progress(
+      "%s trace: GPU busy %.0f of %.0f us (%lld kernels summing %.0f us), %lld runtime "
+      "calls holding the host %.0f us",
+      label, summary["gpu_busy_us"].get<double>(), summary["span_us"].get<double>(),
+      summary["kernel_count"].get<long long>(), summary["kernel_sum_us"].get<double>(),
+      summary["runtime_call_count"].get<long long>(),
+      summary["runtime_call_host_us"].get<double>());
+  int shown = 0;
+  for (const Json& kernel : summary["kernels"]) {
+    if (shown++ == 8) break;
+    progress("  %8.1f us %5lld x  %s", kernel["total_us"].get<double>(),
+             kernel["count"].get<long long>(), kernel["name"].get<std::string>().c_str());
+  }
+  return summary;
 }
 
 // Prefill computes the LM head for the last row of each request only, where the Model offers
@@ -899,20 +936,31 @@ void Bench::decode_context(int64_t context) {
         requests.push_back({states[static_cast<size_t>(r)].get(),
                             std::span<const int32_t>(&tokens[static_cast<size_t>(r)], 1)});
       Tensor logits = Tensor::empty(DType::kF32, {batch, config_.vocab_size}, allocator);
-      std::vector<std::vector<double>> runs;
+      std::vector<std::vector<double>> runs, host_runs;
       int steps = o_.steps;
       for (int step = 0; step <= steps; ++step) {  // step 0 warms up
         marks.record(0);
         model_->forward(requests, logits.view());
         marks.record(marks.slots() - 1);
         const std::vector<double> intervals = marks.intervals();
-        if (step > 0) runs.push_back(intervals);
+        if (step > 0) {
+          runs.push_back(intervals);
+          host_runs.push_back(marks.host_intervals());
+        }
         if (step == 0 && intervals[0] > 1000.0) steps = std::min(steps, 2);  // slow: fewer steps
         // Forget the token so the context stays put.
         for (const ForwardRequest& request : requests) request.state->rollback(1);
       }
+      if (o_.trace && device_.is_cuda()) {
+        char label[64];
+        std::snprintf(label, sizeof(label), "decode b=%lld ctx=%lld", static_cast<long long>(batch),
+                      static_cast<long long>(context));
+        entry["trace"] = traced(label, [&] { model_->forward(requests, logits.view()); });
+        for (const ForwardRequest& request : requests) request.state->rollback(1);
+      }
       const FiniteCheck finite = check_logits(logits.view());
       const StepTimes times = summarize(runs, config_.num_hidden_layers);
+      const StepTimes host_times = summarize(host_runs, config_.num_hidden_layers);
       const CostModel::Bytes bytes = cost_->decode_bytes(batch, context);
       const double flops =
           static_cast<double>(batch) * (cost_->token_flops(context) + cost_->head_flops_per_row());
@@ -927,6 +975,8 @@ void Bench::decode_context(int64_t context) {
       entry["tokens_per_s"] = static_cast<double>(batch) / (times.step_ms * 1e-3);
       entry["layer_ms"] = times.layer_ms;
       entry["epilogue_ms"] = times.epilogue_ms;
+      entry["host_enqueue_ms"] = host_times.step_ms;
+      entry["host_layer_ms"] = host_times.layer_ms;
       entry["floor"] = case_floor(bytes.total(), flops);
       entry["floor"]["weight_bytes"] = bytes.weights;
       entry["floor"]["cache_bytes"] = bytes.cache;
@@ -945,12 +995,12 @@ void Bench::decode_context(int64_t context) {
       progress(
           "decode b=%lld ctx=%lld: %.2f ms/step (%.0f tok/s), floor %.3f ms (%.2f GB at %.0f "
           "GB/s), "
-          "compute floor %.3f ms; logits non-finite %lld, max |logit| %.3g",
+          "compute floor %.3f ms; host enqueue %.2f ms; logits non-finite %lld, max |logit| %.3g",
           static_cast<long long>(batch), static_cast<long long>(context), times.step_ms,
           static_cast<double>(entry["tokens_per_s"]),
           static_cast<double>(entry["floor"]["bandwidth_floor_ms"]), bytes.total() * 1e-9,
           bandwidth_gbps_, static_cast<double>(entry["floor"]["compute_floor_ms"]),
-          static_cast<long long>(finite.non_finite), finite.max_abs);
+          host_times.step_ms, static_cast<long long>(finite.non_finite), finite.max_abs);
     } catch (const std::exception& error) {
       progress("decode b=%lld ctx=%lld FAILED: %s", static_cast<long long>(batch),
                static_cast<long long>(context), error.what());
@@ -1011,6 +1061,14 @@ void Bench::prefill(int64_t requests, int64_t tokens_each) {
              static_cast<long long>(tokens_each), run, intervals[0]);
   }
   model_->set_layer_observer(nullptr);
+  if (o_.trace && device_.is_cuda()) {
+    char label[64];
+    std::snprintf(label, sizeof(label), "prefill %lldx%lld", static_cast<long long>(requests),
+                  static_cast<long long>(tokens_each));
+    for (auto& state : states) state->reset();
+    entry["trace"] = traced(
+        label, [&] { forward_rows(*model_, batch, rows, row_logits.view(), all_logits.view()); });
+  }
   const FiniteCheck finite = check_logits(only_rows ? row_logits.view() : all_logits.view());
   const StepTimes times = summarize(runs, config_.num_hidden_layers);
   const int64_t head_rows = only_rows ? requests : total;
@@ -1200,10 +1258,10 @@ int Bench::run() {
   for (size_t i = 0; i < o_.contexts.size(); ++i) {
     guarded("decode context " + std::to_string(o_.contexts[i]),
             [&] { decode_context(o_.contexts[i]); });
-    if (i == 0) prefill_case(1, o_.prefill_tokens);
+    if (i == 0 && o_.prefill_tokens > 0) prefill_case(1, o_.prefill_tokens);
   }
-  if (o_.contexts.empty()) prefill_case(1, o_.prefill_tokens);
-  if (o_.prefill_split > 1) prefill_case(o_.prefill_split, o_.prefill_tokens / o_.prefill_split);
+  if (o_.contexts.empty() && o_.prefill_tokens > 0) prefill_case(1, o_.prefill_tokens);
+  if (o_.prefill_tokens > 0 && o_.prefill_split > 1) prefill_case(o_.prefill_split, o_.prefill_tokens / o_.prefill_split);
   print_tables();
 
   bool all_finite = true;
@@ -1250,9 +1308,10 @@ std::vector<int64_t> parse_list(const std::string& text) {
 const char* kUsage =
     "usage: cuda_model_bench [--device cuda|cpu] [--tiny] [--mix representative|first]\n"
     "  [--layers L (with --mix first)] [--batches 1,16,64,256] [--contexts 4096,32768]\n"
-    "  [--steps N] [--prefill-tokens 8192] [--prefill-split 4 (0: off)]\n"
+    "  [--steps N] [--prefill-tokens 8192 (0: no prefill)] [--prefill-split 4 (0: off)]\n"
     "  [--fp8-peak-tflops X] [--bandwidth-gbps X (default: measured)] [--time-budget-s 50]\n"
-    "  [--engram-vocab-size 160000] [--config PATH] [--seed S] [--json PATH] [--dry-run]\n";
+    "  [--engram-vocab-size 160000] [--config PATH] [--seed S] [--json PATH] [--dry-run]\n"
+    "  [--no-trace (no CUPTI kernel trace of one extra step per case)]\n";
 
 Options parse_options(int argc, char** argv) {
   Options o;
@@ -1297,6 +1356,8 @@ Options parse_options(int argc, char** argv) {
       o.json_path = value();
     else if (arg == "--dry-run")
       o.dry_run = true;
+    else if (arg == "--no-trace")
+      o.trace = false;
     else if (arg == "--help" || arg == "-h") {
       std::printf("%s", kUsage);
       std::exit(0);
@@ -1312,7 +1373,7 @@ Options parse_options(int argc, char** argv) {
     if (!contexts_given) o.contexts = {40, 300};
     if (!prefill_given) o.prefill_tokens = 96;
   }
-  DI_CHECK(o.steps >= 1 && !o.batches.empty() && o.prefill_tokens > 0, "bad options\n", kUsage);
+  DI_CHECK(o.steps >= 1 && !o.batches.empty() && o.prefill_tokens >= 0, "bad options\n", kUsage);
   return o;
 }
 

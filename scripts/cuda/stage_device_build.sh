@@ -29,8 +29,9 @@ for program in "$BUILD_DIR"/tests/ops/backend_ops_test "${present[@]/#/$BUILD_DI
   "$BUILD_DIR/deepinfer" ${EXTRA_PROGRAMS:-}; do
   strip -o "$BUILD_DIR/device/$(basename "$program")" "$program"
 done
-# The CUDA runtime, and the libraries the GPU machine's image lacks (the tokenizer's).
-cp -L $(ldd "$BUILD_DIR"/device/* | awk '/libcudart|libutf8proc|libpcre2/ {print $3}' | sort -u) \
+# The CUDA runtime and CUPTI (the model bench's kernel trace), and the libraries the GPU
+# machine's image lacks (the tokenizer's).
+cp -L $(ldd "$BUILD_DIR"/device/* | awk '/libcudart|libcupti|libutf8proc|libpcre2/ {print $3}' | sort -u) \
   "$BUILD_DIR/device/"
 # The model tests read tests/data through the source path compiled into them.
 echo "$PWD" >"$BUILD_DIR/device/compiled_source_dir"

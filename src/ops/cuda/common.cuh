@@ -102,11 +102,15 @@ class StreamBuffer {
 // once instead of once per call. Content must hold no padding bytes.
 const void* resident_copy(const void* host, size_t bytes);
 
+// Copies `bytes` host bytes to device memory in stream order, through a pinned staging ring
+// (so the host does not wait for the GPU; DEEPINFER_PINNED_UPLOADS=0: straight from the
+// pageable source). `host` may be reused as soon as this returns.
+void upload_bytes(void* device_dst, const void* host, size_t bytes);
+
 // Copies host metadata (positions, ids, tables) to the device in stream order.
 template <typename T>
 T* upload(StreamBuffer& buffer, const T* host, size_t count) {
-  DI_CUDA_CHECK(cudaMemcpyAsync(buffer.as<T>(), host, count * sizeof(T), cudaMemcpyHostToDevice,
-                                current_stream()));
+  upload_bytes(buffer.as<T>(), host, count * sizeof(T));
   return buffer.as<T>();
 }
 

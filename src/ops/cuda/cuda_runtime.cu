@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -46,7 +47,89 @@ RowLayout row_layout(const TensorView& view, const char* what) {
   return layout;
 }
 
+// Host-to-device copies of host metadata go through one pinned ring per GPU. From pageable
+// memory cudaMemcpyAsync may wait for the stream before it stages the bytes, so every upload in
+// a step would drain the GPU queue and leave it idle while the host enqueues the next ops; from
+// pinned memory the copy is queued like a kernel and the host runs ahead. A region of the ring
+// is reused only after the event recorded behind its copy has fired.
+class PinnedStaging {
+ public:
+  static constexpr size_t kCapacity = size_t{16} << 20;
+  // Copies above this go the pageable way (weights and other large one-off copies).
+  static constexpr size_t kLargest = kCapacity / 4;
+
+  ~PinnedStaging() {
+    // Process exit: the CUDA context may be gone already, so nothing here may throw or wait.
+    for (const InFlight& copy : in_flight_) cudaEventDestroy(copy.done);
+    for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
+    if (ring_ != nullptr) cudaFreeHost(ring_);
+  }
+
+  void copy_to_device(void* dst, const void* host, size_t bytes, StreamHandle stream) {
+    const std::lock_guard lock(mutex_);
+    if (ring_ == nullptr) {
+      void* ring = nullptr;
+      DI_CUDA_CHECK(cudaHostAlloc(&ring, kCapacity, cudaHostAllocPortable));
+      ring_ = static_cast<std::byte*>(ring);
+    }
+    const size_t length = (bytes + 255) / 256 * 256;
+    if (head_ + length > kCapacity) head_ = 0;
+    // Regions are handed out in ring order, so the oldest copy in flight is the first one the
+    // new region can overlap.
+    while (!in_flight_.empty() && in_flight_.front().begin < head_ + length &&
+           head_ < in_flight_.front().end) {
+      DI_CUDA_CHECK(cudaEventSynchronize(in_flight_.front().done));
+      spare_events_.push_back(in_flight_.front().done);
+      in_flight_.pop_front();
+    }
+    std::memcpy(ring_ + head_, host, bytes);
+    DI_CUDA_CHECK(cudaMemcpyAsync(dst, ring_ + head_, bytes, cudaMemcpyHostToDevice, stream));
+    cudaEvent_t done = nullptr;
+    if (spare_events_.empty()) {
+      DI_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    } else {
+      done = spare_events_.back();
+      spare_events_.pop_back();
+    }
+    DI_CUDA_CHECK(cudaEventRecord(done, stream));
+    in_flight_.push_back({head_, head_ + length, done});
+    head_ += length;
+  }
+
+ private:
+  struct InFlight {
+    size_t begin = 0;
+    size_t end = 0;
+    cudaEvent_t done = nullptr;
+  };
+  std::mutex mutex_;
+  std::byte* ring_ = nullptr;
+  size_t head_ = 0;
+  std::deque<InFlight> in_flight_;
+  std::vector<cudaEvent_t> spare_events_;
+};
+
+bool pinned_uploads_enabled() {
+  static const bool enabled = !disabled_by_environment("DEEPINFER_PINNED_UPLOADS");
+  return enabled;
+}
+
 }  // namespace
+
+void upload_bytes(void* device_dst, const void* host, size_t bytes) {
+  if (bytes == 0) return;
+  if (!pinned_uploads_enabled() || bytes > PinnedStaging::kLargest) {
+    DI_CUDA_CHECK(
+        cudaMemcpyAsync(device_dst, host, bytes, cudaMemcpyHostToDevice, current_stream()));
+    return;
+  }
+  constexpr int kMaxDevices = 16;
+  static std::array<PinnedStaging, kMaxDevices> staging;
+  int device = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&device));
+  DI_CHECK(device >= 0 && device < kMaxDevices, "CUDA ordinal ", device);
+  staging[static_cast<size_t>(device)].copy_to_device(device_dst, host, bytes, current_stream());
+}
 
 void* DeviceAllocator::allocate(size_t bytes, size_t alignment) {
   if (bytes == 0) return nullptr;
@@ -133,6 +216,10 @@ void copy(const TensorView& src, const TensorView& dst) {
   const RowLayout from = row_layout(src, "copy source");
   const RowLayout to = row_layout(dst, "copy destination");
   DI_CHECK(from.rows * from.row_bytes == to.rows * to.row_bytes, "copy layouts disagree");
+  if (from.rows == 1 && to.rows == 1 && src.device().is_cpu() && dst.device().is_cuda()) {
+    upload_bytes(dst.raw_data(), src.raw_data(), from.row_bytes);
+    return;
+  }
   if (from.rows == 1 && to.rows == 1) {
     DI_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), from.row_bytes, cudaMemcpyDefault,
                                   current_stream()));

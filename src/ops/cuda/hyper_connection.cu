@@ -24,28 +24,29 @@ struct MixArgs {
   DeviceRows<float> comb;
 };
 
-// One block per row: the block reduces the norm and every mix; one thread then runs the tiny
-// Sinkhorn projection in the reference's order.
-__global__ void __launch_bounds__(kThreads) hc_mixes_kernel(MixArgs args) {
+// Mixes [first, first + count) of row m: the block reduces the row's norm, then each mix's dot
+// product, every one in the same thread partition and tree (so any split of the mixes over
+// blocks gives the same bits).
+__device__ void hc_mix_dots(const MixArgs& args, int64_t m, int first, int count, float* mixes) {
   __shared__ float scratch[32];
-  __shared__ float mixes[kMaxMixes];
-  const int64_t m = blockIdx.x;
   const float* a = args.x.row(m);
   const int64_t cols = args.x.cols;
-  const int hc = args.hc;
-  const int mix_count = (2 + hc) * hc;
   float partial = 0.0f;
   for (int64_t d = threadIdx.x; d < cols; d += blockDim.x) partial += a[d] * a[d];
   const float mean_square = deepinfer::cuda::block_sum(partial, scratch) / static_cast<float>(cols);
   const float inv = 1.0f / sqrtf(mean_square + args.norm_eps);
-  for (int i = 0; i < mix_count; ++i) {
+  for (int i = first; i < first + count; ++i) {
     const float* f = args.fn.row(i);
     float dot = 0.0f;
     for (int64_t d = threadIdx.x; d < cols; d += blockDim.x) dot += (a[d] * inv) * f[d];
     const float total = deepinfer::cuda::block_sum(dot, scratch);
-    if (threadIdx.x == 0) mixes[i] = total;
+    if (threadIdx.x == 0) mixes[i - first] = total;
   }
-  if (threadIdx.x != 0) return;
+}
+
+// pre, post and the Sinkhorn-projected comb of row m from its mixes, in the reference's order.
+__device__ void hc_mix_finish(const MixArgs& args, int64_t m, const float* mixes) {
+  const int hc = args.hc;
   const float* sc = args.scale;
   const float* bs = args.base;
   const float eps = args.hc_eps;
@@ -86,6 +87,42 @@ __global__ void __launch_bounds__(kThreads) hc_mixes_kernel(MixArgs args) {
       for (int j = 0; j < hc; ++j) c[j * hc + k] /= sum + eps;
     }
   }
+}
+
+// One block per row: every mix, then one thread runs the Sinkhorn projection.
+__global__ void __launch_bounds__(kThreads) hc_mixes_kernel(MixArgs args) {
+  __shared__ float mixes[kMaxMixes];
+  const int mix_count = (2 + args.hc) * args.hc;
+  hc_mix_dots(args, blockIdx.x, 0, mix_count, mixes);
+  if (threadIdx.x == 0) hc_mix_finish(args, blockIdx.x, mixes);
+}
+
+// The mixes spread over blocks (blockIdx.y picks `per_block` of them), into mixes_out [M, mixes]:
+// at decode one block per row would leave all but a few SMs idle while it reads fn (~2 MB).
+__global__ void __launch_bounds__(kThreads)
+    hc_mix_dots_kernel(MixArgs args, int per_block, float* mixes_out) {
+  __shared__ float mixes[kMaxMixes];
+  const int mix_count = (2 + args.hc) * args.hc;
+  const int first = static_cast<int>(blockIdx.y) * per_block;
+  const int count = min(per_block, mix_count - first);
+  hc_mix_dots(args, blockIdx.x, first, count, mixes);
+  if (threadIdx.x < count)
+    mixes_out[static_cast<int64_t>(blockIdx.x) * mix_count + first + threadIdx.x] =
+        mixes[threadIdx.x];
+}
+
+__global__ void hc_mix_finish_kernel(MixArgs args, const float* mixes) {
+  const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (m >= args.x.rows) return;
+  hc_mix_finish(args, m, mixes + m * (2 + args.hc) * args.hc);
+}
+
+// false (or DEEPINFER_HC_SPLIT=0): one block per row does every mix (hc_mixes_kernel).
+constexpr bool kSplitMixes = true;
+
+bool split_mixes() {
+  static const bool enabled = kSplitMixes && !disabled_by_environment("DEEPINFER_HC_SPLIT");
+  return enabled;
 }
 
 __global__ void hc_collapse_kernel(DeviceRows<const float> x, int64_t hc, int64_t dim,
@@ -152,8 +189,22 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
   args.norm_eps = params.norm_eps;
   args.sinkhorn_iters = params.sinkhorn_iters;
   if (args.x.rows == 0) return;
-  hc_mixes_kernel<<<static_cast<unsigned>(args.x.rows), kThreads, 0, current_stream()>>>(args);
-  DI_CUDA_LAUNCHED(hc_mixes_kernel);
+  if (!split_mixes()) {
+    hc_mixes_kernel<<<static_cast<unsigned>(args.x.rows), kThreads, 0, current_stream()>>>(args);
+    DI_CUDA_LAUNCHED(hc_mixes_kernel);
+    return;
+  }
+  // Few rows: one mix a block, so the step's ~24 fn rows are read by as many SMs; many rows
+  // fill the GPU anyway, and a block doing 8 mixes reads its row of x fewer times.
+  const int per_block = args.x.rows < 32 ? 1 : 8;
+  const unsigned mix_blocks = static_cast<unsigned>((mix_count + per_block - 1) / per_block);
+  deepinfer::cuda::StreamBuffer mixes(static_cast<size_t>(args.x.rows * mix_count) * sizeof(float));
+  hc_mix_dots_kernel<<<dim3(static_cast<unsigned>(args.x.rows), mix_blocks), kThreads, 0,
+                       current_stream()>>>(args, per_block, mixes.as<float>());
+  DI_CUDA_LAUNCHED(hc_mix_dots_kernel);
+  hc_mix_finish_kernel<<<blocks_for(args.x.rows, 128), 128, 0, current_stream()>>>(
+      args, mixes.as<float>());
+  DI_CUDA_LAUNCHED(hc_mix_finish_kernel);
 }
 
 void hc_collapse(const TensorView& x, const TensorView& pre, const TensorView& out) {
