@@ -2,7 +2,10 @@
 // heads): the head-group kernel against the per-head kernel it replaces
 // (DEEPINFER_ATTENTION_HEAD_GROUPS=0), and the batched path against the per-request loop it
 // replaces (DEEPINFER_ATTENTION_BATCHED=0: gathered window rows, one call per request), next to
-// the HBM read bandwidth measured in the same run.
+// the HBM read bandwidth measured in the same run. The head-group column is the one-block kernel
+// (DEEPINFER_ATTENTION_SPLIT=0); the split-KV column (decode only: DEEPINFER_ATTENTION_SPLIT=1)
+// is its split path, which must give the same bits; the op itself takes the split path when the
+// one-block kernel would launch fewer than 2 blocks per SM.
 //
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
@@ -13,7 +16,9 @@
 // (t - 128, t] of the call's rows and min(512, t / 4) compressed entries (the rest -1). "Bytes"
 // counts the distinct KV rows a call must read plus q and out; GB/s is bytes over time, next to
 // the read roofline. Before timing, both kernels' outputs are compared (worst difference over
-// the output's scale; exit 2 past 2e-5) and the two paths' (the same bits or exit 3).
+// the output's scale; exit 2 past 2e-5), the two paths' (the same bits or exit 3) and the
+// split-KV path's against the one-block kernel's (the same bits or exit 4). GB/s and "of HBM"
+// are the faster head-group variant's.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -202,15 +207,19 @@ AttentionCase prefill_case() {
   return c;
 }
 
-// The kernel (head groups or per head) and the path (batched, or the per-request loop:
-// window rows gathered with copies, one single-matrix call per request).
-void call(const AttentionCase& c, bool head_groups, bool batched = true) {
+// The kernel (head groups or per head), the path (batched, or the per-request loop: window
+// rows gathered with copies, one single-matrix call per request) and for head groups the split
+// setting ("0": one-block kernel, "1": split-KV, nullptr: the op's choice).
+void call(const AttentionCase& c, bool head_groups, bool batched = true,
+          const char* split = nullptr) {
   if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
   if (!batched) setenv("DEEPINFER_ATTENTION_BATCHED", "0", 1);
+  if (split != nullptr) setenv("DEEPINFER_ATTENTION_SPLIT", split, 1);
   ops::cuda::sink_attention_batch(c.q, c.new_kv, c.requests, kWindow, c.sink,
                                   1.0f / std::sqrt(static_cast<float>(kHeadDim)), c.out);
   unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
   unsetenv("DEEPINFER_ATTENTION_BATCHED");
+  unsetenv("DEEPINFER_ATTENTION_SPLIT");
 }
 
 // Worst |b - a| over max |a| of two outputs; infinite when either is not finite.
@@ -231,22 +240,34 @@ double outputs_differ(const Tensor& a_out, const Tensor& b_out) {
 
 struct Row {
   std::string name;
-  double old_ms = 0, new_ms = 0, per_request_ms = 0, bytes = 0, difference = 0;
+  double old_ms = 0, new_ms = 0, split_ms = 0, per_request_ms = 0, bytes = 0, difference = 0;
+  bool has_split = false;    // a split-KV timing (decode cases)
+  bool split_equal = false;  // split-KV and one-block kernel: the same bits
   bool paths_equal = false;  // batched and per-request paths: the same bits
 };
 
-// The two kernels' difference, and whether the batched and per-request paths agree bit for bit.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return std::memcmp(a.data<float>(), b.data<float>(),
+                     static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
+}
+
+// The two kernels' difference, whether the split-KV path gives the one-block kernel's bits, and
+// whether the batched and per-request paths agree bit for bit.
 void compare_outputs(const AttentionCase& c, Row& row) {
   call(c, false);
   const Tensor per_head = rt::to_host(c.out.view());
-  call(c, true);
+  call(c, true, true, "0");
   const Tensor head_group = rt::to_host(c.out.view());
   call(c, true, false);
   const Tensor per_request = rt::to_host(c.out.view());
-  rt::synchronize();
   row.difference = outputs_differ(per_head, head_group);
-  row.paths_equal = std::memcmp(head_group.data<float>(), per_request.data<float>(),
-                                static_cast<size_t>(head_group.numel()) * sizeof(float)) == 0;
+  row.paths_equal = same_bits(head_group, per_request);
+  row.split_equal = true;
+  if (row.has_split) {
+    call(c, true, true, "1");
+    row.split_equal = same_bits(head_group, rt::to_host(c.out.view()));
+  }
+  rt::synchronize();
 }
 
 int run(int argc, char** argv) {
@@ -262,8 +283,9 @@ int run(int argc, char** argv) {
   const double read_gbps = measure_hbm_read_gbps(size_t{2} << 30);  // far past the L2
   std::printf("attention bench on %s (%d SMs): HBM read %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, read_gbps);
-  std::printf("%-14s %10s %10s %8s %10s %9s %9s %9s %11s %s\n", "case", "per-head", "head-grp",
-              "speedup", "MB", "GB/s", "of HBM", "differ", "per-request", "bits");
+  std::printf("%-14s %10s %10s %10s %8s %10s %9s %9s %9s %6s %11s %s\n", "case", "per-head",
+              "head-grp", "split-KV", "speedup", "MB", "GB/s", "of HBM", "differ", "split",
+              "per-request", "bits");
   std::vector<Row> rows;
   std::vector<int64_t> batches = {1, 16, 64, 256};
   for (size_t i = 0; i <= batches.size(); ++i) {
@@ -271,14 +293,21 @@ int run(int argc, char** argv) {
     Row row;
     row.name = c.name;
     row.bytes = c.bytes;
+    // The prefill's split scratch would pass the op's cap (it takes the one-block kernel).
+    row.has_split = i < batches.size();
     compare_outputs(c, row);
     row.old_ms = time_ms([&] { call(c, false); });
-    row.new_ms = time_ms([&] { call(c, true); });
+    row.new_ms = time_ms([&] { call(c, true, true, "0"); });
+    if (row.has_split) row.split_ms = time_ms([&] { call(c, true, true, "1"); });
     row.per_request_ms = time_ms([&] { call(c, true, false); });
-    const double gbps = c.bytes / (row.new_ms * 1e6);
-    std::printf("%-14s %8.3fms %8.3fms %7.2fx %10.1f %9.0f %8.1f%% %9.2g %9.3fms %s\n",
-                row.name.c_str(), row.old_ms, row.new_ms, row.old_ms / row.new_ms, c.bytes / 1e6,
-                gbps, 100.0 * gbps / read_gbps, row.difference, row.per_request_ms,
+    const double best_ms = row.has_split ? std::min(row.new_ms, row.split_ms) : row.new_ms;
+    const double gbps = c.bytes / (best_ms * 1e6);
+    char split_column[32] = "         -";
+    if (row.has_split) std::snprintf(split_column, sizeof(split_column), "%8.3fms", row.split_ms);
+    std::printf("%-14s %8.3fms %8.3fms %10s %7.2fx %10.1f %9.0f %8.1f%% %9.2g %6s %9.3fms %s\n",
+                row.name.c_str(), row.old_ms, row.new_ms, split_column, row.old_ms / best_ms,
+                c.bytes / 1e6, gbps, 100.0 * gbps / read_gbps, row.difference,
+                !row.has_split ? "-" : (row.split_equal ? "same" : "DIFF"), row.per_request_ms,
                 row.paths_equal ? "same" : "DIFFERENT");
     rows.push_back(row);
   }
@@ -288,9 +317,12 @@ int run(int argc, char** argv) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "%s{\"case\": \"%s\", \"per_head_ms\": %.5f, \"head_group_ms\": %.5f, "
+                   "\"split_kv_ms\": %s, \"split_bit_equal\": %s, "
                    "\"per_request_path_ms\": %.5f, \"bytes\": %.0f, \"kernel_difference\": %.3g, "
                    "\"paths_bit_equal\": %s}",
-                   i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms, r.per_request_ms,
+                   i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms,
+                   r.has_split ? std::to_string(r.split_ms).c_str() : "null",
+                   r.has_split ? (r.split_equal ? "true" : "false") : "null", r.per_request_ms,
                    r.bytes, r.difference, r.paths_equal ? "true" : "false");
     }
     std::fprintf(f, "]}\n");
@@ -308,6 +340,11 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "cuda_attention_bench: %s: batched and per-request paths differ\n",
                    r.name.c_str());
       return 3;
+    }
+    if (!r.split_equal) {
+      std::fprintf(stderr, "cuda_attention_bench: %s: split-KV and one-block bits differ\n",
+                   r.name.c_str());
+      return 4;
     }
   }
   return 0;

@@ -6,6 +6,9 @@
 // The batched form (sink_attention_batch: every request of a step, windows read from the
 // requests' rings) against its CPU reference, bit-equal to its per-request path
 // (DEEPINFER_ATTENTION_BATCHED=0) and batch invariant; write_window_rings bit-equal to the CPU.
+// The split-KV path (DEEPINFER_ATTENTION_SPLIT=1 forces it, =0 the one-block head-group kernel)
+// bit-equal to the one-block kernel on every head-group case, both within the tolerance, so the
+// choice between them by token count keeps each token's bits.
 // Every GPU output starts as NaN, so an element never written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -119,10 +122,12 @@ struct DeviceCase {
 };
 
 // Tokens [first, first + count) of the case on the GPU; `head_groups` false takes the per-head
-// kernel. Waits and reports kernel errors (throws) before copying back.
+// kernel; `split` "1" / "0" forces the split-KV path / the one-block kernel (nullptr: the op
+// chooses). Waits and reports kernel errors (throws) before copying back.
 Tensor run_gpu(const Case& c, const DeviceCase& d, int64_t first, int64_t count,
-               bool head_groups = true) {
+               bool head_groups = true, const char* split = nullptr) {
   if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
+  if (split != nullptr) setenv("DEEPINFER_ATTENTION_SPLIT", split, 1);
   Tensor out = Tensor::empty(DType::kF32, {count, c.heads, c.head_dim}, rt::device_allocator());
   rt::fill_bytes(out.view(), 0xFF);
   const TensorView index =
@@ -131,6 +136,7 @@ Tensor run_gpu(const Case& c, const DeviceCase& d, int64_t first, int64_t count,
                        d.range.view().narrow(0, first, count), d.compressed, index, d.sink, c.scale,
                        out);
   unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+  unsetenv("DEEPINFER_ATTENTION_SPLIT");
   rt::synchronize();
   return rt::to_host(out.view());
 }
@@ -157,20 +163,47 @@ bool equal_rows(const Tensor& a, int64_t a_row, const Tensor& b, int64_t b_row) 
                      static_cast<size_t>(row) * sizeof(float)) == 0;
 }
 
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
+                                               static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
+}
+
+// An environment switch set for a scope (nullptr: left unset), unset however the scope ends.
+class ScopedSetting {
+ public:
+  ScopedSetting(const char* name, const char* value) : name_(name) {
+    if (value != nullptr) setenv(name, value, 1);
+  }
+  ~ScopedSetting() { unsetenv(name_); }
+  ScopedSetting(const ScopedSetting&) = delete;
+  ScopedSetting& operator=(const ScopedSetting&) = delete;
+
+ private:
+  const char* name_;
+};
+
 class AttentionGpuTest : public ::testing::Test {
  protected:
   void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
 
+// Each kernel against the reference: the one-block head-group kernel, the split-KV path (the
+// same bits as the one-block kernel) and the per-head kernel.
 void check_against_reference(const Case& c, const std::string& what) {
   const Tensor want = reference(c);
   const DeviceCase d(c);
-  for (bool head_groups : {true, false}) {
-    const double error = worst_error(want, run_gpu(c, d, 0, c.tokens, head_groups));
-    std::printf("%s, %s kernel: worst error %.3g of the output's scale\n", what.c_str(),
-                head_groups ? "head-group" : "per-head", error);
-    EXPECT_LE(error, kTolerance) << what << (head_groups ? ", head-group" : ", per-head");
+  const Tensor one_block = run_gpu(c, d, 0, c.tokens, true, "0");
+  const Tensor split = run_gpu(c, d, 0, c.tokens, true, "1");
+  const Tensor per_head = run_gpu(c, d, 0, c.tokens, false);
+  for (const auto& [got, kernel] :
+       {std::pair{&one_block, "head-group"}, std::pair{&split, "split-KV"},
+        std::pair{&per_head, "per-head"}}) {
+    const double error = worst_error(want, *got);
+    std::printf("%s, %s kernel: worst error %.3g of the output's scale\n", what.c_str(), kernel,
+                error);
+    EXPECT_LE(error, kTolerance) << what << ", " << kernel;
   }
+  EXPECT_TRUE(same_bits(one_block, split)) << what << ": split-KV and one-block bits differ";
 }
 
 // Decode at V4.1-Flash: 64 heads x 512, window 128, 512 selected of 2048 compressed rows.
@@ -203,18 +236,23 @@ TEST_F(AttentionGpuTest, TokensDoNotDependOnTheBatch) {
 }
 
 // Small shapes for the sanitizers: one and two head groups, partial key tiles (window 3..40,
-// 40 selected), a 24-head shape the per-head kernel takes.
+// 40 selected), a 24-head shape the per-head kernel takes; for the split path: 2 and 3 chunks
+// with a partial last one, and a token without any key (empty window, no compressed entries).
 TEST_F(AttentionGpuTest, SmallShapes) {
   check_against_reference(make_case(3, 16, 512, 40, 40, 50, 51), "16 heads, 3 tokens");
   check_against_reference(make_case(2, 32, 512, 3, 7, 9, 61), "32 heads, 2 tokens");
   check_against_reference(make_case(2, 24, 512, 20, 5, 9, 71), "24 heads (per-head kernel)");
+  check_against_reference(make_case(4, 16, 512, 100, 70, 80, 72), "16 heads, 3 chunks");
+  check_against_reference(make_case(3, 16, 512, 40, 0, 0, 73), "16 heads, a token without keys");
 }
 
 // A compressed index past the table is recorded (synchronize throws) and skipped: the output is
 // the reference's with that entry dropped. A bad window range is recorded too and its token's
 // output is NaN, the other tokens' as before.
 TEST_F(AttentionGpuTest, BadIndicesAreReported) {
-  for (bool head_groups : {true, false}) {
+  for (const char* split : {"0", "1", "per-head"}) {
+    const bool head_groups = std::string(split) != "per-head";
+    const ScopedSetting split_setting("DEEPINFER_ATTENTION_SPLIT", head_groups ? split : nullptr);
     Case c = make_case(3, 16, 512, 40, 40, 50, 81);
     Case bad = make_case(3, 16, 512, 40, 40, 50, 81);
     bad.index.data<int32_t>()[1 * 40 + 6] = 50;  // token 1, entry 6: one past the table
@@ -287,11 +325,6 @@ Tensor cpu_batch(const AttentionBatch& b) {
   return out;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
-                                               static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
-}
-
 // V4.1-Flash: 64 heads x 512, window 128, 512 selected; rows not in request order: a decode
 // token whose window wraps its ring, a first chunk, a 45-token chunk whose early queries read
 // a wrapping ring, a decode token with a short history (4 compressed rows, repeated), a
@@ -312,16 +345,23 @@ AttentionBatch small_batch(int64_t heads) {
                                      heads, 512, 40, 111);
 }
 
+// The one-block head-group kernel, the split-KV path and the per-head kernel against the CPU;
+// the split path bit-equal to the one-block kernel, and the op's own choice equal to both.
 void check_batch_against_cpu(const AttentionBatch& b, const std::string& what) {
   const Tensor want = cpu_batch(b);
-  for (bool head_groups : {true, false}) {
-    std::vector<Setting> settings;
-    if (!head_groups) settings.push_back({"DEEPINFER_ATTENTION_HEAD_GROUPS", "0"});
-    const double error = worst_error(want, run_gpu_batch(b, settings));
+  const Tensor one_block = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
+  const Tensor split = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "1"}});
+  const Tensor per_head = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_HEAD_GROUPS", "0"}});
+  for (const auto& [got, kernel] :
+       {std::pair{&one_block, "head-group"}, std::pair{&split, "split-KV"},
+        std::pair{&per_head, "per-head"}}) {
+    const double error = worst_error(want, *got);
     std::printf("batched %s, %s kernel: worst error %.3g of the output's scale\n", what.c_str(),
-                head_groups ? "head-group" : "per-head", error);
-    EXPECT_LE(error, kTolerance) << what << (head_groups ? ", head-group" : ", per-head");
+                kernel, error);
+    EXPECT_LE(error, kTolerance) << what << ", " << kernel;
   }
+  EXPECT_TRUE(same_bits(one_block, split)) << what << ": split-KV and one-block bits differ";
+  EXPECT_TRUE(same_bits(one_block, run_gpu_batch(b))) << what << ": the op's choice differs";
 }
 
 TEST_F(AttentionGpuTest, BatchMatchesTheCpu) {
@@ -350,6 +390,45 @@ TEST_F(AttentionGpuTest, BatchEqualsThePerRequestPathAndIsBatchInvariant) {
   }
 }
 
+// V4.1-Flash calls for the split path: one-token requests (decode) with 0, 1, 512, 1000 and
+// 1024 selected entries, key counts that are not a multiple of the 64-key chunk (windows of 6,
+// 71, 128 and 130 rows), and multi-token requests whose early queries read a wrapping ring and
+// whose later ones read this call's new rows; -1 entries throughout (make_batch).
+TEST_F(AttentionGpuTest, SplitEqualsOneBlockRealShapes) {
+  check_batch_against_cpu(attention_cases::make_batch({{300, 1, 130, 512},
+                                                       {5, 1, 128, 512},
+                                                       {70, 1, 128, 1000},
+                                                       {4000, 1, 136, 1024},
+                                                       {900, 1, 136, 0},
+                                                       {129, 1, 128, 1}},
+                                                      {4, 0, 5, 1, 3, 2}, 64, 512, 128, 121),
+                          "v41 decode, 6 requests");
+  check_batch_against_cpu(
+      attention_cases::make_batch({{200, 45, 128, 512}, {1000, 3, 136, 1024}, {0, 7, 8, 100}},
+                                  {2, 0, 1}, 64, 512, 128, 131),
+      "v41 chunks, 3 requests");
+}
+
+// The op takes the split path for calls with few tokens and the one-block kernel for calls with
+// many: a token's bits are the same either way. 80 one-token requests (320 head-group blocks:
+// the one-block kernel on an H200's 132 SMs) against a few of them alone (the split path).
+TEST_F(AttentionGpuTest, SplitChoiceKeepsTokensBatchInvariant) {
+  std::vector<attention_cases::RequestSpec> specs;
+  std::vector<int> row_order;
+  for (int r = 0; r < 80; ++r) {
+    specs.push_back({100 + 53 * r, 1, 136, 512});
+    row_order.push_back((r * 37) % 80);
+  }
+  const AttentionBatch b = attention_cases::make_batch(specs, row_order, 64, 512, 128, 141);
+  const Tensor all = run_gpu_batch(b);
+  EXPECT_TRUE(same_bits(all, run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}})));
+  EXPECT_TRUE(same_bits(all, run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "1"}})));
+  for (size_t r : {size_t{0}, size_t{1}, size_t{41}, size_t{79}}) {
+    const Tensor alone = run_gpu_batch(attention_cases::only_request(b, r));
+    EXPECT_TRUE(equal_rows(all, b.offsets[r], alone, 0)) << "request " << r << " alone differs";
+  }
+}
+
 TEST_F(AttentionGpuTest, WriteWindowRingsSmallShapes) {
   for (const char* batched : {"1", "0"}) {
     AttentionBatch b = small_batch(16);
@@ -368,7 +447,8 @@ TEST_F(AttentionGpuTest, WriteWindowRingsSmallShapes) {
 
 // A compressed index past a request's rows is recorded (synchronize throws) and skipped.
 TEST_F(AttentionGpuTest, BatchBadIndicesAreReported) {
-  for (bool head_groups : {true, false}) {
+  for (const char* split : {"0", "1", "per-head"}) {
+    const bool head_groups = std::string(split) != "per-head";
     AttentionBatch bad = small_batch(16);
     AttentionBatch skipped = small_batch(16);
     const int64_t rows = bad.host.compressed[0].view().size(0);
@@ -378,9 +458,11 @@ TEST_F(AttentionGpuTest, BatchBadIndicesAreReported) {
     Tensor out =
         Tensor::empty(DType::kF32, {bad.tokens, bad.heads, bad.head_dim}, rt::device_allocator());
     if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
+    if (head_groups) setenv("DEEPINFER_ATTENTION_SPLIT", split, 1);
     cuda::sink_attention_batch(d.q, d.new_kv, attention_cases::request_views(bad, d), bad.window,
                                d.sink, bad.scale, out);
     unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+    unsetenv("DEEPINFER_ATTENTION_SPLIT");
     EXPECT_THROW(rt::synchronize(), Error);
     EXPECT_LE(worst_error(cpu_batch(skipped), rt::to_host(out.view())), kTolerance);
     rt::synchronize();  // reported once and cleared

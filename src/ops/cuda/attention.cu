@@ -8,6 +8,10 @@
 //  - the per-head kernel (every other shape): one block per (token, head), a warp per key.
 // Which one runs depends on the shapes and alignment only, never on the token count, and each
 // token's arithmetic is fixed by its own inputs (batch invariant).
+// The head-group kernel's work is also run as a split-KV path when a call has few tokens (decode:
+// tokens x 4 blocks would leave most SMs idle): one block per (token, 16 heads, chunk of 64 keys)
+// and a combine kernel. It gives the one-block kernel's bits exactly (see kChunkKeys), so
+// choosing it by the token count keeps the op batch invariant.
 // Both kernels serve both forms of the op: sink_attention (one window matrix, per-token ranges)
 // and sink_attention_batch (every request of a step: each token's window read from its
 // request's ring and this call's new rows, through a per-request table uploaded per call).
@@ -38,6 +42,8 @@ constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
 // gathering its window rows with copies and calling the single-matrix form (the forward's path
 // before the batched op). DEEPINFER_ATTENTION_BATCHED=0 does the same at run time.
 constexpr bool kUseBatchedAttention = true;
+
+struct ChunkState;
 
 // One request of a batched call, as the kernels read it (no padding: 8-byte fields only).
 struct DeviceRequest {
@@ -73,6 +79,9 @@ struct AttentionArgs {
   int64_t head_dim;
   DeviceRows<float> out;
   int* error;
+  // The split path: per (token, head group) max_chunks chunk states.
+  ChunkState* chunk_states;
+  int64_t max_chunks;
 };
 
 // Where one token's keys are. Window slot s is position first + s: before ring_end it is the
@@ -269,18 +278,97 @@ static_assert(kGroupKeys == 32 && kGroupWarps * 2 == kGroupHeads);
 static_assert(kGroupThreads == kRowPairs);
 static_assert(kGroupHeads % 4 == 0);
 
+// Split-KV ("flash decoding"): a token's keys (window first, then the selected compressed rows)
+// are cut into chunks of kChunkKeys. Each chunk's softmax state (per head: max m, denominator l,
+// unnormalized weighted sum acc) is computed from a fresh state, then merged into the running
+// total, which starts at the sink (max = sink, denominator = exp(0) = 1, sum 0), in chunk order.
+// The one-block kernel does this in one block per (token, head group); the split path computes
+// every chunk in its own block into scratch and a combine kernel merges them. Both run the same
+// chunk code and the same merge arithmetic (no FMA contraction possible: __fmul_rn/__fadd_rn),
+// so their bits are identical and the split-or-not choice, made from the call's token count, is
+// batch invariant.
+constexpr int kChunkKeys = 64;
+static_assert(kChunkKeys % kGroupKeys == 0, "chunks are whole key tiles");
+
+// false: every head-group call takes the one-block kernel (same bits, fewer blocks at decode).
+// DEEPINFER_ATTENTION_SPLIT=0 does the same at run time; DEEPINFER_ATTENTION_SPLIT=1 takes the
+// split path whenever the head-group kernel fits (tests and benches force each path with it).
+constexpr bool kSplitKeys = true;
+// The split path runs when the one-block kernel would launch fewer blocks than this many per
+// SM (two fit per SM): below it SMs idle while each block walks all of its token's keys.
+constexpr int64_t kSplitBelowBlocksPerSm = 2;
+// Scratch past this falls back to the one-block kernel (same bits) rather than allocating it.
+constexpr size_t kMaxSplitScratchBytes = size_t{1} << 30;
+
 struct GroupShared {
   float4 keys[kGroupKeys][kRowQuads];    // the tile's rows; absent keys are zeros
   float4 query[kGroupHeads][kRowQuads];  // the group's query rows
   float scores[kGroupHeads][kGroupKeys];
-  float4 probs[kGroupKeys][kGroupHeads / 4];  // exp(score - running max), heads contiguous
-  float running_max[kGroupHeads];
-  float denominator[kGroupHeads];
-  float rescale[kGroupHeads];  // exp(previous max - new max) of the last tile
+  float4 probs[kGroupKeys][kGroupHeads / 4];  // exp(score - chunk max), heads contiguous
+  float chunk_max[kGroupHeads];               // the current chunk's state, from -inf and 0
+  float chunk_denominator[kGroupHeads];
+  // exp(previous max - new max) of the last tile, read as float4.
+  alignas(16) float rescale[kGroupHeads];
+  float total_max[kGroupHeads];  // the merged chunks and the sink
+  float total_denominator[kGroupHeads];
+  float keep[kGroupHeads];  // the last merge's factors for the total and for the chunk
+  float add[kGroupHeads];
   const float* key_rows[kGroupKeys];
   TokenKeys token_keys;
 };
 constexpr size_t kGroupSharedBytes = sizeof(GroupShared);
+
+// One chunk's state as the split kernel leaves it for the combine kernel: per head of the group
+// the max, the denominator and the unnormalized sum (float2 pair i: dimensions 2i, 2i + 1).
+struct ChunkState {
+  float max[kGroupHeads];
+  float denominator[kGroupHeads];
+  float2 sum[kGroupHeads][kRowPairs];
+};
+
+// One merge of a chunk (chunk_max, chunk_denominator) into the total: the factors `keep` for the
+// total and `add` for the chunk. A chunk without keys (max -inf) adds nothing and no NaN.
+// The one place this arithmetic is written: both paths call it.
+__device__ __forceinline__ void merge_chunk_scales(float& total_max, float& total_denominator,
+                                                   float chunk_max, float chunk_denominator,
+                                                   float& keep, float& add) {
+  const float new_max = fmaxf(total_max, chunk_max);
+  keep = total_max == -INFINITY ? 0.0f : expf(total_max - new_max);
+  add = chunk_max == -INFINITY ? 0.0f : expf(chunk_max - new_max);
+  total_denominator =
+      __fadd_rn(__fmul_rn(total_denominator, keep), __fmul_rn(chunk_denominator, add));
+  total_max = new_max;
+}
+
+__device__ __forceinline__ float2 merge_chunk_sum(float2 total, float2 chunk, float keep,
+                                                  float add) {
+  return make_float2(__fadd_rn(__fmul_rn(total.x, keep), __fmul_rn(chunk.x, add)),
+                     __fadd_rn(__fmul_rn(total.y, keep), __fmul_rn(chunk.y, add)));
+}
+
+// The output: the total sum over the total denominator (NaN for a bad window range).
+__device__ __forceinline__ void write_group_output(const AttentionArgs& args, int64_t t,
+                                                   int64_t first_head, bool bad_range,
+                                                   const float* total_denominator,
+                                                   const float2 (&total)[kGroupHeads]) {
+  float* y = args.out.row(t) + first_head * kGroupHeadDim;
+#pragma unroll
+  for (int h = 0; h < kGroupHeads; ++h) {
+    const float inv = bad_range ? __int_as_float(0x7fc00000) : 1.0f / total_denominator[h];
+    reinterpret_cast<float2*>(y + h * kGroupHeadDim)[threadIdx.x] =
+        make_float2(total[h].x * inv, total[h].y * inv);
+  }
+}
+
+// Block prologue of both head-group kernels: the group's query rows and the token's keys.
+__device__ __forceinline__ void load_group(const AttentionArgs& args, GroupShared& shared,
+                                           int64_t t, int64_t first_head) {
+  const auto* q_quads = reinterpret_cast<const float4*>(args.q.row(t) + first_head * kGroupHeadDim);
+  for (int i = threadIdx.x; i < kGroupHeads * kRowQuads; i += kGroupThreads) {
+    shared.query[i / kRowQuads][i % kRowQuads] = q_quads[i];
+  }
+  if (threadIdx.x == 0) resolve_token_keys(args, t, shared.token_keys);
+}
 
 // One step of a transposing warp reduction: lanes whose `offset` bit is set keep the upper half
 // of the live values, the others the lower half, each adding its partner's copy of the half it
@@ -297,36 +385,25 @@ __device__ __forceinline__ void fold_across_lanes(float (&values)[kScorePairs], 
   }
 }
 
-__global__ void __launch_bounds__(kGroupThreads, 2)
-    sink_attention_head_group_kernel(AttentionArgs args) {
-  extern __shared__ float4 shared_quads[];
-  GroupShared& shared = *reinterpret_cast<GroupShared*>(shared_quads);
-  const int64_t groups = args.heads / kGroupHeads;
-  const int64_t t = blockIdx.x / groups;
-  const int64_t first_head = (blockIdx.x % groups) * kGroupHeads;
+// Keys [begin, end) of the token (end - begin <= kChunkKeys) from a fresh state: on return
+// chunk_max / chunk_denominator (shared, final after a __syncthreads) and `acc` (this thread's
+// dimensions 2 tid, 2 tid + 1 of every head) hold the chunk's state. Starts and ends without a
+// barrier of its own: the caller's shared reads of the previous chunk must be done.
+__device__ __forceinline__ void accumulate_chunk(const AttentionArgs& args, GroupShared& shared,
+                                                 int64_t begin, int64_t end,
+                                                 float2 (&acc)[kGroupHeads]) {
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-
-  const auto* q_quads = reinterpret_cast<const float4*>(args.q.row(t) + first_head * kGroupHeadDim);
-  for (int i = tid; i < kGroupHeads * kRowQuads; i += kGroupThreads) {
-    shared.query[i / kRowQuads][i % kRowQuads] = q_quads[i];
-  }
-  if (tid < kGroupHeads) {
-    shared.running_max[tid] = args.sinks[first_head + tid];
-    shared.denominator[tid] = 1.0f;  // exp(sink - running_max)
-  }
-  if (tid == 0) resolve_token_keys(args, t, shared.token_keys);
-  __syncthreads();  // token_keys written
-  const bool bad_range = shared.token_keys.bad_range != 0;
   const int64_t window_count = shared.token_keys.window_count;
-  const int64_t total = shared.token_keys.total();
-
-  float2 acc[kGroupHeads];
+  if (tid < kGroupHeads) {
+    shared.chunk_max[tid] = -INFINITY;
+    shared.chunk_denominator[tid] = 0.0f;
+  }
 #pragma unroll
   for (int h = 0; h < kGroupHeads; ++h) acc[h] = make_float2(0.0f, 0.0f);
 
-  for (int64_t tile = 0; tile < total; tile += kGroupKeys) {
+  for (int64_t tile = begin; tile < end; tile += kGroupKeys) {
     // The tile's key rows, as the per-head kernel picks them (a bad compressed index is
     // recorded and skipped).
     if (tid < kGroupKeys) {
@@ -334,7 +411,7 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
       const float* key = nullptr;
       if (slot < window_count) {
         key = shared.token_keys.window_row(slot);
-      } else if (slot < total) {
+      } else if (slot < end) {
         key = shared.token_keys.compressed_row(slot - window_count, args.error);
       }
       shared.key_rows[tid] = key;
@@ -392,7 +469,7 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
       for (int i = 0; i < 2; ++i) {
         const int pair = 2 * lane + i;
         shared.scores[head0 + pair / kScoreKeys][key0 + pair % kScoreKeys] =
-            partial[i] * args.scale;
+            __fmul_rn(partial[i], args.scale);
       }
     }
     __syncthreads();
@@ -403,17 +480,19 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
       for (int i = 0; i < 2; ++i) {
         const int head = 2 * warp + i;
         const float score = present ? shared.scores[head][lane] : -INFINITY;
-        const float previous_max = shared.running_max[head];
+        const float previous_max = shared.chunk_max[head];
         const float new_max = fmaxf(previous_max, deepinfer::cuda::warp_max(score));
         const float p = present ? expf(score - new_max) : 0.0f;
         const float tile_sum = deepinfer::cuda::warp_sum(p);
         reinterpret_cast<float*>(shared.probs[lane])[head] = p;
-        __syncwarp();  // every lane has read running_max[head]
+        __syncwarp();  // every lane has read chunk_max[head]
         if (lane == 0) {
-          const float rescale = expf(previous_max - new_max);
+          // A fresh chunk's max is -inf: exp(-inf - -inf) would be NaN; its sum is 0 anyway.
+          const float rescale = previous_max == -INFINITY ? 0.0f : expf(previous_max - new_max);
           shared.rescale[head] = rescale;
-          shared.denominator[head] = shared.denominator[head] * rescale + tile_sum;
-          shared.running_max[head] = new_max;
+          shared.chunk_denominator[head] =
+              __fadd_rn(__fmul_rn(shared.chunk_denominator[head], rescale), tile_sum);
+          shared.chunk_max[head] = new_max;
         }
       }
     }
@@ -422,14 +501,14 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
 #pragma unroll
     for (int quad = 0; quad < kGroupHeads / 4; ++quad) {
       const float4 r = reinterpret_cast<const float4*>(shared.rescale)[quad];
-      acc[4 * quad + 0].x *= r.x;
-      acc[4 * quad + 0].y *= r.x;
-      acc[4 * quad + 1].x *= r.y;
-      acc[4 * quad + 1].y *= r.y;
-      acc[4 * quad + 2].x *= r.z;
-      acc[4 * quad + 2].y *= r.z;
-      acc[4 * quad + 3].x *= r.w;
-      acc[4 * quad + 3].y *= r.w;
+      acc[4 * quad + 0].x = __fmul_rn(acc[4 * quad + 0].x, r.x);
+      acc[4 * quad + 0].y = __fmul_rn(acc[4 * quad + 0].y, r.x);
+      acc[4 * quad + 1].x = __fmul_rn(acc[4 * quad + 1].x, r.y);
+      acc[4 * quad + 1].y = __fmul_rn(acc[4 * quad + 1].y, r.y);
+      acc[4 * quad + 2].x = __fmul_rn(acc[4 * quad + 2].x, r.z);
+      acc[4 * quad + 2].y = __fmul_rn(acc[4 * quad + 2].y, r.z);
+      acc[4 * quad + 3].x = __fmul_rn(acc[4 * quad + 3].x, r.w);
+      acc[4 * quad + 3].y = __fmul_rn(acc[4 * quad + 3].y, r.w);
     }
 #pragma unroll 4
     for (int k = 0; k < kGroupKeys; ++k) {
@@ -448,14 +527,120 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
       }
     }
   }
-  __syncthreads();  // the denominators of a call without keys were written by other threads
-  float* y = args.out.row(t) + first_head * kGroupHeadDim;
+}
+
+// The one-block kernel: one block per (token, 16 heads) walks all of the token's chunks.
+__global__ void __launch_bounds__(kGroupThreads, 2)
+    sink_attention_head_group_kernel(AttentionArgs args) {
+  extern __shared__ float4 shared_quads[];
+  GroupShared& shared = *reinterpret_cast<GroupShared*>(shared_quads);
+  const int64_t groups = args.heads / kGroupHeads;
+  const int64_t t = blockIdx.x / groups;
+  const int64_t first_head = (blockIdx.x % groups) * kGroupHeads;
+  const int tid = threadIdx.x;
+
+  load_group(args, shared, t, first_head);
+  if (tid < kGroupHeads) {
+    shared.total_max[tid] = args.sinks[first_head + tid];
+    shared.total_denominator[tid] = 1.0f;  // exp(sink - total_max)
+  }
+  __syncthreads();  // token_keys written
+  const bool bad_range = shared.token_keys.bad_range != 0;
+  const int64_t total_keys = shared.token_keys.total();
+
+  // The merged sums wait in this thread's own elements of the output row between chunks:
+  // registers would spill (the chunk's sums and the score tile already fill them), shared
+  // memory would cost the second block per SM.
+  float2* y = reinterpret_cast<float2*>(args.out.row(t) + first_head * kGroupHeadDim) + tid;
+  constexpr int kHeadPairs = kRowPairs;  // float2 from one head's row to the next
+  for (int64_t begin = 0; begin < total_keys; begin += kChunkKeys) {
+    float2 acc[kGroupHeads];
+    accumulate_chunk(args, shared, begin, min(total_keys, begin + kChunkKeys), acc);
+    __syncthreads();  // the chunk's max and denominator are final
+    if (tid < kGroupHeads) {
+      merge_chunk_scales(shared.total_max[tid], shared.total_denominator[tid],
+                         shared.chunk_max[tid], shared.chunk_denominator[tid], shared.keep[tid],
+                         shared.add[tid]);
+    }
+    __syncthreads();  // keep and add written
+#pragma unroll
+    for (int h = 0; h < kGroupHeads; ++h) {
+      const float2 previous = begin == 0 ? make_float2(0.0f, 0.0f) : y[h * kHeadPairs];
+      y[h * kHeadPairs] = merge_chunk_sum(previous, acc[h], shared.keep[h], shared.add[h]);
+    }
+  }
+  __syncthreads();  // the denominators of a token without keys were written by other threads
+  float2 total[kGroupHeads];
 #pragma unroll
   for (int h = 0; h < kGroupHeads; ++h) {
-    const float inv = bad_range ? __int_as_float(0x7fc00000) : 1.0f / shared.denominator[h];
-    reinterpret_cast<float2*>(y + h * kGroupHeadDim)[tid] =
-        make_float2(acc[h].x * inv, acc[h].y * inv);
+    total[h] = total_keys == 0 ? make_float2(0.0f, 0.0f) : y[h * kHeadPairs];
   }
+  write_group_output(args, t, first_head, bad_range, shared.total_denominator, total);
+}
+
+// The split path's first kernel: one block per (token, 16 heads, chunk), the chunk's state to
+// args.chunk_states[(t * groups + group) * max_chunks + chunk]. Chunks past the token's keys
+// write nothing (the combine kernel reads only the token's own chunks).
+__global__ void __launch_bounds__(kGroupThreads, 2)
+    sink_attention_chunk_kernel(AttentionArgs args) {
+  extern __shared__ float4 shared_quads[];
+  GroupShared& shared = *reinterpret_cast<GroupShared*>(shared_quads);
+  const int64_t groups = args.heads / kGroupHeads;
+  const int64_t chunk = blockIdx.x % args.max_chunks;
+  const int64_t token_group = blockIdx.x / args.max_chunks;
+  const int64_t t = token_group / groups;
+  const int64_t first_head = (token_group % groups) * kGroupHeads;
+  const int tid = threadIdx.x;
+
+  load_group(args, shared, t, first_head);
+  __syncthreads();  // token_keys written
+  const int64_t total_keys = shared.token_keys.total();
+  const int64_t begin = chunk * kChunkKeys;
+  if (begin >= total_keys) return;  // the whole block: total_keys is the same for every thread
+  float2 acc[kGroupHeads];
+  accumulate_chunk(args, shared, begin, min(total_keys, begin + kChunkKeys), acc);
+  __syncthreads();  // the chunk's max and denominator are final
+  ChunkState& state = args.chunk_states[blockIdx.x];
+  if (tid < kGroupHeads) {
+    state.max[tid] = shared.chunk_max[tid];
+    state.denominator[tid] = shared.chunk_denominator[tid];
+  }
+#pragma unroll
+  for (int h = 0; h < kGroupHeads; ++h) state.sum[h][tid] = acc[h];
+}
+
+// The split path's second kernel: one block per (token, head) merges the token's chunks in
+// chunk order into the sink's state, with the one-block kernel's merge, and writes the output.
+// Every thread computes its head's merge factors itself (the same bits in every thread): no
+// barrier between chunks, and the next chunks' loads can be in flight during a merge.
+__global__ void __launch_bounds__(kGroupThreads) sink_attention_combine_kernel(AttentionArgs args) {
+  __shared__ TokenKeys token_keys;
+  const int64_t t = blockIdx.x / args.heads;
+  const int64_t head = blockIdx.x % args.heads;
+  const int64_t groups = args.heads / kGroupHeads;
+  const int group_head = static_cast<int>(head % kGroupHeads);
+  const int tid = threadIdx.x;
+  if (tid == 0) resolve_token_keys(args, t, token_keys);
+  __syncthreads();
+  const bool bad_range = token_keys.bad_range != 0;
+  const int64_t chunks = (token_keys.total() + kChunkKeys - 1) / kChunkKeys;
+  const ChunkState* states =
+      args.chunk_states + (t * groups + head / kGroupHeads) * args.max_chunks;
+
+  float total_max = args.sinks[head];
+  float total_denominator = 1.0f;  // exp(sink - total_max)
+  float2 total = make_float2(0.0f, 0.0f);
+#pragma unroll 4
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const ChunkState& state = states[chunk];
+    float keep, add;
+    merge_chunk_scales(total_max, total_denominator, state.max[group_head],
+                       state.denominator[group_head], keep, add);
+    total = merge_chunk_sum(total, state.sum[group_head][tid], keep, add);
+  }
+  const float inv = bad_range ? __int_as_float(0x7fc00000) : 1.0f / total_denominator;
+  reinterpret_cast<float2*>(args.out.row(t) + head * kGroupHeadDim)[tid] =
+      make_float2(total.x * inv, total.y * inv);
 }
 
 bool aligned_rows(const void* data, int64_t stride_elements) {
@@ -493,18 +678,63 @@ AttentionArgs common_args(const TensorView& q, const TensorView& sink, float sca
   return args;
 }
 
-void launch_attention(const AttentionArgs& args, int64_t tokens, bool key_rows_aligned) {
+// Whether a head-group call takes the split path. DEEPINFER_ATTENTION_SPLIT=0: never (the
+// one-block kernel: the path before split-KV); =1: always (tests and benches force it to check
+// both paths give the same bits); otherwise when the one-block kernel would leave SMs idle.
+// Read at every call, so one process can run both.
+bool split_keys_chosen(int64_t one_block_blocks, int64_t max_chunks) {
+  if (!kSplitKeys || disabled_by_environment("DEEPINFER_ATTENTION_SPLIT")) return false;
+  const size_t scratch = static_cast<size_t>(one_block_blocks * max_chunks) * sizeof(ChunkState);
+  if (max_chunks < 1 || scratch > kMaxSplitScratchBytes ||
+      one_block_blocks * max_chunks > INT32_MAX) {
+    return false;
+  }
+  const char* setting = std::getenv("DEEPINFER_ATTENTION_SPLIT");
+  if (setting != nullptr && std::string_view(setting) == "1") return true;
+  static const int64_t sms = [] {
+    int device = 0;
+    int count = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return static_cast<int64_t>(count);
+  }();
+  // One chunk per token: nothing to split.
+  return max_chunks > 1 && one_block_blocks < kSplitBelowBlocksPerSm * sms;
+}
+
+void set_group_shared_bytes() {
+  static const bool configured = [] {
+    for (const void* kernel : {reinterpret_cast<const void*>(sink_attention_head_group_kernel),
+                               reinterpret_cast<const void*>(sink_attention_chunk_kernel)}) {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kGroupSharedBytes)));
+    }
+    return true;
+  }();
+  (void)configured;
+}
+
+// `max_keys`: no token of the call has more keys (window and selected entries together).
+void launch_attention(AttentionArgs args, int64_t tokens, bool key_rows_aligned, int64_t max_keys) {
   if (tokens * args.heads == 0) return;
   if (head_group_kernel_fits(args, key_rows_aligned)) {
-    static const bool configured = [] {
-      DI_CUDA_CHECK(cudaFuncSetAttribute(sink_attention_head_group_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kGroupSharedBytes)));
-      return true;
-    }();
-    (void)configured;
+    set_group_shared_bytes();
     const int64_t blocks = tokens * (args.heads / kGroupHeads);
     DI_CHECK(blocks <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
+    const int64_t max_chunks = (max_keys + kChunkKeys - 1) / kChunkKeys;
+    if (split_keys_chosen(blocks, max_chunks)) {
+      deepinfer::cuda::StreamBuffer scratch(static_cast<size_t>(blocks * max_chunks) *
+                                            sizeof(ChunkState));
+      args.chunk_states = scratch.as<ChunkState>();
+      args.max_chunks = max_chunks;
+      sink_attention_chunk_kernel<<<static_cast<unsigned>(blocks * max_chunks), kGroupThreads,
+                                    kGroupSharedBytes, current_stream()>>>(args);
+      DI_CUDA_LAUNCHED(sink_attention_chunk_kernel);
+      sink_attention_combine_kernel<<<static_cast<unsigned>(tokens * args.heads), kGroupThreads, 0,
+                                      current_stream()>>>(args);
+      DI_CUDA_LAUNCHED(sink_attention_combine_kernel);
+      return;
+    }
     sink_attention_head_group_kernel<<<static_cast<unsigned>(blocks), kGroupThreads,
                                        kGroupSharedBytes, current_stream()>>>(args);
     DI_CUDA_LAUNCHED(sink_attention_head_group_kernel);
@@ -569,6 +799,7 @@ struct RequestTable {
   std::vector<DeviceRequest> requests;
   std::vector<int32_t> token_request;
   bool key_rows_aligned = true;
+  int64_t max_selected = 0;  // the most selected entries of a token
 };
 
 RequestTable build_request_table(std::span<const AttentionRequest> requests, int64_t tokens,
@@ -605,6 +836,7 @@ RequestTable build_request_table(std::span<const AttentionRequest> requests, int
       entry.selected = selected.data;
       entry.selected_stride = selected.stride;
       entry.selected_cols = selected.cols;
+      table.max_selected = std::max(table.max_selected, selected.cols);
       const auto compressed =
           deepinfer::cuda::device_rows<const float>(request.compressed_kv, "compressed kv");
       DI_CHECK(compressed.rows == 0 || compressed.cols == head_dim, "compressed kv ",
@@ -696,7 +928,8 @@ void sink_attention(const TensorView& q, const TensorView& window_kv,
   const bool key_rows_aligned =
       (args.window.rows == 0 || aligned_rows(args.window.data, args.window.stride)) &&
       (args.compressed.rows == 0 || aligned_rows(args.compressed.data, args.compressed.stride));
-  launch_attention(args, tokens, key_rows_aligned);
+  // A token's window keys are a range of the window rows.
+  launch_attention(args, tokens, key_rows_aligned, args.window.rows + args.selected.cols);
 }
 
 void sink_attention_batch(const TensorView& q, const TensorView& new_kv,
@@ -719,7 +952,8 @@ void sink_attention_batch(const TensorView& q, const TensorView& new_kv,
   args.token_request = uploaded.token_request;
   args.window_size = window;
   launch_attention(args, tokens,
-                   table.key_rows_aligned && aligned_rows(args.fresh.data, args.fresh.stride));
+                   table.key_rows_aligned && aligned_rows(args.fresh.data, args.fresh.stride),
+                   window + table.max_selected);
 }
 
 void write_window_rings(const TensorView& new_kv, std::span<const AttentionRequest> requests) {
