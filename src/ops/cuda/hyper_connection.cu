@@ -24,9 +24,8 @@ struct MixArgs {
   DeviceRows<float> comb;
 };
 
-// Mixes [first, first + count) of row m: the block reduces the row's norm, then each mix's dot
-// product, every one in the same thread partition and tree (so any split of the mixes over
-// blocks gives the same bits).
+// Mixes [first, first + count) of row m (the one-block path): the block reduces the row's norm,
+// then each mix's dot product.
 __device__ void hc_mix_dots(const MixArgs& args, int64_t m, int first, int count, float* mixes) {
   __shared__ float scratch[32];
   const float* a = args.x.row(m);
@@ -44,48 +43,88 @@ __device__ void hc_mix_dots(const MixArgs& args, int64_t m, int first, int count
   }
 }
 
-// pre, post and the Sinkhorn-projected comb of row m from its mixes, in the reference's order.
+// pre, post and the Sinkhorn-projected comb of row m from its mixes, in the reference's order,
+// in registers (kHc is the stream count: the arrays must not be indexed at run time).
+template <int kHc>
 __device__ void hc_mix_finish(const MixArgs& args, int64_t m, const float* mixes) {
-  const int hc = args.hc;
   const float* sc = args.scale;
   const float* bs = args.base;
   const float eps = args.hc_eps;
   float* p = args.pre.row(m);
   float* q = args.post.row(m);
-  float* c = args.comb.row(m);
-  for (int k = 0; k < hc; ++k) {
+#pragma unroll
+  for (int k = 0; k < kHc; ++k) {
     p[k] = deepinfer::cuda::sigmoidf(mixes[k] * sc[0] + bs[k]) + eps;
-    q[k] = 2.0f * deepinfer::cuda::sigmoidf(mixes[hc + k] * sc[1] + bs[hc + k]);
+    q[k] = 2.0f * deepinfer::cuda::sigmoidf(mixes[kHc + k] * sc[1] + bs[kHc + k]);
   }
-  for (int j = 0; j < hc; ++j) {
-    float* row = c + j * hc;
+  float c[kHc][kHc];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) {
     float max_logit = -INFINITY;
-    for (int k = 0; k < hc; ++k) {
-      row[k] = mixes[2 * hc + j * hc + k] * sc[2] + bs[2 * hc + j * hc + k];
-      max_logit = fmaxf(max_logit, row[k]);
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      c[j][k] = mixes[2 * kHc + j * kHc + k] * sc[2] + bs[2 * kHc + j * kHc + k];
+      max_logit = fmaxf(max_logit, c[j][k]);
     }
     float sum = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      row[k] = expf(row[k] - max_logit);
-      sum += row[k];
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      c[j][k] = expf(c[j][k] - max_logit);
+      sum += c[j][k];
     }
-    for (int k = 0; k < hc; ++k) row[k] = row[k] / sum + eps;
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) c[j][k] = c[j][k] / sum + eps;
   }
   // One column normalization, then (iters - 1) times rows and columns: the reference's order.
   const int column_passes = args.sinkhorn_iters > 1 ? args.sinkhorn_iters : 1;
   for (int iteration = 0; iteration < column_passes; ++iteration) {
     if (iteration > 0) {
-      for (int j = 0; j < hc; ++j) {
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) {
         float sum = 0.0f;
-        for (int k = 0; k < hc; ++k) sum += c[j * hc + k];
-        for (int k = 0; k < hc; ++k) c[j * hc + k] /= sum + eps;
+#pragma unroll
+        for (int k = 0; k < kHc; ++k) sum += c[j][k];
+#pragma unroll
+        for (int k = 0; k < kHc; ++k) c[j][k] /= sum + eps;
       }
     }
-    for (int k = 0; k < hc; ++k) {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
       float sum = 0.0f;
-      for (int j = 0; j < hc; ++j) sum += c[j * hc + k];
-      for (int j = 0; j < hc; ++j) c[j * hc + k] /= sum + eps;
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) sum += c[j][k];
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) c[j][k] /= sum + eps;
     }
+  }
+  float* out = args.comb.row(m);
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) out[j * kHc + k] = c[j][k];
+  }
+}
+
+constexpr int kMaxHc = 8;  // (2 + hc) * hc <= kMaxMixes
+
+__device__ void hc_mix_finish_any(const MixArgs& args, int64_t m, const float* mixes) {
+  switch (args.hc) {
+    case 1:
+      return hc_mix_finish<1>(args, m, mixes);
+    case 2:
+      return hc_mix_finish<2>(args, m, mixes);
+    case 3:
+      return hc_mix_finish<3>(args, m, mixes);
+    case 4:
+      return hc_mix_finish<4>(args, m, mixes);
+    case 5:
+      return hc_mix_finish<5>(args, m, mixes);
+    case 6:
+      return hc_mix_finish<6>(args, m, mixes);
+    case 7:
+      return hc_mix_finish<7>(args, m, mixes);
+    default:
+      return hc_mix_finish<kMaxHc>(args, m, mixes);
   }
 }
 
@@ -94,35 +133,112 @@ __global__ void __launch_bounds__(kThreads) hc_mixes_kernel(MixArgs args) {
   __shared__ float mixes[kMaxMixes];
   const int mix_count = (2 + args.hc) * args.hc;
   hc_mix_dots(args, blockIdx.x, 0, mix_count, mixes);
-  if (threadIdx.x == 0) hc_mix_finish(args, blockIdx.x, mixes);
+  if (threadIdx.x == 0) hc_mix_finish_any(args, blockIdx.x, mixes);
 }
 
-// The mixes spread over blocks (blockIdx.y picks `per_block` of them), into mixes_out [M, mixes]:
-// at decode one block per row would leave all but a few SMs idle while it reads fn (~2 MB).
+// ---- the split path: partial sums over slices of the streams, then one thread per row --------
+//
+// mixes[m, i] = rsqrt(mean(x[m]^2) + eps) * sum_slices (x[m, slice] . fn[i, slice]): a block
+// takes one slice of kSliceCols columns for up to kSliceRows rows (staged in shared memory),
+// warp w the mixes w, w + 8, ...; a lane sums its float4 columns in order, the warp folds the
+// lanes in a fixed tree. The slices, rows per block and folds are fixed by the shapes, never by
+// the row count, so every row gets the same bits in any batch. fn (~2 MB at V4.1 width) is read
+// by cols / kSliceCols blocks at decode instead of one.
+constexpr int kSliceCols = 1024;
+constexpr int kSliceRows = 8;
+constexpr int kMixWarps = kThreads / 32;
+static_assert(kSliceRows == kMixWarps, "warp w sums the squares of row w");
+static_assert(kSliceCols % 128 == 0, "a warp reads 128 floats a step");
+
+__device__ __forceinline__ float fold_warp(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) {
+  return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+// partials [M, slices, mix_count + 1]: each mix's partial dot product, then the sum of squares.
 __global__ void __launch_bounds__(kThreads)
-    hc_mix_dots_kernel(MixArgs args, int per_block, float* mixes_out) {
-  __shared__ float mixes[kMaxMixes];
+    hc_mix_partials_kernel(MixArgs args, int slices, float* partials) {
+  __shared__ float4 rows[kSliceRows][kSliceCols / 4];
+  const int slice = blockIdx.x;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kSliceRows;
+  const int row_count =
+      static_cast<int>(deepinfer::cuda::min64(kSliceRows, args.x.rows - first_row));
+  const int64_t first_col = static_cast<int64_t>(slice) * kSliceCols;
+  const int quads =
+      static_cast<int>(deepinfer::cuda::min64(kSliceCols, args.x.cols - first_col) / 4);
+  for (int i = threadIdx.x; i < row_count * quads; i += kThreads) {
+    const int r = i / quads;
+    const int quad = i % quads;
+    rows[r][quad] = reinterpret_cast<const float4*>(args.x.row(first_row + r) + first_col)[quad];
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   const int mix_count = (2 + args.hc) * args.hc;
-  const int first = static_cast<int>(blockIdx.y) * per_block;
-  const int count = min(per_block, mix_count - first);
-  hc_mix_dots(args, blockIdx.x, first, count, mixes);
-  if (threadIdx.x < count)
-    mixes_out[static_cast<int64_t>(blockIdx.x) * mix_count + first + threadIdx.x] =
-        mixes[threadIdx.x];
+  const int stride = mix_count + 1;
+  for (int mix = warp; mix < mix_count; mix += kMixWarps) {
+    const float4* f = reinterpret_cast<const float4*>(args.fn.row(mix) + first_col);
+    float sums[kSliceRows] = {};
+    for (int quad = lane; quad < quads; quad += 32) {
+      const float4 weights = __ldg(f + quad);
+#pragma unroll
+      for (int r = 0; r < kSliceRows; ++r) sums[r] += dot4(rows[r][quad], weights);
+    }
+#pragma unroll
+    for (int r = 0; r < kSliceRows; ++r) {
+      const float total = fold_warp(sums[r]);
+      if (lane == 0 && r < row_count)
+        partials[((first_row + r) * slices + slice) * stride + mix] = total;
+    }
+  }
+  if (warp < row_count) {
+    float squares = 0.0f;
+    for (int quad = lane; quad < quads; quad += 32)
+      squares += dot4(rows[warp][quad], rows[warp][quad]);
+    squares = fold_warp(squares);
+    if (lane == 0) partials[((first_row + warp) * slices + slice) * stride + mix_count] = squares;
+  }
 }
 
-__global__ void hc_mix_finish_kernel(MixArgs args, const float* mixes) {
-  const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (m >= args.x.rows) return;
-  hc_mix_finish(args, m, mixes + m * (2 + args.hc) * args.hc);
+// One block per row: thread i adds mix i's slice partials in slice order (the loads of all mixes
+// in flight at once), then one thread runs the Sinkhorn projection on them.
+constexpr int kFinishThreads = 128;
+static_assert(kFinishThreads >= kMaxMixes + 1);
+
+__global__ void __launch_bounds__(kFinishThreads)
+    hc_mix_finish_kernel(MixArgs args, int slices, const float* partials) {
+  __shared__ float sums[kMaxMixes + 1];
+  const int64_t m = blockIdx.x;
+  const int mix_count = (2 + args.hc) * args.hc;
+  const int stride = mix_count + 1;
+  const float* row = partials + m * slices * stride;
+  if (threadIdx.x < stride) {
+    float sum = 0.0f;
+    for (int slice = 0; slice < slices; ++slice) sum += row[slice * stride + threadIdx.x];
+    sums[threadIdx.x] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const float inv = 1.0f / sqrtf(sums[mix_count] / static_cast<float>(args.x.cols) + args.norm_eps);
+  for (int mix = 0; mix < mix_count; ++mix) sums[mix] *= inv;
+  hc_mix_finish_any(args, m, sums);
 }
 
 // false (or DEEPINFER_HC_SPLIT=0): one block per row does every mix (hc_mixes_kernel).
 constexpr bool kSplitMixes = true;
 
-bool split_mixes() {
+bool split_mixes(const MixArgs& args) {
   static const bool enabled = kSplitMixes && !disabled_by_environment("DEEPINFER_HC_SPLIT");
-  return enabled;
+  // float4 rows: 16-byte aligned rows of a multiple of 4 columns.
+  return enabled && args.x.cols % 4 == 0 && args.x.stride % 4 == 0 && args.fn.stride % 4 == 0 &&
+         deepinfer::cuda::aligned_to(args.x.data, 16) &&
+         deepinfer::cuda::aligned_to(args.fn.data, 16);
 }
 
 __global__ void hc_collapse_kernel(DeviceRows<const float> x, int64_t hc, int64_t dim,
@@ -170,7 +286,8 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
   MixArgs args{};
   args.hc = params.hc;
   const int64_t mix_count = static_cast<int64_t>(2 + params.hc) * params.hc;
-  DI_CHECK(params.hc > 0 && mix_count <= kMaxMixes, "hc_mult ", params.hc, " unsupported");
+  DI_CHECK(params.hc > 0 && params.hc <= kMaxHc && mix_count <= kMaxMixes, "hc_mult ", params.hc,
+           " unsupported (1 to ", kMaxHc, ")");
   args.x = device_rows<const float>(x, "hc streams");
   args.fn = device_rows<const float>(fn, "hc fn");
   args.scale = deepinfer::cuda::device_flat<const float>(scale, "hc scale");
@@ -189,21 +306,21 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
   args.norm_eps = params.norm_eps;
   args.sinkhorn_iters = params.sinkhorn_iters;
   if (args.x.rows == 0) return;
-  if (!split_mixes()) {
+  if (!split_mixes(args)) {
     hc_mixes_kernel<<<static_cast<unsigned>(args.x.rows), kThreads, 0, current_stream()>>>(args);
     DI_CUDA_LAUNCHED(hc_mixes_kernel);
     return;
   }
-  // Few rows: one mix a block, so the step's ~24 fn rows are read by as many SMs; many rows
-  // fill the GPU anyway, and a block doing 8 mixes reads its row of x fewer times.
-  const int per_block = args.x.rows < 32 ? 1 : 8;
-  const unsigned mix_blocks = static_cast<unsigned>((mix_count + per_block - 1) / per_block);
-  deepinfer::cuda::StreamBuffer mixes(static_cast<size_t>(args.x.rows * mix_count) * sizeof(float));
-  hc_mix_dots_kernel<<<dim3(static_cast<unsigned>(args.x.rows), mix_blocks), kThreads, 0,
-                       current_stream()>>>(args, per_block, mixes.as<float>());
-  DI_CUDA_LAUNCHED(hc_mix_dots_kernel);
-  hc_mix_finish_kernel<<<blocks_for(args.x.rows, 128), 128, 0, current_stream()>>>(
-      args, mixes.as<float>());
+  const int slices = static_cast<int>((args.x.cols + kSliceCols - 1) / kSliceCols);
+  const int64_t row_blocks = (args.x.rows + kSliceRows - 1) / kSliceRows;
+  DI_CHECK(row_blocks <= 65535, "hc_mixes: ", args.x.rows, " rows exceed one launch");
+  deepinfer::cuda::StreamBuffer partials(
+      static_cast<size_t>(args.x.rows * slices * (mix_count + 1)) * sizeof(float));
+  hc_mix_partials_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(row_blocks)),
+                           kThreads, 0, current_stream()>>>(args, slices, partials.as<float>());
+  DI_CUDA_LAUNCHED(hc_mix_partials_kernel);
+  hc_mix_finish_kernel<<<static_cast<unsigned>(args.x.rows), kFinishThreads, 0, current_stream()>>>(
+      args, slices, partials.as<float>());
   DI_CUDA_LAUNCHED(hc_mix_finish_kernel);
 }
 
