@@ -556,6 +556,12 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
   for (int64_t begin = 0; begin < total_keys; begin += kChunkKeys) {
     float2 acc[kGroupHeads];
     accumulate_chunk(args, shared, begin, min(total_keys, begin + kChunkKeys), acc);
+    // Loaded before the barriers, so the loads' latency hides behind them and the merge.
+    float2 previous[kGroupHeads];
+#pragma unroll
+    for (int h = 0; h < kGroupHeads; ++h) {
+      previous[h] = begin == 0 ? make_float2(0.0f, 0.0f) : y[h * kHeadPairs];
+    }
     __syncthreads();  // the chunk's max and denominator are final
     if (tid < kGroupHeads) {
       merge_chunk_scales(shared.total_max[tid], shared.total_denominator[tid],
@@ -565,8 +571,7 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
     __syncthreads();  // keep and add written
 #pragma unroll
     for (int h = 0; h < kGroupHeads; ++h) {
-      const float2 previous = begin == 0 ? make_float2(0.0f, 0.0f) : y[h * kHeadPairs];
-      y[h * kHeadPairs] = merge_chunk_sum(previous, acc[h], shared.keep[h], shared.add[h]);
+      y[h * kHeadPairs] = merge_chunk_sum(previous[h], acc[h], shared.keep[h], shared.add[h]);
     }
   }
   __syncthreads();  // the denominators of a token without keys were written by other threads
