@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -605,6 +606,179 @@ TEST_F(MoeGroupedGemmTest, FusedMoeExpertsSmallShapes) {
   std::copy(chosen.data<int32_t>(), chosen.data<int32_t>() + 2 * kTopK, bad.data<int32_t>());
   bad.data<int32_t>()[1] = static_cast<int32_t>(kExperts);            // past the expert list
   EXPECT_THROW(run_moe_op(set, x, bad, weights, 0, 2, true), Error);  // from the synchronize
+}
+
+// ---- the decode tile (fewer than 16 rows per expert) ---------------------------------------
+
+// Turns the decode tile off for its lifetime (the register kernel before it runs), on again
+// after, also when a call throws.
+struct RegisterKernelForDecode {
+  RegisterKernelForDecode() { cuda::set_moe_decode_tile(false); }
+  ~RegisterKernelForDecode() { cuda::set_moe_decode_tile(true); }
+  RegisterKernelForDecode(const RegisterKernelForDecode&) = delete;
+  RegisterKernelForDecode& operator=(const RegisterKernelForDecode&) = delete;
+};
+
+// The same call through the decode tile and through the register kernel must give the same bits
+// in every element, the unwritten (NaN sentinel) ones included.
+void expect_decode_tile_bits(const std::function<Tensor()>& call, const std::string& what) {
+  const Tensor tile = call();
+  Tensor before;
+  {
+    const RegisterKernelForDecode register_kernel;
+    before = call();
+  }
+  const int64_t count = tile.numel();
+  int64_t first_difference = -1;
+  for (int64_t i = 0; i < count && first_difference < 0; ++i) {
+    if (std::memcmp(tile.data<float>() + i, before.data<float>() + i, sizeof(float)) != 0) {
+      first_difference = i;
+    }
+  }
+  EXPECT_EQ(first_difference, -1)
+      << what << ": the decode tile differs from the register kernel at element "
+      << first_difference;
+}
+
+TEST_F(MoeGroupedGemmTest, DecodeTileSmallShapes) {
+  const struct {
+    int64_t experts, n, k;
+    std::vector<int32_t> counts;
+    int64_t extra_rows;
+    uint32_t seed;
+    const char* what;
+  } cases[] = {
+      // 9 and 15 rows: one 16-token pass with idle tokens; N = 48 leaves a block's last warp
+      // without rows; K = 512 is fewer chunks than the pipeline's stages.
+      {6, 48, 512, {3, 0, 1, 9, 0, 15}, 2, 211, "decode tile 6 experts 48x512"},
+      // 17 rows: a 16-token pass then an 8-token one; K = 1280 reuses every stage slot.
+      {4, 64, 1280, {17, 2, 0, 8}, 1, 221, "decode tile 4 experts 64x1280"},
+      // One group of 13 rows: the token tiles spread over grid.z.
+      {1, 32, 256, {13}, 0, 231, "decode tile one group 32x256"},
+  };
+  for (const auto& c : cases) {
+    const Problem p = make_problem(c.experts, c.n, c.k, c.counts, c.extra_rows, c.seed);
+    check_against_reference(p, c.what);
+    const DeviceProblem d(p);
+    const int64_t rows = p.x.view().size(0);
+    expect_decode_tile_bits([&] { return call_gpu(d, p.n, p.offsets, 0, rows); }, c.what);
+    // A row alone equals it inside the call.
+    const Tensor all = call_gpu(d, p.n, p.offsets, 0, rows);
+    for (int64_t row : {int64_t{0}, int64_t{p.offsets.back() - 1}}) {
+      const auto expert = static_cast<int64_t>(
+          std::upper_bound(p.offsets.begin(), p.offsets.end(), static_cast<int32_t>(row)) -
+          p.offsets.begin() - 1);
+      std::vector<int32_t> single(p.experts + 1, 0);
+      for (int64_t e = expert + 1; e <= p.experts; ++e) single[e] = 1;
+      const Tensor alone = call_gpu(d, p.n, single, row, 1);
+      EXPECT_EQ(0, std::memcmp(all.data<float>() + row * p.n, alone.data<float>(),
+                               static_cast<size_t>(p.n) * sizeof(float)))
+          << c.what << ", row " << row;
+    }
+  }
+  // Fewer rows than experts: the blocks walk only the experts with rows.
+  std::vector<int32_t> sparse(40, 0);
+  sparse[2] = 1;
+  sparse[21] = 3;
+  sparse[39] = 2;
+  const Problem p = make_problem(40, 32, 768, sparse, 1, 241);
+  check_against_reference(p, "decode tile sparse experts 32x768");
+  const DeviceProblem d(p);
+  expect_decode_tile_bits([&] { return call_gpu(d, p.n, p.offsets, 0, p.x.view().size(0)); },
+                          "decode tile sparse experts 32x768");
+}
+
+// The model's fused expert sequence (w1 and w3 in one launch, then w2) through the decode tile
+// equals it through the register kernel.
+TEST_F(MoeGroupedGemmTest, DecodeTileFusedMoeExpertsSmallShapes) {
+  constexpr int64_t kExperts = 4, kDim = 256, kInter = 512, kTopK = 2, kTokens = 5;
+  const ExpertSet set = make_experts(kExperts, kDim, kInter, 600);
+  const Tensor chosen = random_routes(kTokens, kExperts, kTopK, 610);
+  const Tensor weights = random_f32({kTokens, kTopK}, 611);
+  const Tensor x = random_f32({kTokens, kDim}, 612);
+  expect_decode_tile_bits([&] { return run_moe_op(set, x, chosen, weights, 0, kTokens, true); },
+                          "fused moe_experts, 5 tokens");
+}
+
+// Decode at the real shapes: 1 to 1536 routed rows over 384 experts of w1/w3 (2304 x 5120) and
+// w2 (5120 x 2304), a few hot experts with tens of rows (16-token passes, several passes) among
+// ones with 0-4. The 384 experts repeat 8 random ones (host time and memory); the kernel does not
+// know. Decode tile against the register kernel bit for bit, and a few rows against the CPU.
+TEST_F(MoeGroupedGemmTest, DecodeTileV41FlashShapes) {
+  constexpr int64_t kExperts = 384, kDistinct = 8;
+  const struct {
+    int64_t n, k;
+    uint32_t seed;
+    const char* what;
+  } shapes[] = {{2304, 5120, 700, "w1/w3 2304x5120"}, {5120, 2304, 710, "w2 5120x2304"}};
+  for (const auto& shape : shapes) {
+    const Tensor weight =
+        random_bytes(DType::kF4E2M1x2, {kDistinct, shape.n, shape.k}, shape.seed, 0, 255);
+    const Tensor scale =
+        random_bytes(DType::kF8E8M0, {kDistinct, shape.n, shape.k / 32}, shape.seed + 1, 117, 121);
+    Tensor d_weight =
+        Tensor::empty(DType::kF4E2M1x2, {kExperts, shape.n, shape.k}, rt::device_allocator());
+    Tensor d_scale =
+        Tensor::empty(DType::kF8E8M0, {kExperts, shape.n, shape.k / 32}, rt::device_allocator());
+    for (int64_t e = 0; e < kExperts; ++e) {
+      rt::copy(weight.view().select(0, e % kDistinct), d_weight.view().select(0, e));
+      rt::copy(scale.view().select(0, e % kDistinct), d_scale.view().select(0, e));
+    }
+    for (int64_t routed : {1, 4, 16, 96, 384, 1536}) {
+      // One row in 8 goes to one of 4 hot experts, the others anywhere.
+      std::mt19937 rng(static_cast<uint32_t>(shape.seed + routed));
+      std::vector<int32_t> counts(kExperts, 0);
+      for (int64_t r = 0; r < routed; ++r) {
+        const uint32_t pick = rng();
+        ++counts[pick % 8 == 0 ? 37 * (rng() % 4) : rng() % kExperts];
+      }
+      std::vector<int32_t> offsets = {0};
+      for (int32_t c : counts) offsets.push_back(offsets.back() + c);
+      const int64_t rows = routed + 2;  // two rows in no expert stay unwritten
+      const Tensor x = random_f32({rows, shape.k}, static_cast<uint32_t>(shape.seed + 2 + routed));
+      Tensor d_x = rt::to_device(x.view());
+      Tensor d_offsets = rt::to_device(testing::view_of(offsets, {kExperts + 1}));
+      const auto call = [&] {
+        Tensor out = Tensor::empty(DType::kF32, {rows, shape.n}, rt::device_allocator());
+        rt::fill_bytes(out.view(), 0xFF);
+        cuda::moe_grouped_gemm_fp4(d_x.view(), d_offsets.view(), d_weight.view(), d_scale.view(),
+                                   out.view());
+        rt::synchronize();
+        return rt::to_host(out.view());
+      };
+      const std::string what =
+          std::string("decode tile ") + shape.what + ", " + std::to_string(routed) + " rows";
+      expect_decode_tile_bits(call, what);
+      const Tensor got = call();
+      // The first and last routed rows and the hottest expert's first row, against the CPU.
+      const auto hottest =
+          static_cast<int64_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+      double scale_seen = 1e-30;
+      double worst = 0.0;
+      for (int64_t row : {int64_t{0}, routed - 1, int64_t{offsets[hottest]}}) {
+        const auto expert = static_cast<int64_t>(
+            std::upper_bound(offsets.begin(), offsets.end(), static_cast<int32_t>(row)) -
+            offsets.begin() - 1);
+        Tensor want = Tensor::empty(DType::kF32, {1, shape.n});
+        linear(x.view().narrow(0, row, 1),
+               LinearWeight{weight.view().select(0, expert % kDistinct),
+                            scale.view().select(0, expert % kDistinct)},
+               want.view(), ActivationQuant::kFp8PerBlock32);
+        for (int64_t i = 0; i < shape.n; ++i) {
+          const double w = want.data<float>()[i];
+          const double g = got.data<float>()[row * shape.n + i];
+          scale_seen = std::max(scale_seen, std::abs(w));
+          worst = std::max(worst, std::isnan(g) ? INFINITY : std::abs(g - w));
+        }
+      }
+      std::printf("%s: worst error %.3g of the sampled rows' scale\n", what.c_str(),
+                  worst / scale_seen);
+      EXPECT_LE(worst / scale_seen, kTolerance) << what;
+      for (int64_t i = routed * shape.n; i < rows * shape.n; ++i) {
+        ASSERT_TRUE(std::isnan(got.data<float>()[i])) << what << ": element " << i;
+      }
+    }
+  }
 }
 
 TEST_F(MoeGroupedGemmTest, BadInput) {

@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cub/block/block_scan.cuh>
@@ -674,6 +675,291 @@ constexpr int kPrefillSmemBytes =
     std::max(PrefillTile<kSmallTileTokens / kTileWarpsAlongTokens>::kSmemBytes,
              PrefillTile<kBigTileTokens / kTileWarpsAlongTokens>::kSmemBytes);
 
+// ---- decode: weight stripes staged through shared memory ----------------------------------
+//
+// mma_gemm_kernel above takes its weight words straight into registers: per 32-block a quad
+// reads 16 bytes of one row and the warp's 8 quads 8 rows a row-length apart (half-used sectors,
+// 16 load instructions per 2 KB), with only the next 8-block chunk in flight, about 2 KB per
+// warp. That is too little in flight to keep HBM busy and the stream is what decode pays for.
+// Here each warp streams its own 16 weight rows (no block barriers: the warps of a block share
+// nothing) through kDecodeStages shared-memory slots of one 8-block chunk (16 rows x 128 bytes,
+// whole 128-byte lines per 8 lanes, 16-byte cp.async), so (kDecodeStages - 1) x 2 KB per warp are
+// in flight, and takes its MMA fragments with ldmatrix (four per chunk instead of 16 loads).
+//
+// Same bits as mma_gemm_kernel<false, *>: ldmatrix hands thread t of quad g word t of row g's
+// 16-byte block, which is the word that kernel loads (K 8t..8t+7 of the block, converted the
+// same way), the activations keep CodeLayout::kEvenOdd8 and the same 64-bit loads, and every
+// output is one MMA per 32-block from zero, times the same scale product (the same floats: the
+// same decode, the fp4 rescale folded into the weight's as there), added in ascending K. The
+// token tiling (1 or 2 8-token tiles per pass over the weights) only decides which tokens share
+// a pass, so a row's bits depend neither on the batch nor on which of the two kernels ran it.
+//
+// The scale codes become floats once per chunk in a small per-warp table (each lane converts a
+// few), not in every thread for every MMA: with one or two tokens per expert those conversions
+// were a large share of the instructions spent per weight byte, which matter once the loads no
+// longer wait on latency.
+
+// false: decode takes mma_gemm_kernel again (the path before this one).
+constexpr bool kUseDecodeTiles = true;
+
+// Tests switch the decode tile off and on in one process to compare it with mma_gemm_kernel.
+std::atomic<bool> decode_tiles_allowed{true};
+
+// kUseDecodeTiles unless DEEPINFER_MOE_DECODE_TILE=0 (one binary A/Bs the two decode paths on the
+// GPU machine) or set_moe_decode_tile(false).
+bool decode_tiles_enabled() {
+  static const bool by_environment =
+      kUseDecodeTiles && !disabled_by_environment("DEEPINFER_MOE_DECODE_TILE");
+  return by_environment && decode_tiles_allowed.load(std::memory_order_relaxed);
+}
+
+constexpr int kDecodeStages = 4;
+constexpr int kDecodeMaxTokenTiles = 2;                             // 8-token MMA tiles per pass
+constexpr int kDecodeRowBytes = kChunk / 2;                         // one row's 8 fp4 32-blocks
+constexpr int kDecodePieces = kRowsPerWarp * kDecodeRowBytes / 16;  // 16-byte copies per chunk
+constexpr int kDecodeWeightBytes = kRowsPerWarp * kDecodeRowBytes;
+constexpr int kDecodeScaleCodeBytes = kRowsPerWarp * kBlocksPerChunk;  // [row][block] ue8m0
+constexpr int kDecodeStageBytes = kDecodeWeightBytes + kDecodeScaleCodeBytes;
+// Per warp, after the stages: the current chunk's scales as floats, the weights' [row][block]
+// (fp4 rescale folded in) and the tokens' [block][token].
+constexpr int kDecodeWeightScaleOffset = kDecodeStages * kDecodeStageBytes;
+constexpr int kDecodeTokenScaleOffset =
+    kDecodeWeightScaleOffset + kRowsPerWarp * kBlocksPerChunk * 4;
+constexpr int kDecodeWarpBytes =
+    kDecodeTokenScaleOffset + kBlocksPerChunk * 8 * kDecodeMaxTokenTiles * 4;
+static_assert(kDecodeStageBytes % 128 == 0 && kDecodeWarpBytes % 128 == 0,
+              "each stage's rows start on 128 bytes, where the swizzle below is conflict-free");
+static_assert(kDecodePieces % 32 == 0, "each lane copies the same number of 16-byte pieces");
+static_assert(kWarps * kDecodeWarpBytes <= 48 * 1024, "static shared memory");
+
+// 8 bytes global -> shared (a chunk's 8 scale codes of one row).
+__device__ __forceinline__ void copy_8_async(uint32_t shared, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared), "l"(global) : "memory");
+}
+
+// Element i of v (i known at compile time in the unrolled loops that call it).
+__device__ __forceinline__ float component(const float4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// One warp's 16 weight rows of one expert; the rows it multiplies are [first, first + count).
+struct DecodeStripe {
+  const uint8_t* weight = nullptr;  // row 0 of the 16
+  const uint8_t* scales = nullptr;  // its scale row
+  float* out = nullptr;
+  int64_t n_base = 0;  // the output column of row 0
+  int first = 0;
+  int count = 0;
+};
+
+// Rows [tile, tile + 8 * kTokenTiles) of the stripe's tokens (those past count load the last row
+// and are never stored) times the stripe's weights, all of K: one pass over the weights.
+// Chunk c lives in slot c % kDecodeStages; weight row r's 16-byte piece p of a chunk at piece
+// p ^ (r % 8), so the 8 rows of one ldmatrix matrix (the same piece) hit 8 different bank groups.
+template <int kTokenTiles>
+__device__ __forceinline__ void decode_pass(const GroupedArgs& args, const DecodeStripe& stripe,
+                                            int tile, uint8_t* warp_shared) {
+  static_assert(kTokenTiles <= kDecodeMaxTokenTiles, "the token scale table's size");
+  constexpr int kTokens = 8 * kTokenTiles;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;  // MMA row (weights) / column (tokens) of this thread
+  const int quad = lane & 3;
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  const int chunks = static_cast<int>(args.k / kChunk);
+  const int first = stripe.first;
+  const int count = stripe.count;
+  int64_t load_row[kTokenTiles];
+  int64_t acc_row[kTokenTiles][2];
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j) {
+    load_row[j] = first + min(tile + 8 * j + group, count - 1);
+    acc_row[j][0] = first + min(tile + 8 * j + 2 * quad, count - 1);
+    acc_row[j][1] = first + min(tile + 8 * j + 2 * quad + 1, count - 1);
+  }
+  // The token whose 4 scale codes (a word: blocks [4h, 4h + 4) of the chunk) this lane decodes.
+  const int scale_token = lane % kTokens;
+  const int scale_word = lane / kTokens;  // 0..1 where it decodes one; 32 / kTokens words
+  const bool decodes_token_scales = scale_word < 2;
+  const int64_t scale_token_row = first + min(tile + scale_token, count - 1);
+
+  const auto copy_chunk = [&](int chunk, int slot) {
+    uint8_t* stage = warp_shared + slot * kDecodeStageBytes;
+#pragma unroll
+    for (int i = 0; i < kDecodePieces / 32; ++i) {
+      const int piece = lane + 32 * i;
+      const int row = piece / (kDecodeRowBytes / 16);
+      const int p = piece % (kDecodeRowBytes / 16);
+      copy_16_async(shared_address(stage + row * kDecodeRowBytes + ((p ^ (row & 7)) << 4)),
+                    stripe.weight + row * w_row_bytes +
+                        static_cast<int64_t>(chunk) * kDecodeRowBytes + p * 16);
+    }
+    if (lane < kRowsPerWarp) {
+      copy_8_async(shared_address(stage + kDecodeWeightBytes + lane * kBlocksPerChunk),
+                   stripe.scales + lane * k_blocks + static_cast<int64_t>(chunk) * kBlocksPerChunk);
+    }
+  };
+
+  auto* weight_scale = reinterpret_cast<float*>(warp_shared + kDecodeWeightScaleOffset);
+  auto* token_scale = reinterpret_cast<float*>(warp_shared + kDecodeTokenScaleOffset);
+  // ldmatrix: lane l gives row l % 8 of matrix l / 8; the matrices are (rows 0-7, block b),
+  // (rows 8-15, b), (rows 0-7, b + 1), (rows 8-15, b + 1), so registers 0/1 are the low/high
+  // rows' words of block b and 2/3 of b + 1.
+  const int matrix = lane >> 3;
+  const int matrix_row = (matrix & 1) * 8 + (lane & 7);
+  const int matrix_block = matrix >> 1;
+
+  float acc[kTokenTiles][4] = {};
+  __syncwarp();  // every lane is done with the slots and tables of the previous pass
+#pragma unroll
+  for (int s = 0; s < kDecodeStages - 1; ++s) {
+    if (s < chunks) copy_chunk(s, s);
+    commit_copies();
+  }
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    // Issued before the wait: the load's latency hides behind it.
+    const uint32_t token_codes =
+        decodes_token_scales ? __ldg(reinterpret_cast<const uint32_t*>(
+                                   args.x_scales + scale_token_row * k_blocks +
+                                   static_cast<int64_t>(chunk) * kBlocksPerChunk + 4 * scale_word))
+                             : 0u;
+    wait_copies<kDecodeStages - 2>();
+    __syncwarp();  // chunk `chunk` is in; every lane is done with the slot `ahead` reuses
+    const int ahead = chunk + kDecodeStages - 1;
+    if (ahead < chunks) copy_chunk(ahead, ahead % kDecodeStages);
+    commit_copies();
+    const uint8_t* stage = warp_shared + (chunk % kDecodeStages) * kDecodeStageBytes;
+    {
+      // Lane l decodes row l / 2's codes [4 (l % 2), +4) and its token's word.
+      const uint32_t codes =
+          *reinterpret_cast<const uint32_t*>(stage + kDecodeWeightBytes + 4 * lane);
+      float4 decoded;
+      decoded.x = scale_code(codes, 0) * kE2m1Rescale;
+      decoded.y = scale_code(codes, 8) * kE2m1Rescale;
+      decoded.z = scale_code(codes, 16) * kE2m1Rescale;
+      decoded.w = scale_code(codes, 24) * kE2m1Rescale;
+      reinterpret_cast<float4*>(weight_scale)[lane] = decoded;
+      if (decodes_token_scales) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          token_scale[(4 * scale_word + i) * kTokens + scale_token] =
+              scale_code(token_codes, 8 * i);
+        }
+      }
+    }
+    __syncwarp();  // the chunk's scale tables are written
+    const float4* row_scales = reinterpret_cast<const float4*>(weight_scale);
+    const float4 lo_scales[2] = {row_scales[2 * group], row_scales[2 * group + 1]};
+    const float4 hi_scales[2] = {row_scales[2 * (group + 8)], row_scales[2 * (group + 8) + 1]};
+    const uint32_t stage_address = shared_address(stage);
+#pragma unroll
+    for (int pair = 0; pair < kBlocksPerChunk; pair += 2) {
+      uint32_t words[4];
+      const int piece = pair + matrix_block;
+      load_matrices_x4(
+          words, stage_address + matrix_row * kDecodeRowBytes + ((piece ^ (matrix_row & 7)) << 4));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int b = pair + half;
+        const int64_t k_block = static_cast<int64_t>(chunk) * kBlocksPerChunk + b;
+        const uint32_t lo = words[2 * half];
+        const uint32_t hi = words[2 * half + 1];
+        uint32_t a[4];
+        a[0] = e2m1x4_to_e4m3x4_scaled(lo);
+        a[1] = e2m1x4_to_e4m3x4_scaled(hi);
+        a[2] = e2m1x4_to_e4m3x4_scaled(lo >> 4);
+        a[3] = e2m1x4_to_e4m3x4_scaled(hi >> 4);
+        const float w_scale_lo = component(lo_scales[b / 4], b % 4);
+        const float w_scale_hi = component(hi_scales[b / 4], b % 4);
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+          const uint2 activation = __ldg(reinterpret_cast<const uint2*>(
+              args.x_codes + load_row[j] * args.k + k_block * kScaleBlock + 8 * quad));
+          float d[4];
+          mma_e4m3_from_zero(a, activation.x, activation.y, d);
+          const float2 x_scales =
+              *reinterpret_cast<const float2*>(token_scale + b * kTokens + 8 * j + 2 * quad);
+          acc[j][0] += d[0] * (x_scales.x * w_scale_lo);
+          acc[j][1] += d[1] * (x_scales.y * w_scale_lo);
+          acc[j][2] += d[2] * (x_scales.x * w_scale_hi);
+          acc[j][3] += d[3] * (x_scales.y * w_scale_hi);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j) {
+    const int token = tile + 8 * j + 2 * quad;
+    const int64_t n = stripe.n_base + group;
+    if (token < count) {
+      stripe.out[acc_row[j][0] * args.out_stride + n] = acc[j][0];
+      stripe.out[acc_row[j][0] * args.out_stride + n + 8] = acc[j][2];
+    }
+    if (token + 1 < count) {
+      stripe.out[acc_row[j][1] * args.out_stride + n] = acc[j][1];
+      stripe.out[acc_row[j][1] * args.out_stride + n + 8] = acc[j][3];
+    }
+  }
+}
+
+// mma_gemm_kernel<false, 1>'s grid and work split (block: 64 weight rows, y: expert or the y-th
+// expert with rows, z: token tiles of one group), fp4 weights only; each warp's 16 rows stream
+// through its own shared-memory slots. With grid.z == 1 a warp takes its expert's tokens 16 at a
+// time while more than 8 are left, so one pass over the weights serves them.
+__global__ void __launch_bounds__(kWarps * 32) decode_tile_kernel(GroupedArgs args) {
+  __shared__ __align__(128) uint8_t shared[kWarps * kDecodeWarpBytes];
+  int expert = blockIdx.y;
+  if (args.offsets != nullptr && gridDim.y < args.groups) {
+    expert = nth_nonempty_group(args.offsets, args.groups, args.rows, blockIdx.y);
+    if (expert < 0) return;
+  }
+  DecodeStripe stripe;
+  int last = static_cast<int>(args.rows);
+  if (args.offsets != nullptr) {
+    stripe.first = clamp_offset(args.offsets[expert], args.rows);
+    last = max(stripe.first, clamp_offset(args.offsets[expert + 1], args.rows));
+  }
+  stripe.count = last - stripe.first;
+  int64_t row_block = blockIdx.x;
+  const DeviceWeight* experts = args.experts;
+  stripe.out = args.out;
+  const int64_t row_blocks = (args.n + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (args.second_out != nullptr && row_block >= row_blocks) {
+    row_block -= row_blocks;
+    experts = args.second_experts;
+    stripe.out = args.second_out;
+  }
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  stripe.n_base = row_block * kRowsPerBlock + warp * kRowsPerWarp;
+  if (stripe.count == 0 || stripe.n_base >= args.n) return;
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  if (experts != nullptr) {
+    stripe.weight = experts[expert].bytes + stripe.n_base * w_row_bytes;
+    stripe.scales = experts[expert].scale + stripe.n_base * k_blocks;
+  } else {
+    const int64_t w_row = expert * args.n + stripe.n_base;
+    stripe.weight = args.weight + w_row * w_row_bytes;
+    stripe.scales = args.w_scales + w_row * k_blocks;
+  }
+  uint8_t* warp_shared = shared + warp * kDecodeWarpBytes;
+  if (gridDim.z == 1) {
+    for (int tile = 0; tile < stripe.count;) {
+      if (stripe.count - tile > 8) {
+        decode_pass<2>(args, stripe, tile, warp_shared);
+        tile += 16;
+      } else {
+        decode_pass<1>(args, stripe, tile, warp_shared);
+        tile += 8;
+      }
+    }
+  } else {
+    for (int tile = blockIdx.z * 8; tile < stripe.count; tile += gridDim.z * 8) {
+      decode_pass<1>(args, stripe, tile, warp_shared);
+    }
+  }
+}
+
 const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* what) {
   require(view.device().is_cuda() && view.dtype() == dtype && view.is_contiguous(), what,
           " must be a contiguous ", dtype_name(dtype), " device tensor, got ", view.to_string());
@@ -684,12 +970,13 @@ const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* wha
 struct KernelChoice {
   bool wide = false;           // mma_gemm_kernel's wide token tile
   bool prefill_tiles = false;  // prefill_tile_kernel (fp4 only)
+  bool decode_tiles = false;   // decode_tile_kernel (fp4 only)
   int64_t max_tiles = 0;       // its token tile list's bound
   CodeLayout layout = CodeLayout::kEvenOdd8;
 };
 
-// tile_aligned: the fp4 weight rows start on 16 bytes and the scale rows on 4 (the prefill
-// tile's copies).
+// tile_aligned: the fp4 weight rows start on 16 bytes and the scale rows on 8 (the prefill and
+// decode tiles' copies; every caller checks 8).
 template <bool kFp8Weight>
 KernelChoice choose_kernel(int64_t rows, int64_t groups, bool has_offsets, int64_t n, int64_t k,
                            bool tile_aligned) {
@@ -703,6 +990,8 @@ KernelChoice choose_kernel(int64_t rows, int64_t groups, bool has_offsets, int64
                          has_offsets && n % kTileRows == 0 && k % kStepK == 0 &&
                          max_big_tiles + max_small_tiles <= INT32_MAX;
   choice.max_tiles = max_big_tiles + max_small_tiles;
+  // fp4 decode: the shared-memory weight stream (cp.async needs the aligned rows), same layout.
+  choice.decode_tiles = !kFp8Weight && !choice.wide && tile_aligned && decode_tiles_enabled();
   choice.layout = kFp8Weight             ? CodeLayout::kNatural
                   : choice.prefill_tiles ? CodeLayout::kMmaHalves
                                          : CodeLayout::kEvenOdd8;
@@ -768,6 +1057,11 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
   const int64_t tables = !kFp8Weight && args.second_out != nullptr ? 2 : 1;
   const dim3 grid(static_cast<unsigned>(tables * row_blocks), static_cast<unsigned>(group_blocks),
                   static_cast<unsigned>(std::min<int64_t>(token_tiles, 65535)));
+  if (!kFp8Weight && choice.decode_tiles) {
+    decode_tile_kernel<<<grid, kWarps * 32, 0, stream>>>(args);
+    DI_CUDA_LAUNCHED(decode_tile_kernel);
+    return;
+  }
   if (choice.wide) {
     mma_gemm_kernel<kFp8Weight, kWideTiles><<<grid, kWarps * 32, 0, stream>>>(args);
   } else {
@@ -865,6 +1159,10 @@ void quantize_fp8_rows(DeviceRows<const float> x, CodeLayout layout, uint8_t* co
       break;
   }
   DI_CUDA_LAUNCHED(quantize_rows_kernel);
+}
+
+void set_moe_decode_tile(bool enabled) {
+  decode_tiles_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 bool grouped_fp4_supports(const DeviceWeight& w) {
