@@ -714,6 +714,8 @@ bool decode_tiles_enabled() {
 }
 
 constexpr int kDecodeStages = 4;
+// 32-token passes would serve hot experts in fewer passes but took the kernel from 126 to 166
+// registers (3 blocks per SM instead of 4) for every pass; decode experts rarely see 16 tokens.
 constexpr int kDecodeMaxTokenTiles = 2;                             // 8-token MMA tiles per pass
 constexpr int kDecodeRowBytes = kChunk / 2;                         // one row's 8 fp4 32-blocks
 constexpr int kDecodePieces = kRowsPerWarp * kDecodeRowBytes / 16;  // 16-byte copies per chunk
@@ -769,19 +771,24 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
   const int chunks = static_cast<int>(args.k / kChunk);
   const int first = stripe.first;
   const int count = stripe.count;
-  int64_t load_row[kTokenTiles];
-  int64_t acc_row[kTokenTiles][2];
+  // The activation rows this thread loads (MMA column `group`), chunk 0's codes.
+  const uint8_t* load_codes[kTokenTiles];
 #pragma unroll
   for (int j = 0; j < kTokenTiles; ++j) {
-    load_row[j] = first + min(tile + 8 * j + group, count - 1);
-    acc_row[j][0] = first + min(tile + 8 * j + 2 * quad, count - 1);
-    acc_row[j][1] = first + min(tile + 8 * j + 2 * quad + 1, count - 1);
+    load_codes[j] =
+        args.x_codes + (first + min(tile + 8 * j + group, count - 1)) * args.k + 8 * quad;
   }
-  // The token whose 4 scale codes (a word: blocks [4h, 4h + 4) of the chunk) this lane decodes.
-  const int scale_token = lane % kTokens;
-  const int scale_word = lane / kTokens;  // 0..1 where it decodes one; 32 / kTokens words
-  const bool decodes_token_scales = scale_word < 2;
-  const int64_t scale_token_row = first + min(tile + scale_token, count - 1);
+  // A chunk's token scale codes are 2 words (blocks [0, 4) and [4, 8)) per token; word e of
+  // them (token e % kTokens, half e / kTokens) goes to lane e % 32.
+  constexpr int kTokenWords = 2 * kTokens;
+  constexpr int kTokenWordsPerLane = (kTokenWords + 31) / 32;
+  int64_t token_word_offset[kTokenWordsPerLane];  // into x_scales, chunk 0
+#pragma unroll
+  for (int i = 0; i < kTokenWordsPerLane; ++i) {
+    const int e = min(lane + 32 * i, kTokenWords - 1);
+    token_word_offset[i] =
+        (first + min(tile + e % kTokens, count - 1)) * k_blocks + 4 * (e / kTokens);
+  }
 
   const auto copy_chunk = [&](int chunk, int slot) {
     uint8_t* stage = warp_shared + slot * kDecodeStageBytes;
@@ -818,11 +825,15 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
   }
   for (int chunk = 0; chunk < chunks; ++chunk) {
     // Issued before the wait: the load's latency hides behind it.
-    const uint32_t token_codes =
-        decodes_token_scales ? __ldg(reinterpret_cast<const uint32_t*>(
-                                   args.x_scales + scale_token_row * k_blocks +
-                                   static_cast<int64_t>(chunk) * kBlocksPerChunk + 4 * scale_word))
-                             : 0u;
+    uint32_t token_codes[kTokenWordsPerLane];
+#pragma unroll
+    for (int i = 0; i < kTokenWordsPerLane; ++i) {
+      token_codes[i] = lane + 32 * i < kTokenWords
+                           ? __ldg(reinterpret_cast<const uint32_t*>(
+                                 args.x_scales + token_word_offset[i] +
+                                 static_cast<int64_t>(chunk) * kBlocksPerChunk))
+                           : 0u;
+    }
     wait_copies<kDecodeStages - 2>();
     __syncwarp();  // chunk `chunk` is in; every lane is done with the slot `ahead` reuses
     const int ahead = chunk + kDecodeStages - 1;
@@ -830,7 +841,7 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
     commit_copies();
     const uint8_t* stage = warp_shared + (chunk % kDecodeStages) * kDecodeStageBytes;
     {
-      // Lane l decodes row l / 2's codes [4 (l % 2), +4) and its token's word.
+      // Lane l decodes row l / 2's codes [4 (l % 2), +4) and its tokens' words.
       const uint32_t codes =
           *reinterpret_cast<const uint32_t*>(stage + kDecodeWeightBytes + 4 * lane);
       float4 decoded;
@@ -839,11 +850,15 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
       decoded.z = scale_code(codes, 16) * kE2m1Rescale;
       decoded.w = scale_code(codes, 24) * kE2m1Rescale;
       reinterpret_cast<float4*>(weight_scale)[lane] = decoded;
-      if (decodes_token_scales) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          token_scale[(4 * scale_word + i) * kTokens + scale_token] =
-              scale_code(token_codes, 8 * i);
+      for (int i = 0; i < kTokenWordsPerLane; ++i) {
+        const int e = lane + 32 * i;
+        if (e < kTokenWords) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            token_scale[(4 * (e / kTokens) + c) * kTokens + e % kTokens] =
+                scale_code(token_codes[i], 8 * c);
+          }
         }
       }
     }
@@ -873,8 +888,8 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
         const float w_scale_hi = component(hi_scales[b / 4], b % 4);
 #pragma unroll
         for (int j = 0; j < kTokenTiles; ++j) {
-          const uint2 activation = __ldg(reinterpret_cast<const uint2*>(
-              args.x_codes + load_row[j] * args.k + k_block * kScaleBlock + 8 * quad));
+          const uint2 activation =
+              __ldg(reinterpret_cast<const uint2*>(load_codes[j] + k_block * kScaleBlock));
           float d[4];
           mma_e4m3_from_zero(a, activation.x, activation.y, d);
           const float2 x_scales =
@@ -887,17 +902,18 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
       }
     }
   }
+  // This thread's outputs: MMA columns 2 quad and 2 quad + 1 (tokens), rows group and group + 8.
 #pragma unroll
   for (int j = 0; j < kTokenTiles; ++j) {
     const int token = tile + 8 * j + 2 * quad;
-    const int64_t n = stripe.n_base + group;
+    float* out = stripe.out + (first + token) * args.out_stride + stripe.n_base + group;
     if (token < count) {
-      stripe.out[acc_row[j][0] * args.out_stride + n] = acc[j][0];
-      stripe.out[acc_row[j][0] * args.out_stride + n + 8] = acc[j][2];
+      out[0] = acc[j][0];
+      out[8] = acc[j][2];
     }
     if (token + 1 < count) {
-      stripe.out[acc_row[j][1] * args.out_stride + n] = acc[j][1];
-      stripe.out[acc_row[j][1] * args.out_stride + n + 8] = acc[j][3];
+      out[args.out_stride] = acc[j][1];
+      out[args.out_stride + 8] = acc[j][3];
     }
   }
 }
