@@ -24,9 +24,9 @@ struct MixArgs {
   DeviceRows<float> comb;
 };
 
-// Mixes [first, first + count) of row m (the one-block path): the block reduces the row's norm,
-// then each mix's dot product.
-__device__ void hc_mix_dots(const MixArgs& args, int64_t m, int first, int count, float* mixes) {
+// Every mix of row m (the one-block path): the block reduces the row's norm, then each mix's dot
+// product.
+__device__ void hc_mix_dots(const MixArgs& args, int64_t m, float* mixes) {
   __shared__ float scratch[32];
   const float* a = args.x.row(m);
   const int64_t cols = args.x.cols;
@@ -34,106 +34,79 @@ __device__ void hc_mix_dots(const MixArgs& args, int64_t m, int first, int count
   for (int64_t d = threadIdx.x; d < cols; d += blockDim.x) partial += a[d] * a[d];
   const float mean_square = deepinfer::cuda::block_sum(partial, scratch) / static_cast<float>(cols);
   const float inv = 1.0f / sqrtf(mean_square + args.norm_eps);
-  for (int i = first; i < first + count; ++i) {
+  for (int i = 0; i < (2 + args.hc) * args.hc; ++i) {
     const float* f = args.fn.row(i);
     float dot = 0.0f;
     for (int64_t d = threadIdx.x; d < cols; d += blockDim.x) dot += (a[d] * inv) * f[d];
     const float total = deepinfer::cuda::block_sum(dot, scratch);
-    if (threadIdx.x == 0) mixes[i - first] = total;
-  }
-}
-
-// pre, post and the Sinkhorn-projected comb of row m from its mixes, in the reference's order,
-// in registers (kHc is the stream count: the arrays must not be indexed at run time).
-template <int kHc>
-__device__ void hc_mix_finish(const MixArgs& args, int64_t m, const float* mixes) {
-  const float* sc = args.scale;
-  const float* bs = args.base;
-  const float eps = args.hc_eps;
-  float* p = args.pre.row(m);
-  float* q = args.post.row(m);
-#pragma unroll
-  for (int k = 0; k < kHc; ++k) {
-    p[k] = deepinfer::cuda::sigmoidf(mixes[k] * sc[0] + bs[k]) + eps;
-    q[k] = 2.0f * deepinfer::cuda::sigmoidf(mixes[kHc + k] * sc[1] + bs[kHc + k]);
-  }
-  float c[kHc][kHc];
-#pragma unroll
-  for (int j = 0; j < kHc; ++j) {
-    float max_logit = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) {
-      c[j][k] = mixes[2 * kHc + j * kHc + k] * sc[2] + bs[2 * kHc + j * kHc + k];
-      max_logit = fmaxf(max_logit, c[j][k]);
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) {
-      c[j][k] = expf(c[j][k] - max_logit);
-      sum += c[j][k];
-    }
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) c[j][k] = c[j][k] / sum + eps;
-  }
-  // One column normalization, then (iters - 1) times rows and columns: the reference's order.
-  const int column_passes = args.sinkhorn_iters > 1 ? args.sinkhorn_iters : 1;
-  for (int iteration = 0; iteration < column_passes; ++iteration) {
-    if (iteration > 0) {
-#pragma unroll
-      for (int j = 0; j < kHc; ++j) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < kHc; ++k) sum += c[j][k];
-#pragma unroll
-        for (int k = 0; k < kHc; ++k) c[j][k] /= sum + eps;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kHc; ++j) sum += c[j][k];
-#pragma unroll
-      for (int j = 0; j < kHc; ++j) c[j][k] /= sum + eps;
-    }
-  }
-  float* out = args.comb.row(m);
-#pragma unroll
-  for (int j = 0; j < kHc; ++j) {
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) out[j * kHc + k] = c[j][k];
+    if (threadIdx.x == 0) mixes[i] = total;
   }
 }
 
 constexpr int kMaxHc = 8;  // (2 + hc) * hc <= kMaxMixes
 
-__device__ void hc_mix_finish_any(const MixArgs& args, int64_t m, const float* mixes) {
-  switch (args.hc) {
-    case 1:
-      return hc_mix_finish<1>(args, m, mixes);
-    case 2:
-      return hc_mix_finish<2>(args, m, mixes);
-    case 3:
-      return hc_mix_finish<3>(args, m, mixes);
-    case 4:
-      return hc_mix_finish<4>(args, m, mixes);
-    case 5:
-      return hc_mix_finish<5>(args, m, mixes);
-    case 6:
-      return hc_mix_finish<6>(args, m, mixes);
-    case 7:
-      return hc_mix_finish<7>(args, m, mixes);
-    default:
-      return hc_mix_finish<kMaxHc>(args, m, mixes);
+// pre, post and the Sinkhorn-projected comb of row m from its mixes (in shared memory), by the
+// whole block (at least hc * hc threads): thread j * hc + k owns comb[j, k]. Each element goes
+// through the reference's operations in the reference's order (a row's or column's sum is taken
+// over its elements in index order, before any of them is divided), so the bits equal one
+// thread doing it all; the 40 normalizations of 20 Sinkhorn iterations cost a few barriers each
+// instead of a single thread's chain of dependent divisions.
+__device__ void hc_mix_finish(const MixArgs& args, int64_t m, const float* mixes) {
+  __shared__ float comb[kMaxHc * kMaxHc];
+  const int hc = args.hc;
+  const float* sc = args.scale;
+  const float* bs = args.base;
+  const float eps = args.hc_eps;
+  const int e = threadIdx.x;
+  const bool owner = e < hc * hc;
+  const int j = owner ? e / hc : 0;
+  const int k = owner ? e % hc : 0;
+  if (e < hc) {
+    args.pre.row(m)[e] = deepinfer::cuda::sigmoidf(mixes[e] * sc[0] + bs[e]) + eps;
+    args.post.row(m)[e] = 2.0f * deepinfer::cuda::sigmoidf(mixes[hc + e] * sc[1] + bs[hc + e]);
   }
+  float value = owner ? mixes[2 * hc + e] * sc[2] + bs[2 * hc + e] : 0.0f;
+  if (owner) comb[e] = value;
+  __syncthreads();
+  // Row softmax plus eps.
+  float max_logit = -INFINITY;
+  for (int i = 0; i < hc && owner; ++i) max_logit = fmaxf(max_logit, comb[j * hc + i]);
+  __syncthreads();
+  if (owner) comb[e] = expf(value - max_logit);
+  __syncthreads();
+  float sum = 0.0f;
+  for (int i = 0; i < hc && owner; ++i) sum += comb[j * hc + i];
+  value = owner ? comb[e] / sum + eps : 0.0f;
+  __syncthreads();
+  if (owner) comb[e] = value;
+  __syncthreads();
+  // One column normalization, then (iters - 1) times rows and columns: the reference's order.
+  const int column_passes = args.sinkhorn_iters > 1 ? args.sinkhorn_iters : 1;
+  for (int iteration = 0; iteration < column_passes; ++iteration) {
+    if (iteration > 0) {
+      sum = 0.0f;
+      for (int i = 0; i < hc && owner; ++i) sum += comb[j * hc + i];
+      value /= sum + eps;
+      __syncthreads();
+      if (owner) comb[e] = value;
+      __syncthreads();
+    }
+    sum = 0.0f;
+    for (int i = 0; i < hc && owner; ++i) sum += comb[i * hc + k];
+    value /= sum + eps;
+    __syncthreads();
+    if (owner) comb[e] = value;
+    __syncthreads();
+  }
+  if (owner) args.comb.row(m)[e] = value;
 }
 
-// One block per row: every mix, then one thread runs the Sinkhorn projection.
+// One block per row: every mix, then the Sinkhorn projection.
 __global__ void __launch_bounds__(kThreads) hc_mixes_kernel(MixArgs args) {
   __shared__ float mixes[kMaxMixes];
-  const int mix_count = (2 + args.hc) * args.hc;
-  hc_mix_dots(args, blockIdx.x, 0, mix_count, mixes);
-  if (threadIdx.x == 0) hc_mix_finish_any(args, blockIdx.x, mixes);
+  hc_mix_dots(args, blockIdx.x, mixes);
+  __syncthreads();  // hc_mix_dots' last mix is written by thread 0
+  hc_mix_finish(args, blockIdx.x, mixes);
 }
 
 // ---- the split path: partial sums over slices of the streams, then one thread per row --------
@@ -207,9 +180,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One block per row: thread i adds mix i's slice partials in slice order (the loads of all mixes
-// in flight at once), then one thread runs the Sinkhorn projection on them.
+// in flight at once), then the block runs the Sinkhorn projection on them.
 constexpr int kFinishThreads = 128;
-static_assert(kFinishThreads >= kMaxMixes + 1);
+static_assert(kFinishThreads >= kMaxMixes + 1 && kFinishThreads >= kMaxHc * kMaxHc);
 
 __global__ void __launch_bounds__(kFinishThreads)
     hc_mix_finish_kernel(MixArgs args, int slices, const float* partials) {
@@ -224,10 +197,11 @@ __global__ void __launch_bounds__(kFinishThreads)
     sums[threadIdx.x] = sum;
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
   const float inv = 1.0f / sqrtf(sums[mix_count] / static_cast<float>(args.x.cols) + args.norm_eps);
-  for (int mix = 0; mix < mix_count; ++mix) sums[mix] *= inv;
-  hc_mix_finish_any(args, m, sums);
+  __syncthreads();  // every thread read sums[mix_count] before thread i rescales its mix
+  if (threadIdx.x < mix_count) sums[threadIdx.x] *= inv;
+  __syncthreads();
+  hc_mix_finish(args, m, sums);
 }
 
 // false (or DEEPINFER_HC_SPLIT=0): one block per row does every mix (hc_mixes_kernel).

@@ -120,15 +120,22 @@ __global__ void gather_rows_kernel(DeviceRows<const float> x, const int32_t* sor
 __global__ void combine_kernel(const float* results, int64_t dim, const int32_t* experts,
                                int64_t expert_stride, const int32_t* slot_position, int k,
                                DeviceRows<float> out) {
-  __shared__ int32_t order[kMaxTopK];
+  // Each slot's result row, in ascending expert id; -1 when a slot was never placed (the row
+  // becomes NaN). Thread 0 sorts from shared copies: a decode block is one token, so its time is
+  // the latency of these few loads.
+  __shared__ int32_t chosen[kMaxTopK];
+  __shared__ int64_t row_start[kMaxTopK];
   __shared__ bool broken;
   const int64_t t = blockIdx.x;
+  if (threadIdx.x < k) chosen[threadIdx.x] = experts[t * expert_stride + threadIdx.x];
+  if (threadIdx.x < k) row_start[threadIdx.x] = slot_position[t * k + threadIdx.x];
+  __syncthreads();
   if (threadIdx.x == 0) {
+    int32_t order[kMaxTopK];
     broken = false;
-    const int32_t* chosen = experts + t * expert_stride;
     for (int s = 0; s < k; ++s) {
       order[s] = s;
-      if (slot_position[t * k + s] < 0) broken = true;
+      if (row_start[s] < 0) broken = true;
     }
     for (int s = 1; s < k; ++s) {  // insertion sort by expert id (k is small)
       const int32_t slot = order[s];
@@ -139,6 +146,9 @@ __global__ void combine_kernel(const float* results, int64_t dim, const int32_t*
       }
       order[j + 1] = slot;
     }
+    int64_t sorted[kMaxTopK];
+    for (int s = 0; s < k; ++s) sorted[s] = row_start[order[s]] * dim;
+    for (int s = 0; s < k; ++s) row_start[s] = sorted[s];
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -146,9 +156,7 @@ __global__ void combine_kernel(const float* results, int64_t dim, const int32_t*
     if (broken) {
       sum = __int_as_float(0x7fc00000);
     } else {
-      for (int s = 0; s < k; ++s) {
-        sum = __fadd_rn(sum, results[slot_position[t * k + order[s]] * dim + d]);
-      }
+      for (int s = 0; s < k; ++s) sum = __fadd_rn(sum, results[row_start[s] + d]);
     }
     out.row(t)[d] = sum;
   }
