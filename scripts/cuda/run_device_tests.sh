@@ -77,7 +77,7 @@ fi
 # The tensor-core kernel tests (each against the CPU reference, with bit-exact batch invariance),
 # then the sanitizers on their small-shape cases: program, memcheck filter, racecheck filter.
 kernel_tests=(
-  "moe_grouped_gemm_test|*PrefillTileSmallShapes*:*ModelMoeExperts*:*BadInput*|*PrefillTileSmallShapes*"
+  "moe_grouped_gemm_test|*PrefillTileSmallShapes*:*DecodeTile*SmallShapes*:*ModelMoeExperts*:*BadInput*|*PrefillTileSmallShapes*:*DecodeTile*SmallShapes*"
   "linear_bf16_mma_test|*SmallShapes*:*Unaligned*|*SmallShapes*"
   "linear_fp8_dense_test|*SmallShapes*|*SmallShapes*"
   "attention_gpu_test|*SmallShapes*|*SmallShapes*"
