@@ -96,6 +96,12 @@ void indexer_scores(const TensorView& q, const TensorView& keys, const TensorVie
   DI_DISPATCH(q, indexer_scores(q, keys, weights, visible, scale, out));
 }
 
+void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> requests,
+                          const TensorView& weights, const TensorView& visible, float scale,
+                          const TensorView& out) {
+  DI_DISPATCH(q, indexer_scores_batch(q, requests, weights, visible, scale, out));
+}
+
 void candidate_blocks(const TensorView& scores, const TensorView& visible, int topk_blocks,
                       int block_size, const TensorView& mask_out) {
   DI_DISPATCH(scores, candidate_blocks(scores, visible, topk_blocks, block_size, mask_out));

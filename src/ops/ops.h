@@ -165,6 +165,26 @@ void compress_pool(const TensorView& kv, const TensorView& gate, int ratio, cons
 void indexer_scores(const TensorView& q, const TensorView& keys, const TensorView& weights,
                     const TensorView& visible, float scale, const TensorView& out);
 
+// One request's share of indexer_scores_batch: token rows [offset, offset + count) of the call
+// score this request's keys [entries, Di] (the first `entries` rows of its indexer key cache).
+struct IndexerRequest {
+  TensorView keys;  // may be empty (entries 0): every score of its rows is -inf
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
+// indexer_scores for the tokens of every request of a step in one call: out [T, width] with
+// width >= every request's entries. Row t of request r holds indexer_scores of its q, weights
+// and visible row against r's keys in columns [0, entries_r) and -inf in [entries_r, width), so
+// a ragged batch needs no fill. The requests' rows must tile [0, T). The CPU reference calls
+// indexer_scores per request (same bits). The CUDA version multiplies on bf16 tensor cores:
+// it rounds q and keys to bf16, which is exact for the model's fp4-quantized (e2m1 x ue8m0)
+// values -- other inputs lose their low bits -- and sums the heads in a fixed order of its own
+// (differences of a few ulp of the scores' scale from the reference).
+void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> requests,
+                          const TensorView& weights, const TensorView& visible, float scale,
+                          const TensorView& out);
+
 // Level one of the two-level top-k: per row of scores [T, N], keep the `topk_blocks` best blocks
 // of `block_size` entries (block score = max entry; the block holding entry visible[t]-1 is
 // pinned in; -inf blocks never kept). mask_out [T, N] I8 gets 1 for kept entries.

@@ -559,6 +559,125 @@ TEST_F(BackendOpsTest, IndexerScores) {
   }
 }
 
+// ---- indexer_scores_batch ----------------------------------------------------------------
+
+// One ragged step of indexer_scores_batch: per request its tokens and keys.
+struct IndexerBatchShape {
+  std::string name;
+  int64_t heads = 0;
+  int64_t dim = 0;
+  std::vector<int64_t> counts;
+  std::vector<int64_t> entries;
+  int64_t extra_width = 0;  // columns past every request's keys
+  bool fp4 = true;          // inputs as the forward stores them (exact in bf16)
+};
+
+Tensor indexer_input(Shape shape, uint32_t seed, bool fp4) {
+  Tensor t = host_f32(shape, seed);
+  if (fp4) fake_quant_fp4(t, 32, Fp4ScaleFormat::kUe8m0);
+  return t;
+}
+
+// The GPU batch op against the CPU reference (which is the per-request op), then every
+// request alone on the GPU against its rows of the batched call, bit for bit.
+void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed) {
+  const size_t request_count = shape.counts.size();
+  int64_t tokens = 0;
+  int64_t width = 0;
+  for (size_t r = 0; r < request_count; ++r) {
+    tokens += shape.counts[r];
+    width = std::max(width, shape.entries[r]);
+  }
+  width += shape.extra_width;
+  // Rows placed in reverse request order: the table, not the order, maps rows to requests.
+  std::vector<int64_t> offsets(request_count);
+  int64_t next_row = 0;
+  for (size_t r = request_count; r-- > 0;) {
+    offsets[r] = next_row;
+    next_row += shape.counts[r];
+  }
+  // Causal-style visible counts ending at the request's entries, plus one past its keys and
+  // one with none visible where a request has the tokens for them.
+  std::vector<int32_t> visible(static_cast<size_t>(tokens));
+  for (size_t r = 0; r < request_count; ++r) {
+    const int64_t count = shape.counts[r];
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t v = std::max<int64_t>(0, shape.entries[r] - (count - 1 - i) * 3);
+      if (count >= 3 && i == 0) v = shape.entries[r] + 3;
+      if (count >= 3 && i == 1) v = 0;
+      visible[static_cast<size_t>(offsets[r] + i)] = static_cast<int32_t>(v);
+    }
+  }
+  Tensor q = indexer_input({tokens, shape.heads, shape.dim}, seed, shape.fp4);
+  Tensor w = host_f32({tokens, shape.heads}, seed + 1);
+  Tensor vis = host_i32({tokens}, visible);
+  std::vector<Tensor> keys, device_keys;
+  std::vector<IndexerRequest> host_requests, device_requests;
+  for (size_t r = 0; r < request_count; ++r) {
+    const int64_t entries = shape.entries[r];
+    keys.push_back(entries > 0 ? indexer_input({entries, shape.dim},
+                                               seed + 2 + static_cast<uint32_t>(r), shape.fp4)
+                               : Tensor());
+    device_keys.push_back(entries > 0 ? gpu(keys.back()) : Tensor());
+    host_requests.push_back({keys.back().view(), offsets[r], shape.counts[r]});
+    device_requests.push_back({device_keys.back().view(), offsets[r], shape.counts[r]});
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(shape.dim));
+  Tensor want = Tensor::empty(DType::kF32, {tokens, width});
+  indexer_scores_batch(q, host_requests, w, vis, scale, want);
+  Tensor dq = gpu(q), dw = gpu(w), dvis = gpu(vis);
+  Tensor got = gpu_output(DType::kF32, {tokens, width});
+  cuda::indexer_scores_batch(dq, device_requests, dw, dvis, scale, got);
+  // Exact products (fp4 inputs), heads summed in another order: a few ulp of the scores' scale.
+  // -inf placement (visible limits, columns past a request's keys) is compared exactly.
+  expect_close(want, got, kRowReductionTolerance, shape.name + " indexer_scores_batch");
+  if (shape.fp4 && shape.heads <= 2) {
+    // At most two heads the GPU's sum order is the reference's: the same bits.
+    expect_equal(want, got, shape.name + " indexer_scores_batch (<= 2 heads: exact)");
+  }
+
+  Tensor batched = rt::to_host(got);
+  for (size_t r = 0; r < request_count; ++r) {
+    const int64_t count = shape.counts[r];
+    if (count == 0) continue;
+    Tensor alone = gpu_output(DType::kF32, {count, width});
+    const IndexerRequest request{device_keys[r].view(), 0, count};
+    cuda::indexer_scores_batch(dq.view().narrow(0, offsets[r], count), {&request, 1},
+                               dw.view().narrow(0, offsets[r], count),
+                               dvis.view().narrow(0, offsets[r], count), scale, alone);
+    Tensor alone_host = rt::to_host(alone);
+    EXPECT_EQ(0, std::memcmp(alone_host.data<float>(), batched.data<float>() + offsets[r] * width,
+                             static_cast<size_t>(count * width) * sizeof(float)))
+        << shape.name << ": request " << r << " scored alone differs from the batched call";
+  }
+}
+
+TEST_F(BackendOpsTest, IndexerScoresBatchSmallShapes) {
+  // Key tiles of 256 and token runs of 64 crossed, several staging passes per run (double
+  // buffered), heads padded to 16, empty requests; the FP32 per-request path for shapes the
+  // tensor-core kernel is not built for.
+  check_indexer_batch({"2 heads x 32", 2, 32, {1, 70, 0, 3}, {300, 40, 5, 0}, 7}, 70);
+  check_indexer_batch({"20 heads x 64", 20, 64, {5, 1}, {257, 9}, 0}, 71);
+  check_indexer_batch({"32 heads x 128", 32, 128, {130, 1}, {300, 600}, 0}, 75);
+  check_indexer_batch({"64 heads x 128", 64, 128, {1, 9}, {513, 100}, 3}, 72);
+  check_indexer_batch({"128 heads x 128 (fp32 path: > 64 heads)", 128, 128, {3}, {40}, 0}, 73);
+  check_indexer_batch({"3 heads x 48 (fp32 path)", 3, 48, {2, 1}, {30, 0}, 2, false}, 74);
+}
+
+TEST_F(BackendOpsTest, IndexerScoresBatchRealShapes) {
+  for (const ModelShapes& s : all_shapes()) {
+    const bool tiny = s.name == "tiny";
+    // Decode rows (one token against thousands of keys) next to a ~300-token prefill chunk.
+    check_indexer_batch({s.name + " decode+prefill",
+                         s.index_heads,
+                         s.index_dim,
+                         {1, tiny ? 40 : 300, 1, 0},
+                         {tiny ? 30 : 4500, tiny ? 20 : 3000, tiny ? 9 : 2049, tiny ? 3 : 17},
+                         0},
+                        80);
+  }
+}
+
 // Scores with ties (values on a coarse grid) and -inf tails, for the selections.
 Tensor selection_scores(int64_t rows, int64_t cols, uint32_t seed,
                         const std::vector<int32_t>& visible) {

@@ -2,9 +2,10 @@
 // there describes the data flow implemented here).
 //
 // Shape of one call: N tokens from R requests, token-major. Everything per token (projections,
-// norms, mHC, MoE) runs over all N rows at once, and so does the attention (each token reads its
-// own request's window ring and compressed rows through a per-request table); what else reads a
-// request's history (compressor groups, indexer, engram n-grams) runs per request on its rows.
+// norms, mHC, MoE) runs over all N rows at once, and so do the attention (each token reads its
+// own request's window ring and compressed rows through a per-request table) and the indexer's
+// scores (each token against its own request's keys); what else reads a request's history
+// (compressor groups, engram n-grams) runs per request on its rows.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -62,6 +63,8 @@ struct ForwardWorkspace {
   std::vector<TensorView> selection_view;
   // Per request, refilled per layer: what the batched attention reads and writes.
   std::vector<ops::AttentionRequest> attention_requests;
+  // Per request, refilled per index layer: its rows and keys for indexer_scores_batch.
+  std::vector<ops::IndexerRequest> indexer_requests;
   // Per request, refilled per compressor layer: its pending rings for write_window_rings.
   std::vector<ops::AttentionRequest> pending_ring_writes;
   // Per request, per compressor layer: its completing groups' rows of the step's latents, and
@@ -98,6 +101,11 @@ ops::ScoreFunction score_function(const std::string& name) {
   if (name == "sqrtsoftplus") return ops::ScoreFunction::kSqrtSoftplus;
   DI_THROW("scoring_func '", name, "' is not supported (softmax, sigmoid or sqrtsoftplus)");
 }
+
+// false: the indexer scores every request with its own indexer_scores call (after a -inf fill
+// of the step's score matrix when the requests' entry counts differ), the path before
+// indexer_scores_batch scored all of them in one call.
+constexpr bool kBatchedIndexerScores = true;
 
 struct RequestSpan {
   RequestState* state = nullptr;
@@ -644,16 +652,29 @@ void ForwardPass::indexer(int64_t layer, const TensorView& x, const TensorView& 
   for (size_t r = 0; r < spans_.size(); ++r) ws_.selection_view[r] = TensorView();
   if (most_entries == 0) return;
   const TensorView scores_view = f32(ws_.scores, {n_, most_entries});
-  if (ragged) ops::fill(scores_view, -std::numeric_limits<float>::infinity());
-  for (const RequestSpan& span : spans_) {
-    const int64_t entries = span.end() / c_.compress_ratio(kv_source);
-    if (entries == 0) continue;
-    ops::indexer_scores(q_view.narrow(0, span.offset, span.count),
-                        span.state->index_keys(kv_source).narrow(0, 0, entries),
-                        w_view.narrow(0, span.offset, span.count),
-                        visible_all.narrow(0, span.offset, span.count),
-                        1.0f / std::sqrt(static_cast<float>(index_dim)),
-                        scores_view.narrow(0, span.offset, span.count).narrow(1, 0, entries));
+  const float score_scale = 1.0f / std::sqrt(static_cast<float>(index_dim));
+  if (kBatchedIndexerScores) {
+    // One call for the step; it writes the -inf past each request's entries itself.
+    std::vector<ops::IndexerRequest>& requests = ws_.indexer_requests;
+    requests.clear();
+    for (const RequestSpan& span : spans_) {
+      const int64_t entries = span.end() / c_.compress_ratio(kv_source);
+      requests.push_back(
+          {entries > 0 ? span.state->index_keys(kv_source).narrow(0, 0, entries) : TensorView(),
+           span.offset, span.count});
+    }
+    ops::indexer_scores_batch(q_view, requests, w_view, visible_all, score_scale, scores_view);
+  } else {
+    if (ragged) ops::fill(scores_view, -std::numeric_limits<float>::infinity());
+    for (const RequestSpan& span : spans_) {
+      const int64_t entries = span.end() / c_.compress_ratio(kv_source);
+      if (entries == 0) continue;
+      ops::indexer_scores(q_view.narrow(0, span.offset, span.count),
+                          span.state->index_keys(kv_source).narrow(0, 0, entries),
+                          w_view.narrow(0, span.offset, span.count),
+                          visible_all.narrow(0, span.offset, span.count), score_scale,
+                          scores_view.narrow(0, span.offset, span.count).narrow(1, 0, entries));
+    }
   }
   if (candidate_source) {
     ws_.candidate_mask = take(ws_.candidates, DType::kI8, {n_, most_entries});

@@ -79,6 +79,47 @@ void indexer_scores(const TensorView& q, const TensorView& keys, const TensorVie
   });
 }
 
+void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> requests,
+                          const TensorView& weights, const TensorView& visible, float scale,
+                          const TensorView& out) {
+  DI_CHECK(q.rank() == 3, "indexer q must be [T, Hi, Di]: ", q.to_string());
+  const int64_t tokens = q.size(0);
+  const cpu::Rows<float> o = cpu::as_rows<float>(out, "indexer scores");
+  DI_CHECK(o.rows == tokens, "indexer scores ", out.to_string(), " for ", tokens, " tokens");
+  std::vector<bool> covered(static_cast<size_t>(tokens), false);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const IndexerRequest& request = requests[r];
+    DI_CHECK(request.offset >= 0 && request.count >= 0 && request.offset + request.count <= tokens,
+             "indexer request ", r, ": rows [", request.offset, ", +", request.count, ") outside ",
+             tokens, " tokens");
+    const int64_t entries = request.keys.numel() == 0 ? 0 : request.keys.size(0);
+    DI_CHECK(entries <= o.cols, "indexer request ", r, " has ", entries,
+             " keys, more than the score width ", o.cols);
+    for (int64_t t = request.offset; t < request.offset + request.count; ++t) {
+      DI_CHECK(!covered[static_cast<size_t>(t)], "indexer token ", t, " is in two requests");
+      covered[static_cast<size_t>(t)] = true;
+    }
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    DI_CHECK(covered[static_cast<size_t>(t)], "indexer token ", t, " is in no request");
+  }
+  for (const IndexerRequest& request : requests) {
+    if (request.count == 0) continue;
+    const int64_t entries = request.keys.numel() == 0 ? 0 : request.keys.size(0);
+    const TensorView rows = out.narrow(0, request.offset, request.count);
+    if (entries > 0) {
+      indexer_scores(q.narrow(0, request.offset, request.count), request.keys,
+                     weights.narrow(0, request.offset, request.count),
+                     visible.narrow(0, request.offset, request.count), scale,
+                     rows.narrow(1, 0, entries));
+    }
+    if (entries == o.cols) continue;
+    for (int64_t t = 0; t < request.count; ++t) {
+      std::fill(o.row(request.offset + t) + entries, o.row(request.offset + t) + o.cols, kNegInf);
+    }
+  }
+}
+
 void candidate_blocks(const TensorView& scores, const TensorView& visible, int topk_blocks,
                       int block_size, const TensorView& mask_out) {
   const cpu::Rows<float> s = cpu::as_rows<float>(scores, "candidate scores");

@@ -4,9 +4,12 @@
 // ties at it, which is the CPU reference's "larger first, then lower index" order.
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
+#include <limits>
+#include <vector>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/fp8_mma.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -60,6 +63,291 @@ __global__ void __launch_bounds__(kIndexerWarps * 32)
     sum += fmaxf(s, 0.0f) * scale * weights.row(t)[h];
   }
   if (lane == 0) out.row(t)[j] = sum;
+}
+
+// ---- indexer_scores_batch on the tensor cores ------------------------------------------------
+//
+// Per token the scores are a GEMM, q [heads, dim] . keys^T [dim, keys], followed by a weighted
+// relu sum over heads. mma.sync m16n8k16 (bf16 in, f32 accumulate) runs it with heads as M and
+// keys as N: the forward fake-quantizes q and keys to fp4 (e2m1 times a power-of-two scale per
+// 32 dims), so their bf16 roundings are exact and so is every product (at most 8 significant
+// bits); a 32-dim block's sum needs at most 13 bits, so a whole dot is exact in f32 in any order
+// -- the reference's dots exactly -- unless the block scales of one q row and key span more than
+// about 2^10. Only the head sum's order differs from the reference. Other inputs are rounded to
+// bf16 (ops.h says so). A block owns 256 keys of one request (each warp 32 of them, held as
+// bf16 B fragments in registers for the whole block) and serves up to 64 of that request's
+// tokens, their q rows staged through shared memory a few tokens per pass (cp.async into a
+// landing buffer while the block computes the previous pass, then bf16 rows the MMAs read).
+// Decode (one token per request) reads each key once, at the memory floor of f32 keys; prefill
+// reuses each block's keys for its 64 tokens.
+//
+// Batch invariance: an element's arithmetic is its own MMA k order (fixed by dim), then its
+// heads summed in a fixed order (per lane heads g, g+8 of each 16-head tile ascending, then a
+// butterfly over the 8 lane groups) -- nothing depends on the call's tokens, requests or grid.
+
+// false: indexer_scores_batch launches the FP32 per-request kernel once per request (plus a fill
+// of the columns past each request's keys), the forward's path before the batched op.
+// DEEPINFER_INDEXER_MMA=0 does the same at run time.
+constexpr bool kIndexerTensorCores = true;
+
+// One block row of a batched call: a run of one request's tokens and that request's keys
+// (8-byte fields only: no padding in the uploaded table).
+struct IndexerChunk {
+  const float* keys;  // [entries, dim]
+  int64_t key_stride;
+  int64_t entries;
+  int64_t token_begin;  // rows [token_begin, token_end) of the call
+  int64_t token_end;
+};
+
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kKeyTilesPerWarp = 4;  // MMA N tiles of 8 keys
+constexpr int kKeysPerWarp = kKeyTilesPerWarp * 8;
+constexpr int kKeysPerBlock = kMmaWarps * kKeysPerWarp;
+constexpr int kTokensPerBlock = 64;
+// q rows per pass (tokens x heads padded to 16); also the most heads the kernel takes.
+constexpr int kStageRows = 64;
+
+// bf16 pairs per staged q row: dim/2 plus 8 words of padding, so the 8-byte A-fragment loads of
+// a half warp (4 rows x 4 lanes) fall in distinct banks.
+__host__ __device__ constexpr int staged_row_words(int dim) {
+  return dim / 2 + 8;
+}
+
+// Shared memory, in 4-byte words: two landing buffers of raw f32 q rows and their weights
+// (cp.async fills one while the block computes from the other), then the bf16 q rows and the
+// weights the MMAs read.
+__host__ __device__ constexpr int landing_words(int dim) {
+  return kStageRows * dim + kStageRows;
+}
+__host__ __device__ constexpr int indexer_mma_shared_words(int dim) {
+  return 2 * landing_words(dim) + kStageRows * staged_row_words(dim) + kStageRows;
+}
+
+// Two floats -> bf16x2 (round to nearest even), `low` in bits 0-15 (the lower MMA k index).
+__device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+  return packed;
+}
+
+// 4 bytes global -> shared (one weight; weight rows need not be 16-byte aligned).
+__device__ __forceinline__ void copy_4_async(uint32_t shared, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared), "l"(global) : "memory");
+}
+
+// d += A (16 heads x 16 dims) . B (16 dims x 8 keys).
+__device__ __forceinline__ void mma_bf16_16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                               float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One head's share of a score, rounded as the reference rounds it: (relu(dot) * scale) * w,
+// two roundings (no contraction into an FMA).
+__device__ __forceinline__ float head_term(float dot, float scale, float weight) {
+  return __fmul_rn(__fmul_rn(fmaxf(dot, 0.0f), scale), weight);
+}
+
+// The MMA's k index is permuted within each 16-dim step so that every lane's four k values are
+// four adjacent dims: lane quad c holds k = 2c, 2c+1 (fragment register 0) and 2c+8, 2c+9
+// (register 1), taken as dims 4c..4c+1 and 4c+2..4c+3. A and B use the same map, so the dot is
+// unchanged, and a key's dims load as one float4, a staged q row's as one 8-byte word pair.
+template <int kDim>
+__global__ void __launch_bounds__(kMmaThreads, 2)
+    indexer_scores_mma_kernel(const IndexerChunk* chunks, DeviceRows<const float> q, int heads,
+                              DeviceRows<const float> weights, const int32_t* visible, float scale,
+                              DeviceRows<float> out) {
+  static_assert(kDim % 16 == 0, "dim must be a whole number of MMA k steps");
+  constexpr int kKSteps = kDim / 16;
+  constexpr int kRowWords = staged_row_words(kDim);
+  constexpr int kQuadsPerHead = kDim / 4;
+  extern __shared__ float4 shared_memory[];
+  float* landing = reinterpret_cast<float*>(shared_memory);  // [2][q rows, then weights]
+  uint32_t* staged = reinterpret_cast<uint32_t*>(landing + 2 * landing_words(kDim));
+  float* staged_weights = reinterpret_cast<float*>(staged + kStageRows * kRowWords);
+
+  const IndexerChunk chunk = chunks[blockIdx.y];
+  const int64_t tile_begin = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock;
+  const int64_t tile_end = deepinfer::cuda::min64(out.cols, tile_begin + kKeysPerBlock);
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;  // the MMA's groupID: a head row of A / C, a key of B / C
+  const int quad = lane & 3;    // thread in group: k pairs of A / B, key pairs of C
+  const int64_t warp_begin = tile_begin + warp * kKeysPerWarp;
+  auto limit_of = [&](int64_t t) {
+    return deepinfer::cuda::min64(static_cast<int64_t>(visible[t]), chunk.entries);
+  };
+
+  bool any_visible = false;
+  for (int64_t t = chunk.token_begin + threadIdx.x; t < chunk.token_end; t += kMmaThreads) {
+    any_visible = any_visible || limit_of(t) > tile_begin;
+  }
+  if (!__syncthreads_or(any_visible)) {
+    for (int64_t t = chunk.token_begin; t < chunk.token_end; ++t) {
+      for (int64_t j = tile_begin + threadIdx.x; j < tile_end; j += kMmaThreads) {
+        out.row(t)[j] = -INFINITY;
+      }
+    }
+    return;
+  }
+
+  const int head_tiles = (heads + 15) / 16;
+  const int rows_per_token = head_tiles * 16;
+  const int tokens_per_stage = kStageRows / rows_per_token;
+  const int quads_per_token = heads * kQuadsPerHead;
+  // Issues the copies of the q rows and weights of tokens [stage, stage + tokens_per_stage) into
+  // landing buffer `buffer` (tokens this tile shows nothing to are skipped: their scores here
+  // are all -inf), as one commit group.
+  auto copy_pass = [&](int64_t stage, int buffer) {
+    const int count =
+        static_cast<int>(deepinfer::cuda::min64(tokens_per_stage, chunk.token_end - stage));
+    float* rows = landing + buffer * landing_words(kDim);
+    float* row_weights = rows + kStageRows * kDim;
+    for (int i = threadIdx.x; i < count * quads_per_token; i += kMmaThreads) {
+      const int slot = i / quads_per_token;
+      if (limit_of(stage + slot) <= tile_begin) continue;
+      copy_16_async(shared_address(rows + 4 * i),
+                    q.row(stage + slot) + 4 * (i - slot * quads_per_token));
+    }
+    for (int i = threadIdx.x; i < count * heads; i += kMmaThreads) {
+      const int slot = i / heads;
+      copy_4_async(shared_address(row_weights + i), weights.row(stage + slot) + (i - slot * heads));
+    }
+    commit_copies();
+  };
+  copy_pass(chunk.token_begin, 0);
+
+  // The warp's keys as B fragments (loaded while the first pass's q copies are in flight);
+  // keys past the request's entries are zeros.
+  uint32_t key_pairs[kKeyTilesPerWarp][kKSteps][2];
+#pragma unroll
+  for (int n = 0; n < kKeyTilesPerWarp; ++n) {
+    const int64_t key = warp_begin + n * 8 + group;
+    const bool present = key < chunk.entries;
+    const float* row = chunk.keys + (present ? key : 0) * chunk.key_stride + 4 * quad;
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s) {
+      const float4 v = present ? __ldg(reinterpret_cast<const float4*>(row + 16 * s))
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      key_pairs[n][s][0] = pack_bf16x2(v.x, v.y);
+      key_pairs[n][s][1] = pack_bf16x2(v.z, v.w);
+    }
+  }
+
+  // Head rows past `heads` (to the 16-row tile) stay zero with weight zero: their terms are +0.
+  const int padding_rows = rows_per_token - heads;
+  for (int i = threadIdx.x; i < tokens_per_stage * padding_rows * kRowWords; i += kMmaThreads) {
+    const int slot = i / (padding_rows * kRowWords);
+    staged[(slot * rows_per_token + heads) * kRowWords + (i - slot * padding_rows * kRowWords)] = 0;
+  }
+  for (int i = threadIdx.x; i < tokens_per_stage * padding_rows; i += kMmaThreads) {
+    const int slot = i / padding_rows;
+    staged_weights[slot * rows_per_token + heads + (i - slot * padding_rows)] = 0.0f;
+  }
+
+  int buffer = 0;
+  for (int64_t stage = chunk.token_begin; stage < chunk.token_end;
+       stage += tokens_per_stage, buffer ^= 1) {
+    const int count =
+        static_cast<int>(deepinfer::cuda::min64(tokens_per_stage, chunk.token_end - stage));
+    // The next pass's copies go into the other buffer, which every thread finished converting
+    // before the last pass's second barrier.
+    if (stage + tokens_per_stage < chunk.token_end) {
+      copy_pass(stage + tokens_per_stage, buffer ^ 1);
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
+    }
+    __syncthreads();  // this pass's copies have landed; the last pass's MMAs are done
+    const float* rows = landing + buffer * landing_words(kDim);
+    const float* row_weights = rows + kStageRows * kDim;
+    for (int i = threadIdx.x; i < count * quads_per_token; i += kMmaThreads) {
+      const int slot = i / quads_per_token;
+      if (limit_of(stage + slot) <= tile_begin) continue;
+      const float4 v = reinterpret_cast<const float4*>(rows)[i];
+      const int within = i - slot * quads_per_token;
+      const int h = within / kQuadsPerHead;
+      *reinterpret_cast<uint2*>(staged + (slot * rows_per_token + h) * kRowWords +
+                                2 * (within - h * kQuadsPerHead)) =
+          make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+    for (int i = threadIdx.x; i < count * heads; i += kMmaThreads) {
+      const int slot = i / heads;
+      staged_weights[slot * rows_per_token + (i - slot * heads)] = row_weights[i];
+    }
+    __syncthreads();
+
+    for (int slot = 0; slot < count; ++slot) {
+      const int64_t t = stage + slot;
+      const int64_t limit = limit_of(t);
+      float* y = out.row(t);
+      if (limit <= warp_begin) {  // none of the warp's keys is visible to this token
+        const int64_t j = warp_begin + lane;
+        if (j < tile_end) y[j] = -INFINITY;
+        continue;
+      }
+      float total[kKeyTilesPerWarp][2] = {};
+      for (int m = 0; m < head_tiles; ++m) {
+        float acc[kKeyTilesPerWarp][4] = {};
+        const uint32_t* upper =
+            staged + (slot * rows_per_token + m * 16 + group) * kRowWords + 2 * quad;  // head row g
+        const uint32_t* lower = upper + 8 * kRowWords;  // head row g + 8
+#pragma unroll
+        for (int s = 0; s < kKSteps; ++s) {
+          const uint2 a_upper = *reinterpret_cast<const uint2*>(upper + 8 * s);
+          const uint2 a_lower = *reinterpret_cast<const uint2*>(lower + 8 * s);
+          const uint32_t a[4] = {a_upper.x, a_lower.x, a_upper.y, a_lower.y};
+#pragma unroll
+          for (int n = 0; n < kKeyTilesPerWarp; ++n) {
+            mma_bf16_16816(a, key_pairs[n][s][0], key_pairs[n][s][1], acc[n]);
+          }
+        }
+        const float w_upper = staged_weights[slot * rows_per_token + m * 16 + group];
+        const float w_lower = staged_weights[slot * rows_per_token + m * 16 + group + 8];
+#pragma unroll
+        for (int n = 0; n < kKeyTilesPerWarp; ++n) {
+#pragma unroll
+          for (int column = 0; column < 2; ++column) {
+            total[n][column] =
+                __fadd_rn(total[n][column], head_term(acc[n][column], scale, w_upper));
+            total[n][column] =
+                __fadd_rn(total[n][column], head_term(acc[n][column + 2], scale, w_lower));
+          }
+        }
+      }
+      // The 8 lane groups' head sums, in a butterfly (every lane ends with the same bits).
+#pragma unroll
+      for (int offset = 4; offset < 32; offset <<= 1) {
+#pragma unroll
+        for (int n = 0; n < kKeyTilesPerWarp; ++n) {
+#pragma unroll
+          for (int column = 0; column < 2; ++column) {
+            total[n][column] =
+                __fadd_rn(total[n][column], __shfl_xor_sync(0xffffffffu, total[n][column], offset));
+          }
+        }
+      }
+      // Lane (g, c) with g < 4 writes key tile g's columns 2c, 2c+1.
+      if (group < kKeyTilesPerWarp) {
+        float first = 0.0f;
+        float second = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kKeyTilesPerWarp; ++n) {
+          if (n == group) {
+            first = total[n][0];
+            second = total[n][1];
+          }
+        }
+        const int64_t j = warp_begin + group * 8 + 2 * quad;
+        if (j < tile_end) y[j] = j < limit ? first : -INFINITY;
+        if (j + 1 < tile_end) y[j + 1] = j + 1 < limit ? second : -INFINITY;
+      }
+    }
+  }
 }
 
 // Float -> unsigned key with the same order (-0 folded onto +0, as float comparison does).
@@ -241,6 +529,124 @@ void indexer_scores(const TensorView& q, const TensorView& keys, const TensorVie
   indexer_scores_kernel<<<grid, kIndexerWarps * 32, shared_bytes, current_stream()>>>(
       qr, heads, dim, k, w, vis, scale, o);
   DI_CUDA_LAUNCHED(indexer_scores_kernel);
+}
+
+namespace {
+
+bool indexer_tensor_cores_on() {
+  static const bool on =
+      kIndexerTensorCores && !deepinfer::cuda::disabled_by_environment("DEEPINFER_INDEXER_MMA");
+  return on;
+}
+
+template <int kDim>
+void launch_indexer_mma(const std::vector<IndexerChunk>& chunks, int64_t width,
+                        DeviceRows<const float> q, int heads, DeviceRows<const float> weights,
+                        const int32_t* visible, float scale, DeviceRows<float> out) {
+  constexpr size_t kSharedBytes = indexer_mma_shared_words(kDim) * sizeof(float);
+  static const bool configured = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_mma_kernel<kDim>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kSharedBytes)));
+    return true;
+  }();
+  (void)configured;
+  deepinfer::cuda::StreamBuffer table(chunks.size() * sizeof(IndexerChunk));
+  const IndexerChunk* device_chunks = deepinfer::cuda::upload(table, chunks.data(), chunks.size());
+  const int64_t key_tiles = (width + kKeysPerBlock - 1) / kKeysPerBlock;
+  DI_CHECK(chunks.size() <= 65535 && key_tiles <= INT32_MAX,
+           "indexer_scores_batch: ", chunks.size(), " token runs x ", key_tiles,
+           " key tiles exceed one launch");
+  // Key tiles vary fastest, so the blocks sharing a token run (and its q rows in L2) run together.
+  const dim3 grid(static_cast<unsigned>(key_tiles), static_cast<unsigned>(chunks.size()));
+  indexer_scores_mma_kernel<kDim><<<grid, kMmaThreads, kSharedBytes, current_stream()>>>(
+      device_chunks, q, heads, weights, visible, scale, out);
+  DI_CUDA_LAUNCHED(indexer_scores_mma_kernel);
+}
+
+}  // namespace
+
+void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> requests,
+                          const TensorView& weights, const TensorView& visible, float scale,
+                          const TensorView& out) {
+  DI_CHECK(q.rank() == 3, "indexer q must be [T, Hi, Di]: ", q.to_string());
+  const int64_t tokens = q.size(0);
+  const int64_t heads = q.size(1);
+  const int64_t dim = q.size(2);
+  const auto qr = device_rows<const float>(q, "indexer q");
+  const auto w = device_rows<const float>(weights, "indexer weights");
+  const int32_t* vis = deepinfer::cuda::device_flat<const int32_t>(visible, "indexer visible");
+  const auto o = device_rows<float>(out, "indexer scores");
+  DI_CHECK(w.rows == tokens && w.cols == heads, "indexer weights ", weights.to_string());
+  DI_CHECK(o.rows == tokens, "indexer scores ", out.to_string(), " for ", tokens, " tokens");
+  DI_CHECK(visible.numel() == tokens, "indexer visible ", visible.to_string());
+  const int64_t width = o.cols;
+
+  // Shapes the kernel is built for, and 16-byte rows for its vector loads (the forward's q
+  // scratch and key caches always have them; the choice is per call, so a caller mixing in an
+  // unaligned view would change every request's rounding, not only its own).
+  bool tensor_cores = indexer_tensor_cores_on() && (dim == 32 || dim == 64 || dim == 128) &&
+                      heads >= 1 && heads <= kStageRows &&
+                      deepinfer::cuda::aligned_to(qr.data, 16) && qr.stride % 4 == 0;
+  std::vector<IndexerChunk> chunks;
+  std::vector<int32_t> owner(static_cast<size_t>(tokens), -1);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const IndexerRequest& request = requests[r];
+    DI_CHECK(request.offset >= 0 && request.count >= 0 && request.offset + request.count <= tokens,
+             "indexer request ", r, ": rows [", request.offset, ", +", request.count, ") outside ",
+             tokens, " tokens");
+    for (int64_t t = request.offset; t < request.offset + request.count; ++t) {
+      DI_CHECK(owner[static_cast<size_t>(t)] < 0, "indexer token ", t, " is in two requests");
+      owner[static_cast<size_t>(t)] = static_cast<int32_t>(r);
+    }
+    IndexerChunk chunk{};
+    if (request.keys.numel() > 0) {
+      const auto k = device_rows<const float>(request.keys, "indexer keys");
+      DI_CHECK(k.cols == dim, "indexer keys ", request.keys.to_string(), " for q ", q.to_string());
+      chunk.keys = k.data;
+      chunk.key_stride = k.stride;
+      chunk.entries = k.rows;
+      tensor_cores = tensor_cores && deepinfer::cuda::aligned_to(k.data, 16) && k.stride % 4 == 0;
+    }
+    DI_CHECK(chunk.entries <= width, "indexer request ", r, " has ", chunk.entries,
+             " keys, more than the score width ", width);
+    for (int64_t begin = request.offset; begin < request.offset + request.count;
+         begin += kTokensPerBlock) {
+      chunk.token_begin = begin;
+      chunk.token_end = std::min(begin + kTokensPerBlock, request.offset + request.count);
+      chunks.push_back(chunk);
+    }
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    DI_CHECK(owner[static_cast<size_t>(t)] >= 0, "indexer token ", t, " is in no request");
+  }
+  if (tokens == 0 || width == 0) return;
+
+  if (!tensor_cores) {
+    for (const IndexerRequest& request : requests) {
+      if (request.count == 0) continue;
+      const int64_t entries = request.keys.numel() > 0 ? request.keys.size(0) : 0;
+      const TensorView rows = out.narrow(0, request.offset, request.count);
+      if (entries < width) {
+        fill(rows.narrow(1, entries, width - entries), -std::numeric_limits<float>::infinity());
+      }
+      if (entries > 0) {
+        indexer_scores(q.narrow(0, request.offset, request.count), request.keys,
+                       weights.narrow(0, request.offset, request.count),
+                       visible.narrow(0, request.offset, request.count), scale,
+                       rows.narrow(1, 0, entries));
+      }
+    }
+    return;
+  }
+  const int head_count = static_cast<int>(heads);
+  if (dim == 32) {
+    launch_indexer_mma<32>(chunks, width, qr, head_count, w, vis, scale, o);
+  } else if (dim == 64) {
+    launch_indexer_mma<64>(chunks, width, qr, head_count, w, vis, scale, o);
+  } else {
+    launch_indexer_mma<128>(chunks, width, qr, head_count, w, vis, scale, o);
+  }
 }
 
 void candidate_blocks(const TensorView& scores, const TensorView& visible, int topk_blocks,
