@@ -104,6 +104,34 @@ Role make_role(std::string name, int64_t n, int64_t k, int64_t x_width, int64_t 
   return r;
 }
 
+// The LM head (129280 x 5120 bf16) for the decode tile's test: 662M weights from a counter hash
+// rather than make_role's normal draws (seconds instead of a minute), bf16 of magnitude
+// 2^-9..2^-3 with random signs and significands.
+Role make_lm_head(int64_t max_rows, uint32_t seed) {
+  constexpr int64_t kVocab = 129280;
+  constexpr int64_t kHidden = 5120;
+  Role r;
+  r.name = "lm_head";
+  r.n = kVocab;
+  r.k = kHidden;
+  r.x_width = kHidden;
+  r.x_column = 0;
+  r.weight = Tensor::empty(DType::kBF16, {kVocab, kHidden});
+  BFloat16* w = r.weight.data<BFloat16>();
+  for (int64_t i = 0; i < r.weight.numel(); ++i) {
+    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    const uint16_t exponent = static_cast<uint16_t>(118 + (h >> 40) % 7);  // 2^-9..2^-3
+    w[i].bits = static_cast<uint16_t>(((h >> 8) & 0x8000u) | (exponent << 7) | (h & 0x7Fu));
+  }
+  r.x = host_f32({max_rows, kHidden}, seed + 1);
+  r.device_weight = rt::to_device(r.weight.view());
+  r.device_x = rt::to_device(r.x.view());
+  return r;
+}
+
 TensorView rows_of(const Tensor& x, const Role& r, int64_t first, int64_t count) {
   return x.view().narrow(0, first, count).narrow(1, r.x_column, r.k);
 }
@@ -251,6 +279,86 @@ TEST_F(LinearBf16MmaTest, SmallShapesEveryLaunch) {
       EXPECT_LE(error, kTolerance) << c.n << " x " << c.k << ", " << c.rows << " rows";
     }
   }
+}
+
+// ---- the decode tile (weights through shared memory) against the register-ring kernel -------
+
+// Runs its body on the register-ring decode kernel, restoring the decode tile afterwards.
+class RegisterKernelForDecode {
+ public:
+  RegisterKernelForDecode() { cuda::set_bf16_decode_tile(false); }
+  ~RegisterKernelForDecode() { cuda::set_bf16_decode_tile(true); }
+  RegisterKernelForDecode(const RegisterKernelForDecode&) = delete;
+  RegisterKernelForDecode& operator=(const RegisterKernelForDecode&) = delete;
+};
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
+                                               static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
+}
+
+// Rows [0, rows) of r through the decode tile and through the register kernel, with the model's
+// term count and both explicit ones: the same bits, and within the reference's tolerance when
+// `with_reference`.
+void check_decode_tile(const Role& r, int64_t rows, bool with_reference) {
+  const std::string what = r.name + " [" + std::to_string(r.n) + " x " + std::to_string(r.k) +
+                           "], " + std::to_string(rows) + " rows";
+  Tensor want;
+  if (with_reference) want = reference(r, 0, rows);
+  for (int terms : {kModelOp, 2, 3}) {
+    const Tensor tile = run_gpu(r, 0, rows, terms);
+    Tensor register_kernel;
+    {
+      const RegisterKernelForDecode old_path;
+      register_kernel = run_gpu(r, 0, rows, terms);
+    }
+    EXPECT_TRUE(same_bits(tile, register_kernel))
+        << what << ", terms " << terms << ": the decode tile differs from the register kernel";
+    if (with_reference) {
+      const double error = worst_error(want, tile);
+      std::printf("%s, terms %d: worst error %.3g of the output's scale\n", what.c_str(), terms,
+                  error);
+      EXPECT_LE(error, kTolerance) << what << ", terms " << terms;
+    }
+  }
+}
+
+// Every decode shape class on small weights (quick under compute-sanitizer): 8 K slices of one
+// chunk (a stage half empty), 1 slice of 3 chunks, 2 slices of 5 chunks (odd: the last stage
+// holds one chunk), 8 slices of 32 chunks (more stages than slots, slots reused), one row group
+// and partial blocks; rows over the 8-, 16- and 32-token tiles (17+ with pre-split terms), and a
+// row computed alone equals the same row in the call.
+TEST_F(LinearBf16MmaTest, DecodeTileSmallShapes) {
+  struct Case {
+    int64_t n, k;
+  };
+  for (const Case& c : {Case{48, 256}, Case{80, 96}, Case{64, 320}, Case{48, 8192}, Case{16, 512},
+                        Case{112, 1024}}) {
+    const Role r = make_role("small", c.n, c.k, c.k + 32, 32, 40, 91);
+    std::printf("small %ld x %ld: K in %d slices\n", static_cast<long>(c.n), static_cast<long>(c.k),
+                cuda::linear_bf16_mma_k_slices(c.n, c.k));
+    for (int64_t rows : {1, 2, 5, 8, 13, 16, 24, 32, 40}) check_decode_tile(r, rows, true);
+    const Tensor all = run_gpu(r, 0, 40);
+    for (int64_t row : {int64_t{0}, int64_t{9}, int64_t{39}}) {
+      EXPECT_TRUE(equal_rows(all, row, run_gpu(r, row, 1), 0, r.n))
+          << c.n << " x " << c.k << ": row " << row << " differs when computed alone";
+    }
+  }
+}
+
+// The released checkpoint's decode GEMMs on the BF16 path at 1, 2, 8, 16 and 32 rows: a wo_a
+// group on its strided input, the router gate, the compressor and the LM head (129280 x 5120,
+// 1.3 GB of bf16; its CPU reference only at one row). Bits equal to the register kernel's.
+TEST_F(LinearBf16MmaTest, DecodeTileV41FlashShapes) {
+  std::vector<Role> roles;
+  roles.push_back(make_role("wo_a group", 1024, 4096, 32768, 6 * 4096, 32, 101));
+  roles.push_back(make_role("gate", 384, 5120, 5120, 0, 32, 111));
+  roles.push_back(make_role("compressor wkv", 512, 5120, 5120, 0, 32, 121));
+  for (const Role& r : roles) {
+    for (int64_t rows : {1, 2, 8, 16, 32}) check_decode_tile(r, rows, true);
+  }
+  const Role head = make_lm_head(32, 131);
+  for (int64_t rows : {1, 2, 8, 16, 32}) check_decode_tile(head, rows, rows == 1);
 }
 
 // Shapes the path does not take: linear_bf16_mma refuses them, ops::cuda::linear runs them on

@@ -21,9 +21,11 @@
 // depend only on its weight row and token column (the FP8 kernel's bit-exact invariance test on
 // the H200 relies on the same property).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/linear_bf16_mma.h"
 
@@ -273,6 +275,232 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
   }
 }
 
+// ---- decode tile: the weight rows through shared memory ---------------------------------------
+//
+// bf16_mma_kernel's decode instances take their weights straight into a register ring: per chunk
+// a quad reads 64 bytes of one row (half a 128-byte line), eight rows a row apart per load
+// instruction, and its ring costs as many registers as it keeps in flight, so the block holds the
+// SM alone (launch bounds 1) and the LM head at batch 1 ran at about a third of HBM. Here each
+// warp streams its own 16 weight rows through kDecodeStages shared-memory slots of two chunks
+// (16 rows x 128 bytes: whole lines, 16-byte cp.async, no block barriers in the loop: a warp's
+// slots are its own), so (kDecodeStages - 1) x 2 KB per warp are in flight while the registers
+// hold only a short activation ring, and two blocks share an SM for one and two token tiles.
+//
+// Same bits as bf16_mma_kernel<kTokenTiles, true, kTerms, kPreSplit>: thread (g, t) reads from
+// shared memory the same 16 bytes of rows g and g + 8 that kernel loads from global memory (K
+// [8t, 8t + 8) of the chunk), builds the same A registers, splits (or reads) the same activation
+// words, chains the same MMAs from zero per chunk and adds them to the slice partial in the same
+// ascending chunk order; the slices are summed by the same sum_slice_partials. The grid, K
+// slices and token tiles are that kernel's too, so nothing about a row depends on the batch.
+
+// false: decode takes bf16_mma_kernel's register ring again (the path before this one).
+constexpr bool kUseDecodeTile = true;
+
+// Tests switch the decode tile off and on in one process to compare it with the register kernel.
+std::atomic<bool> decode_tile_allowed{true};
+
+// kUseDecodeTile unless DEEPINFER_BF16_DECODE_TILE=0 (one binary A/Bs the two decode paths on
+// the GPU machine) or set_bf16_decode_tile(false).
+bool decode_tile_enabled() {
+  static const bool by_environment =
+      kUseDecodeTile && !disabled_by_environment("DEEPINFER_BF16_DECODE_TILE");
+  return by_environment && decode_tile_allowed.load(std::memory_order_relaxed);
+}
+
+constexpr int kDecodeStageChunks = 2;                               // one 128-byte line per row
+constexpr int kDecodeRowBytes = kDecodeStageChunks * kChunkBytes;   // a row's bytes per stage
+constexpr int kDecodePieces = kRowsPerWarp * kDecodeRowBytes / 16;  // 16-byte copies per stage
+constexpr int kDecodeStageBytes = kRowsPerWarp * kDecodeRowBytes;
+constexpr int kDecodeStages = 6;
+constexpr int kDecodeWarpBytes = kDecodeStages * kDecodeStageBytes;
+constexpr int kDecodeSmemBytes = kWarps * kDecodeWarpBytes;  // 96 KB: two blocks per SM
+static_assert(kDecodePieces % 32 == 0, "each lane copies the same number of 16-byte pieces");
+static_assert(kDecodeRowBytes == 128, "the swizzle below assumes 8 pieces per row");
+
+// Two blocks per SM with one or two token tiles (their activation rings are small); four tiles
+// keep 48 activation registers per chunk in flight with pre-split terms and take the SM alone.
+template <int kTokenTiles>
+constexpr int kDecodeBlocksPerSm = kTokenTiles <= 2 ? 2 : 1;
+
+// Chunks of activations loaded ahead into registers (a multiple of the stage's chunks, so each
+// slot's position in its stage is known at compile time): the activations are L1/L2 hits, but
+// with one tile there are registers to spare for a longer look-ahead.
+template <int kTokenTiles>
+constexpr int kDecodeXSlots = kTokenTiles == 1 ? 4 : 2;
+
+// Byte offset of weight row r's 16-byte piece p (p < 4: the stage's first chunk, K [8p, 8p + 8)
+// of it; p >= 4: the second) within a stage. Odd rows swap their halves: a quarter-warp's 16-byte
+// reads take rows 2i and 2i + 1, pieces 4h + t (t < 4), which then cover all 32 banks once.
+__device__ __forceinline__ int decode_piece_offset(int row, int piece) {
+  return row * kDecodeRowBytes + ((piece ^ ((row & 1) << 2)) << 4);
+}
+
+// bf16_mma_kernel<kTokenTiles, true, kTerms, kPreSplit>'s grid and work (8 / S row groups per
+// block, a group's S slices on S warps, 8 * kTokenTiles tokens per block along grid.y) with each
+// warp's weights streamed through its own shared-memory slots.
+template <int kTokenTiles, int kTerms, bool kPreSplit>
+__global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
+    bf16_decode_tile_kernel(Bf16MmaArgs args) {
+  extern __shared__ __align__(128) uint8_t decode_shared[];
+  constexpr int kTokensPerBlock = 8 * kTokenTiles;
+  constexpr int kXSlots = kDecodeXSlots<kTokenTiles>;
+  static_assert(kXSlots % kDecodeStageChunks == 0, "x slots cover whole stages");
+  constexpr int kXWords = kPreSplit ? kTerms : 2;
+  constexpr int kXChunkWords = kPreSplit ? 4 * kTerms : kChunk / 4;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  const int slices = args.slices;
+  const int64_t row_group = static_cast<int64_t>(blockIdx.x) * (kWarps / slices) + warp / slices;
+  const int64_t n_base = row_group * kRowsPerWarp;
+  const bool active = n_base < args.n;  // warps past the last row group only reach the barriers
+  const int first_slice = warp % slices;
+  const int chunk_count = static_cast<int>(args.k / (kChunk * slices));
+  const int chunk_begin = first_slice * chunk_count;
+  const int stage_count = (chunk_count + kDecodeStageChunks - 1) / kDecodeStageChunks;
+  // This warp's 16 rows at its slice's first chunk.
+  const uint8_t* w_slice = args.weight + (active ? n_base * args.row_bytes : 0) +
+                           static_cast<int64_t>(chunk_begin) * kChunkBytes;
+  uint8_t* warp_shared = decode_shared + warp * kDecodeWarpBytes;
+  const uint32_t warp_address = shared_address(warp_shared);
+  const int64_t rows = args.x.rows;
+
+  // Stage s: chunks 2s and 2s + 1 of the slice (the second only if the slice has it).
+  const auto copy_stage = [&](int stage) {
+    const uint32_t slot = warp_address + (stage % kDecodeStages) * kDecodeStageBytes;
+#pragma unroll
+    for (int i = 0; i < kDecodePieces / 32; ++i) {
+      const int piece_index = lane + 32 * i;
+      const int row = piece_index / (kDecodeRowBytes / 16);
+      const int piece = piece_index % (kDecodeRowBytes / 16);
+      if (kDecodeStageChunks * stage + piece / 4 < chunk_count) {
+        copy_16_async(slot + decode_piece_offset(row, piece),
+                      w_slice + row * args.row_bytes +
+                          static_cast<int64_t>(stage) * kDecodeRowBytes + piece * 16);
+      }
+    }
+  };
+
+  for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTokensPerBlock; tile < rows;
+       tile += static_cast<int64_t>(gridDim.y) * kTokensPerBlock) {
+    float acc[kTokenTiles][4] = {};  // the slice's partial
+    if (active) {
+      const uint4* x_at[kTokenTiles];  // tokens past the end load the last row (never stored)
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        const int64_t row = min(tile + 8 * j + group, rows - 1);
+        if constexpr (kPreSplit) {
+          x_at[j] = args.x_split + ((row * (args.k / kChunk) + chunk_begin) * 4 + quad) * kTerms;
+        } else {
+          x_at[j] = reinterpret_cast<const uint4*>(args.x.row(row) + 8 * quad +
+                                                   static_cast<int64_t>(chunk_begin) * kChunk);
+        }
+      }
+      uint4 x_ring[kXSlots][kTokenTiles][kXWords];
+      const auto load_x = [&](int slot, int chunk) {
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+#pragma unroll
+          for (int word = 0; word < kXWords; ++word) {
+            x_ring[slot][j][word] = __ldg(x_at[j] + chunk * kXChunkWords + word);
+          }
+        }
+      };
+      __syncwarp();  // every lane is done with the slots of the previous token tile
+#pragma unroll
+      for (int s = 0; s < kDecodeStages - 1; ++s) {
+        if (s < stage_count) copy_stage(s);
+        commit_copies();
+      }
+#pragma unroll
+      for (int slot = 0; slot < kXSlots; ++slot) {
+        if (slot < chunk_count) load_x(slot, slot);
+      }
+      for (int base = 0; base < chunk_count; base += kXSlots) {
+#pragma unroll
+        for (int slot = 0; slot < kXSlots; ++slot) {
+          const int chunk = base + slot;
+          if (chunk < chunk_count) {
+            const int half = slot % kDecodeStageChunks;  // the chunk's place in its stage
+            const int stage = chunk / kDecodeStageChunks;
+            if (half == 0) {
+              wait_copies<kDecodeStages - 2>();
+              __syncwarp();  // stage `stage` is in; every lane is done with the slot refilled
+              if (stage + kDecodeStages - 1 < stage_count) copy_stage(stage + kDecodeStages - 1);
+              commit_copies();
+            }
+            const uint8_t* stage_bytes = warp_shared + (stage % kDecodeStages) * kDecodeStageBytes;
+            // The register kernel's w_ring words: rows g and g + 8, K [8t, 8t + 8) of the chunk.
+            const uint4 w_row_lo = *reinterpret_cast<const uint4*>(
+                stage_bytes + decode_piece_offset(group, 4 * half + quad));
+            const uint4 w_row_hi = *reinterpret_cast<const uint4*>(
+                stage_bytes + decode_piece_offset(group + 8, 4 * half + quad));
+            const uint32_t a_first[4] = {w_row_lo.x, w_row_hi.x, w_row_lo.y, w_row_hi.y};
+            const uint32_t a_second[4] = {w_row_lo.z, w_row_hi.z, w_row_lo.w, w_row_hi.w};
+#pragma unroll
+            for (int j = 0; j < kTokenTiles; ++j) {
+              uint4 terms[kTerms];
+              if constexpr (kPreSplit) {
+#pragma unroll
+                for (int t = 0; t < kTerms; ++t) terms[t] = x_ring[slot][j][t];
+              } else {
+                split_eight(x_ring[slot][j][0], x_ring[slot][j][1], terms);
+              }
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first, terms[t].x, terms[t].y, d);
+#pragma unroll
+              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_second, terms[t].z, terms[t].w, d);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[j][i] += d[i];
+            }
+            if (chunk + kXSlots < chunk_count) load_x(slot, chunk + kXSlots);
+          }
+        }
+      }
+    }
+    // The register kernel's reduction: 0 + P_0 + P_1 + ... in slice order.
+    __shared__ float partials[kWarps][kTokenTiles * 4][32];
+    float total[kTokenTiles][4] = {};
+    sum_slice_partials(partials, acc, active, first_slice == 0, slices,
+                       [&](int j, const float(&sums)[4]) {
+                         for (int i = 0; i < 4; ++i) total[j][i] = sums[i];
+                       });
+    __syncthreads();  // partials are rewritten by the next token tile
+    if (active && first_slice == 0) {
+      const int64_t n = n_base + group;
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        const int64_t token = tile + 8 * j + 2 * quad;
+        if (token < rows) {
+          args.out.row(token)[n] = total[j][0];
+          args.out.row(token)[n + 8] = total[j][2];
+        }
+        if (token + 1 < rows) {
+          args.out.row(token + 1)[n] = total[j][1];
+          args.out.row(token + 1)[n + 8] = total[j][3];
+        }
+      }
+    }
+  }
+}
+
+// One decode tile launch; the first of each instance allows its 96 KB of dynamic shared memory
+// (an attribute of the kernel, so one static per instance).
+template <int kTokenTiles, int kTerms, bool kPreSplit>
+void launch_decode_tile(const Bf16MmaArgs& args, dim3 grid, cudaStream_t stream) {
+  constexpr auto kernel = bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit>;
+  static const bool allowed = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kDecodeSmemBytes));
+    return true;
+  }();
+  (void)allowed;
+  kernel<<<grid, kThreads, kDecodeSmemBytes, stream>>>(args);
+  DI_CUDA_LAUNCHED(bf16_decode_tile_kernel);
+}
+
 bool bf16_mma_fits(const DeviceWeight& w, const DeviceRows<const float>& x) {
   return w.kind == WeightKind::kBF16 && w.in % kChunk == 0 && w.out % kRowsPerWarp == 0 &&
          w.row_bytes == 2 * w.in && aligned_to(w.bytes, 16) && x.stride % 4 == 0 &&
@@ -314,22 +542,35 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
     DI_CUDA_LAUNCHED(bf16_mma_kernel);
   };
   const int split_row_groups = kWarps / args.slices;
+  // The decode instances of bf16_mma_kernel (K slices over warps), or the decode tile with the
+  // same grid and bits.
+  const bool decode_tile = decode_tile_enabled();
+  const auto run_decode = [&](auto register_kernel, auto launch_tile, int tokens_per_block) {
+    if (!decode_tile) {
+      run(register_kernel, tokens_per_block, split_row_groups);
+      return;
+    }
+    launch_tile(args,
+                dim3(blocks_for(row_groups, split_row_groups),
+                     std::min(blocks_for(x.rows, tokens_per_block), 65535u)),
+                stream);
+  };
   const bool wide = static_cast<int64_t>(blocks_for(row_groups, kWarps)) * blocks_for(x.rows, 32) >=
                     kWideMinBlocks;
   if (x.rows <= 8) {
-    run(bf16_mma_kernel<1, true, kTerms, false>, 8, split_row_groups);
+    run_decode(bf16_mma_kernel<1, true, kTerms, false>, launch_decode_tile<1, kTerms, false>, 8);
   } else if (x.rows <= 16) {
-    run(bf16_mma_kernel<2, true, kTerms, false>, 16, split_row_groups);
+    run_decode(bf16_mma_kernel<2, true, kTerms, false>, launch_decode_tile<2, kTerms, false>, 16);
   } else if (!pre_split) {
     if (wide) {
       run(bf16_mma_kernel<4, false, kTerms, false>, 32, kWarps);
     } else {
-      run(bf16_mma_kernel<4, true, kTerms, false>, 32, split_row_groups);
+      run_decode(bf16_mma_kernel<4, true, kTerms, false>, launch_decode_tile<4, kTerms, false>, 32);
     }
   } else if (wide) {
     run(bf16_mma_kernel<4, false, kTerms, true>, 32, kWarps);
   } else {
-    run(bf16_mma_kernel<4, true, kTerms, true>, 32, split_row_groups);
+    run_decode(bf16_mma_kernel<4, true, kTerms, true>, launch_decode_tile<4, kTerms, true>, 32);
   }
 }
 
@@ -375,6 +616,10 @@ void linear_bf16_mma(const TensorView& x, const LinearWeight& weight, const Tens
   } else {
     launch_bf16_mma<3>(in, w, o);
   }
+}
+
+void set_bf16_decode_tile(bool enabled) {
+  decode_tile_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 int linear_bf16_mma_activation_terms() {

@@ -34,6 +34,12 @@ bool linear_bf16_mma_enabled();
 // The activation terms ops::cuda::linear runs this path with (2 or 3).
 int linear_bf16_mma_activation_terms();
 
+// Decode calls (K slices over warps: up to 32 rows, or more while the weight gives too few
+// blocks for the prefill kernel) stream each warp's weight rows through shared memory (the decode
+// tile) unless DEEPINFER_BF16_DECODE_TILE=0; false takes the register-ring kernel before it for
+// the calls that follow (same bits; tests compare the two), true returns to the default.
+void set_bf16_decode_tile(bool enabled);
+
 // How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
 int linear_bf16_mma_k_slices(int64_t n, int64_t k);
 
