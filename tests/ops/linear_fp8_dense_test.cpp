@@ -4,7 +4,8 @@
 // 16, 40 and 300 rows (two also at 520, where the prefill tile is picked) on strided input rows;
 // a sample of rows is checked against the reference (it costs N x K per row on the CPU), every
 // row bit for bit against the largest call, and every launch variant against kAuto. Outputs are
-// fully written and nothing else. Skips without a GPU.
+// fully written and nothing else. The decode tile (split_tile_kernel) is compared bit for bit with
+// the register kernel before it (split_kernel) at decode row counts. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -308,6 +309,91 @@ TEST_F(LinearFp8DenseTest, SmallShapesEveryLaunch) {
             << " differs from the model's op";
       }
     }
+  }
+}
+
+// Turns the decode tile off for its lifetime (split_kernel, the register loads before it, runs
+// the decode launches), on again after, also when a call throws.
+struct RegisterDecodeKernel {
+  RegisterDecodeKernel() { cuda::set_fp8_dense_decode_tile(false); }
+  ~RegisterDecodeKernel() { cuda::set_fp8_dense_decode_tile(true); }
+  RegisterDecodeKernel(const RegisterDecodeKernel&) = delete;
+  RegisterDecodeKernel& operator=(const RegisterDecodeKernel&) = delete;
+};
+
+// Rows [first, first + count) of `r` through each decode launch, with the decode tile and with
+// the register kernel: every output row must have the same bits (run_gpu also checks that both
+// write every element of the output and nothing outside it). With `reference`, the decode tile's
+// sampled rows are also checked against r.want.
+void expect_decode_tile_bits(const Role& r, int64_t first, int64_t count, bool reference) {
+  for (Fp8DenseLaunch launch :
+       {Fp8DenseLaunch::kTokens8, Fp8DenseLaunch::kTokens16, Fp8DenseLaunch::kTokens32}) {
+    const Tensor tile = run_gpu(r, first, count, Path::kDense, launch);
+    Tensor before;
+    {
+      const RegisterDecodeKernel register_kernel;
+      before = run_gpu(r, first, count, Path::kDense, launch);
+    }
+    EXPECT_EQ(differing_rows(before, tile, 0, r.n), 0)
+        << r.name << " [" << r.n << " x " << r.k << "], rows " << first << ".." << first + count
+        << ", " << launch_name(launch) << ": the decode tile differs from the register kernel";
+    if (reference) {
+      EXPECT_LE(sample_error(r, tile, first, count), kTolerance)
+          << r.name << " [" << r.n << " x " << r.k << "], rows " << first << ".." << first + count
+          << ", " << launch_name(launch);
+    }
+  }
+}
+
+// The decode tile against the register kernel and the CPU reference on small shapes (quick under
+// compute-sanitizer): slices of 1 block (48 x 256, 8 slices), 3 blocks with idle warps (48 x 384:
+// 4 slices, a chunk's last block unused, 3 row groups in blocks of 2), 19 blocks (64 x 2432:
+// 5 chunks, so the slots wrap, the last one of 3 blocks); 1 to 40 rows.
+TEST_F(LinearFp8DenseTest, DecodeTileSmallShapes) {
+  struct Case {
+    int64_t n, k;
+  };
+  std::printf("decode tile %s\n", cuda::linear_fp8_dense_decode_tile_enabled() ? "on" : "off");
+  for (const Case& c : {Case{48, 256}, Case{48, 384}, Case{64, 2432}}) {
+    constexpr int64_t kRows = 40;
+    Role r = make_role("small", c.n, c.k, kRows, 101, /*with_reference=*/false);
+    r.sample.clear();
+    for (int64_t row = 0; row < kRows; ++row) r.sample.push_back(row);
+    Tensor dense = Tensor::empty(DType::kF32, {kRows, c.k});
+    for (int64_t row = 0; row < kRows; ++row) {
+      const float* source = r.x.data<float>() + row * (c.k + kExtraColumns) + kColumnOffset;
+      std::copy(source, source + c.k, dense.data<float>() + row * c.k);
+    }
+    r.want = Tensor::empty(DType::kF32, {kRows, c.n});
+    linear(dense.view(), LinearWeight{r.weight.view(), r.scale.view()}, r.want.view(),
+           ActivationQuant::kFp8PerBlock32);
+    std::printf("small %ld x %ld: %d slices\n", static_cast<long>(c.n), static_cast<long>(c.k),
+                cuda::linear_fp8_dense_k_slices(c.n, c.k));
+    for (int64_t rows : {1, 13, 40}) expect_decode_tile_bits(r, 0, rows, /*reference=*/true);
+    // Rows not starting on a token tile.
+    expect_decode_tile_bits(r, 3, 7, /*reference=*/true);
+  }
+}
+
+// The decode tile against the register kernel, bit for bit, at every released FP8 role's shape
+// at decode row counts (the CPU reference is check_role's, through the model's op).
+TEST_F(LinearFp8DenseTest, DecodeTileRealShapes) {
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  std::printf("decode tile %s\n", cuda::linear_fp8_dense_decode_tile_enabled() ? "on" : "off");
+  uint32_t seed = 111;
+  for (const Shape& s :
+       {Shape{"wq_a", 1280, 5120}, Shape{"wkv", 512, 5120}, Shape{"wq_b", 32768, 1280},
+        Shape{"wo_b", 5120, 8192}, Shape{"shared w1|w3", 4608, 5120},
+        Shape{"shared w2", 5120, 2304}, Shape{"indexer wq_b", 4096, 1280}}) {
+    const Role r = make_role(s.name, s.n, s.k, 40, seed, /*with_reference=*/false);
+    seed += 10;
+    std::printf("%s [%ld x %ld]: %d slices\n", s.name, static_cast<long>(s.n),
+                static_cast<long>(s.k), cuda::linear_fp8_dense_k_slices(s.n, s.k));
+    for (int64_t rows : {1, 2, 8, 16, 32}) expect_decode_tile_bits(r, 0, rows, /*reference=*/false);
+    expect_decode_tile_bits(r, 5, 35, /*reference=*/false);
   }
 }
 

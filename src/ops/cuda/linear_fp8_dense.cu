@@ -5,7 +5,9 @@
 // re-reading the weight. Here, as in linear_bf16_mma.cu:
 //  - decode kernels (8, 16 or 32 tokens per block) cut K into S slices chosen from the weight's
 //    shape only (until N / 16 * S reaches about 1024 warps); a row group's S slices are S warps of
-//    one block whose partials are added through shared memory in slice order;
+//    one block whose partials are added through shared memory in slice order; each warp streams
+//    its rows of its slice through shared memory (split_tile_kernel; split_kernel, the register
+//    loads before it, stays behind DEEPINFER_FP8_DENSE_DECODE_TILE=0 with the same bits);
 //  - a prefill kernel stages a 128-row weight tile and a 64-token activation tile per 128 K in
 //    shared memory (cp.async, 3 stages) and runs all S slices of its outputs in order.
 //
@@ -19,6 +21,7 @@
 // sequence (the same MMAs, the same scaled additions per slice, 0 + P_0 + P_1 + ...), which keeps
 // batch invariance when the launch changes with the row count.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -377,6 +380,208 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_tile_kernel(DenseArgs arg
   }
 }
 
+// ---- decode tile: each warp's weight rows through shared memory ----------------------------
+//
+// split_kernel takes its weight words straight into registers: per 32-block a quad reads 8 bytes
+// of one row and the warp's 8 quads rows a row-length apart (32-byte pieces of 8 lines per load),
+// with only a few blocks in flight per warp, far too little to keep HBM busy; its decode calls
+// reached about a fifth of the bandwidth. Here, as moe_grouped_gemm's decode tile does for FP4
+// experts, each warp streams its own 16 weight rows of its K slice through kDecodeStages
+// shared-memory slots of one 4-block chunk (16 rows x 128 bytes: whole 128-byte lines per 8
+// lanes, 16-byte cp.async), so (kDecodeStages - 1) x 2 KB per warp are in flight. Only warp-level
+// syncs in the stream: the warps of a block share nothing until the slice sums.
+//
+// Same bits as split_kernel: the same warps own the same rows and K slices, every thread takes
+// the same 8 weight bytes per row and block (K [8t, 8t + 8), now read from the swizzled slot),
+// the same activation words and the same scale floats, and calls mma_block in the same block
+// order, then the same slice sums. The token scale codes become floats once per chunk in a small
+// per-warp table (each lane converts one to four) rather than twice per MMA in every thread.
+
+// false: the decode launches take split_kernel again (the path before this one).
+constexpr bool kFp8DenseDecodeTileEnabled = true;
+
+// Tests switch the decode tile off and on in one process to compare it with split_kernel.
+std::atomic<bool> decode_tile_allowed{true};
+
+constexpr int kDecodeStages = 4;
+constexpr int kDecodeChunkBlocks = kRequiredK / kBlockK;           // 4 blocks of 32 K
+constexpr int kDecodeRowBytes = kDecodeChunkBlocks * kBlockK;      // a 128-byte line
+constexpr int kDecodeStageBytes = kRowsPerWarp * kDecodeRowBytes;  // 2 KB
+constexpr int kDecodePiecesPerLane = kDecodeStageBytes / 16 / 32;  // 16-byte copies
+// A decode tile kernel's shared memory: per warp its slots, then the chunk's token scales as
+// floats, [block][token].
+template <int kTokenTiles>
+struct DecodeTileSmem {
+  static constexpr int kTokenScaleBytes = kDecodeChunkBlocks * 8 * kTokenTiles * 4;
+  static constexpr int kWarpBytes = kDecodeStages * kDecodeStageBytes + kTokenScaleBytes;
+  static constexpr int kBytes = kWarps * kWarpBytes;
+};
+static_assert(kDecodeRowBytes == kStageRowBytes, "the slots use the prefill tile's swizzle");
+static_assert(DecodeTileSmem<1>::kWarpBytes % 128 == 0 && kDecodeStageBytes % 128 == 0,
+              "every slot starts on 128 bytes, where the swizzle is conflict-free");
+static_assert(kDecodeStageBytes % (16 * 32) == 0, "each lane copies the same number of pieces");
+static_assert(DecodeTileSmem<4>::kBytes + kWarps * 4 * 4 * 32 * 4 <= 227 * 1024,
+              "the slots and the slice partials fit one SM");
+
+// split_kernel's grid, warps, K slices and token tiles; chunk c of a warp's slice lives in slot
+// c % kDecodeStages, weight row r at row r of the slot with swizzled() (so the 8-byte reads of
+// rows r .. r + 3 by a half warp hit 32 different banks). A slice that does not end on a chunk
+// (slices of 3, 5 or 10 blocks) copies and computes only its own blocks of the last chunk.
+template <int kTokenTiles>
+__global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
+  extern __shared__ __align__(128) uint8_t shared[];
+  constexpr int kTokens = 8 * kTokenTiles;
+  // Token scale codes per chunk, entry e = block * kTokens + token, lane e % 32 loads it.
+  constexpr int kScaleEntries = kDecodeChunkBlocks * kTokens;
+  constexpr int kEntriesPerLane = kScaleEntries / 32;
+  static_assert(kScaleEntries % 32 == 0, "every lane converts the same number of scale codes");
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;  // MMA row (weights) and column (tokens) of this thread
+  const int quad = lane & 3;
+  const int slices = args.slices;
+  const int64_t row_group = static_cast<int64_t>(blockIdx.x) * (kWarps / slices) + warp / slices;
+  const int64_t n_base = row_group * kRowsPerWarp;
+  // Warps past the last row group still reach every barrier; they only skip the work.
+  const bool active = n_base < args.n;
+  const int slice = warp % slices;
+  const int64_t k_blocks = args.k / kBlockK;
+  const int slice_blocks = static_cast<int>(k_blocks / slices);
+  const int64_t block_begin = static_cast<int64_t>(slice) * slice_blocks;
+  const int chunks = (slice_blocks + kDecodeChunkBlocks - 1) / kDecodeChunkBlocks;
+  // Row 0 of the warp's 16 at the slice's first byte.
+  const uint8_t* weight_rows = args.weight + (active ? n_base * args.k : 0) + block_begin * kBlockK;
+  // Rows n_base .. n_base + 15 lie in one 32-row scale block (n_base is a multiple of 16).
+  const uint8_t* w_scale_at =
+      args.w_scales + (active ? (n_base / kBlockK) * k_blocks : 0) + block_begin;
+  uint8_t* warp_shared = shared + warp * DecodeTileSmem<kTokenTiles>::kWarpBytes;
+  float* token_scale = reinterpret_cast<float*>(warp_shared + kDecodeStages * kDecodeStageBytes);
+  const int64_t rows = args.rows;
+
+  const auto blocks_in = [&](int chunk) {
+    return min(kDecodeChunkBlocks, slice_blocks - chunk * kDecodeChunkBlocks);
+  };
+  const auto copy_chunk = [&](int chunk, int slot) {
+    uint8_t* stage = warp_shared + slot * kDecodeStageBytes;
+    const int chunk_bytes = blocks_in(chunk) * kBlockK;
+#pragma unroll
+    for (int i = 0; i < kDecodePiecesPerLane; ++i) {
+      const int piece = lane + 32 * i;
+      const int row = piece / (kDecodeRowBytes / 16);
+      const int offset = 16 * (piece % (kDecodeRowBytes / 16));
+      if (offset < chunk_bytes) {
+        copy_16_async(
+            shared_address(stage + swizzled(row, offset)),
+            weight_rows + row * args.k + static_cast<int64_t>(chunk) * kDecodeRowBytes + offset);
+      }
+    }
+  };
+
+  for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTokens; tile < rows;
+       tile += static_cast<int64_t>(gridDim.y) * kTokens) {
+    float acc[kTokenTiles][4] = {};
+    if (active) {
+      // Tokens past the end load the last row (never stored).
+      const uint8_t* x_at[kTokenTiles];
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        const int64_t row = min(tile + 8 * j + group, rows - 1);
+        x_at[j] = args.x_codes + row * args.k + block_begin * kBlockK + 8 * quad;
+      }
+      const uint8_t* token_code_at[kEntriesPerLane];
+#pragma unroll
+      for (int i = 0; i < kEntriesPerLane; ++i) {
+        const int e = lane + 32 * i;
+        const int64_t row = min(tile + e % kTokens, rows - 1);
+        token_code_at[i] = args.x_scales + row * k_blocks + block_begin + e / kTokens;
+      }
+      __syncwarp();  // every lane is done with the slots and the table of the previous tile
+#pragma unroll
+      for (int s = 0; s < kDecodeStages - 1; ++s) {
+        if (s < chunks) copy_chunk(s, s);
+        commit_copies();
+      }
+      for (int chunk = 0; chunk < chunks; ++chunk) {
+        const int valid = blocks_in(chunk);
+        const int64_t first_block = static_cast<int64_t>(chunk) * kDecodeChunkBlocks;
+        // Issued before the wait: their latency hides behind it.
+        uint2 x[kDecodeChunkBlocks][kTokenTiles];
+        uint8_t w_codes[kDecodeChunkBlocks];
+#pragma unroll
+        for (int b = 0; b < kDecodeChunkBlocks; ++b) {
+          w_codes[b] = b < valid ? __ldg(w_scale_at + first_block + b) : uint8_t{0};
+#pragma unroll
+          for (int j = 0; j < kTokenTiles; ++j) {
+            x[b][j] =
+                b < valid
+                    ? __ldg(reinterpret_cast<const uint2*>(x_at[j] + (first_block + b) * kBlockK))
+                    : make_uint2(0u, 0u);
+          }
+        }
+        uint8_t token_codes[kEntriesPerLane];
+#pragma unroll
+        for (int i = 0; i < kEntriesPerLane; ++i) {
+          const int block = (lane + 32 * i) / kTokens;
+          token_codes[i] = block < valid ? __ldg(token_code_at[i] + first_block) : uint8_t{0};
+        }
+        wait_copies<kDecodeStages - 2>();
+        __syncwarp();  // chunk `chunk` is in; every lane is done with the slot `ahead` reuses
+        const int ahead = chunk + kDecodeStages - 1;
+        if (ahead < chunks) copy_chunk(ahead, ahead % kDecodeStages);
+        commit_copies();
+#pragma unroll
+        for (int i = 0; i < kEntriesPerLane; ++i) {
+          token_scale[lane + 32 * i] = scale_value(token_codes[i]);
+        }
+        __syncwarp();  // the chunk's token scales are written
+        const uint8_t* stage = warp_shared + (chunk % kDecodeStages) * kDecodeStageBytes;
+#pragma unroll
+        for (int b = 0; b < kDecodeChunkBlocks; ++b) {
+          if (b < valid) {
+            const int offset = b * kBlockK + 8 * quad;  // K [8t, 8t + 8) of block b
+            const uint2 lo = *reinterpret_cast<const uint2*>(stage + swizzled(group, offset));
+            const uint2 hi = *reinterpret_cast<const uint2*>(stage + swizzled(group + 8, offset));
+            const float w_scale = scale_value(w_codes[b]);
+#pragma unroll
+            for (int j = 0; j < kTokenTiles; ++j) {
+              // Tokens 2t and 2t + 1 of MMA tile j (an even index: 8-byte aligned).
+              const float2 xs =
+                  *reinterpret_cast<const float2*>(token_scale + b * kTokens + 8 * j + 2 * quad);
+              mma_block(lo, hi, x[b][j], w_scale, xs.x, xs.y, acc[j]);
+            }
+          }
+        }
+      }
+      wait_copies<0>();  // only empty groups are left; nothing in flight past the tile
+    }
+    // 0 + P_0 + P_1 + ... in slice order, as split_kernel.
+    __shared__ float partials[kWarps][kTokenTiles * 4][32];
+    sum_slice_partials(partials, acc, active, slice == 0, slices,
+                       [&](int j, const float(&total)[4]) {
+                         // total[0], [1]: weight row g, tokens 2t and 2t + 1; [2], [3]: row g + 8.
+                         const int64_t n = n_base + group;
+                         const int64_t token = tile + 8 * j + 2 * quad;
+                         if (token < rows) {
+                           args.out[token * args.out_stride + n] = total[0];
+                           args.out[token * args.out_stride + n + 8] = total[2];
+                         }
+                         if (token + 1 < rows) {
+                           args.out[(token + 1) * args.out_stride + n] = total[1];
+                           args.out[(token + 1) * args.out_stride + n + 8] = total[3];
+                         }
+                       });
+    __syncthreads();  // partials are rewritten by the next token tile
+  }
+}
+
+// kFp8DenseDecodeTileEnabled unless DEEPINFER_FP8_DENSE_DECODE_TILE=0 (one binary A/Bs the two
+// decode kernels on the GPU machine) or set_fp8_dense_decode_tile(false).
+bool decode_tile_enabled() {
+  static const bool by_environment =
+      kFp8DenseDecodeTileEnabled && !disabled_by_environment("DEEPINFER_FP8_DENSE_DECODE_TILE");
+  return by_environment && decode_tile_allowed.load(std::memory_order_relaxed);
+}
+
 // ---- host ---------------------------------------------------------------------------------
 
 bool tile_fits(int64_t n) {
@@ -402,6 +607,19 @@ void launch_split(const DenseArgs& args, deepinfer::cuda::StreamHandle stream) {
   const int64_t row_groups = args.n / kRowsPerWarp;
   const dim3 grid(blocks_for(row_groups, kWarps / args.slices),
                   std::min(blocks_for(args.rows, 8 * kTokenTiles), 65535u));
+  if (decode_tile_enabled()) {
+    static const bool configured = [] {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         DecodeTileSmem<kTokenTiles>::kBytes));
+      return true;
+    }();
+    (void)configured;
+    split_tile_kernel<kTokenTiles>
+        <<<grid, kThreads, DecodeTileSmem<kTokenTiles>::kBytes, stream>>>(args);
+    DI_CUDA_LAUNCHED(split_tile_kernel);
+    return;
+  }
   split_kernel<kTokenTiles><<<grid, kThreads, 0, stream>>>(args);
   DI_CUDA_LAUNCHED(split_kernel);
 }
@@ -417,6 +635,14 @@ bool linear_fp8_dense_tile_enabled() {
   static const bool enabled =
       kFp8DenseTileEnabled && !disabled_by_environment("DEEPINFER_FP8_DENSE_TILE");
   return enabled;
+}
+
+bool linear_fp8_dense_decode_tile_enabled() {
+  return decode_tile_enabled();
+}
+
+void set_fp8_dense_decode_tile(bool enabled) {
+  decode_tile_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 int linear_fp8_dense_k_slices(int64_t n, int64_t k) {

@@ -47,6 +47,17 @@ bool linear_fp8_dense_enabled();
 // it off at run time, kAuto then takes the 32-token kernel, same bits).
 bool linear_fp8_dense_tile_enabled();
 
+// Whether the decode launches (8, 16, 32 tokens) stream each warp's weight rows through shared
+// memory (split_tile_kernel) rather than loading them into registers (split_kernel): its
+// constexpr switch, DEEPINFER_FP8_DENSE_DECODE_TILE=0 in the environment, and
+// set_fp8_dense_decode_tile. Same bits either way.
+bool linear_fp8_dense_decode_tile_enabled();
+
+// For tests: false sends the decode launches that follow back to the register kernel (so one
+// process compares the two bit for bit), true returns to the default. Not thread-safe against
+// concurrent calls that expect one or the other.
+void set_fp8_dense_decode_tile(bool enabled);
+
 // How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
 int linear_fp8_dense_k_slices(int64_t n, int64_t k);
 
