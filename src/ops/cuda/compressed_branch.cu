@@ -178,14 +178,15 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   const int group = lane >> 2;  // the MMA's groupID: a head row of A / C, a key of B / C
   const int quad = lane & 3;    // thread in group: k pairs of A / B, key pairs of C
   const int64_t warp_begin = tile_begin + warp * kKeysPerWarp;
-  auto limit_of = [&](int64_t t) {
-    return deepinfer::cuda::min64(static_cast<int64_t>(visible[t]), chunk.entries);
-  };
-
+  // Per token of the run: how many of the request's keys it sees (read once, not per use).
+  __shared__ int64_t token_limits[kTokensPerBlock];
   bool any_visible = false;
-  for (int64_t t = chunk.token_begin + threadIdx.x; t < chunk.token_end; t += kMmaThreads) {
-    any_visible = any_visible || limit_of(t) > tile_begin;
+  for (int i = threadIdx.x; i < chunk.token_end - chunk.token_begin; i += kMmaThreads) {
+    const int64_t limit = deepinfer::cuda::min64(visible[chunk.token_begin + i], chunk.entries);
+    token_limits[i] = limit;
+    any_visible = any_visible || limit > tile_begin;
   }
+  auto limit_of = [&](int64_t t) { return token_limits[t - chunk.token_begin]; };
   if (!__syncthreads_or(any_visible)) {
     for (int64_t t = chunk.token_begin; t < chunk.token_end; ++t) {
       for (int64_t j = tile_begin + threadIdx.x; j < tile_end; j += kMmaThreads) {
