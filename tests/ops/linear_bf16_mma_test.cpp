@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -359,6 +360,63 @@ TEST_F(LinearBf16MmaTest, DecodeTileV41FlashShapes) {
   }
   const Role head = make_lm_head(32, 131);
   for (int64_t rows : {1, 2, 8, 16, 32}) check_decode_tile(head, rows, rows == 1);
+}
+
+// ---- prefill's grouped block order against the plain grid order -----------------------------
+
+// Runs its body with prefill's blocks in plain grid order, restoring the grouped order afterwards.
+class PlainWideOrder {
+ public:
+  PlainWideOrder() { cuda::set_bf16_wide_groups(false); }
+  ~PlainWideOrder() { cuda::set_bf16_wide_groups(true); }
+  PlainWideOrder(const PlainWideOrder&) = delete;
+  PlainWideOrder& operator=(const PlainWideOrder&) = delete;
+};
+
+// Rows [0, rows) of r in grouped and in plain block order: the same bits (with the model's term
+// count and both explicit ones), and the listed rows equal to the same rows computed alone.
+void check_wide_order(const Role& r, int64_t rows, std::initializer_list<int64_t> alone_rows) {
+  const std::string what = r.name + " [" + std::to_string(r.n) + " x " + std::to_string(r.k) +
+                           "], " + std::to_string(rows) + " rows";
+  for (int terms : {kModelOp, 2, 3}) {
+    const Tensor grouped = run_gpu(r, 0, rows, terms);
+    Tensor plain;
+    {
+      const PlainWideOrder old_order;
+      plain = run_gpu(r, 0, rows, terms);
+    }
+    EXPECT_TRUE(same_bits(grouped, plain))
+        << what << ", terms " << terms << ": the grouped block order changed the bits";
+    for (int64_t row : alone_rows) {
+      EXPECT_TRUE(equal_rows(grouped, row, run_gpu(r, row, 1, terms), 0, r.n))
+          << what << ", terms " << terms << ": row " << row << " differs when computed alone";
+    }
+  }
+}
+
+// Prefill-sized calls of small weights: 19 row blocks (two groups of 8 and one of 3) times 29
+// token blocks, and 32 row blocks (four groups) times 17; against the CPU reference too.
+TEST_F(LinearBf16MmaTest, WideOrderSmallShapes) {
+  struct Case {
+    int64_t n, k, rows;
+  };
+  for (const Case& c : {Case{2432, 64, 900}, Case{4096, 128, 520}}) {
+    const Role r = make_role("small wide", c.n, c.k, c.k, 0, c.rows, 141);
+    const double error = worst_error(reference(r, 0, c.rows), run_gpu(r, 0, c.rows));
+    std::printf("small wide %ld x %ld, %ld rows: worst error %.3g\n", static_cast<long>(c.n),
+                static_cast<long>(c.k), static_cast<long>(c.rows), error);
+    EXPECT_LE(error, kTolerance) << c.n << " x " << c.k << ", " << c.rows << " rows";
+    check_wide_order(r, c.rows, {0, 33, c.rows - 1});
+  }
+}
+
+// The LM head at 64 and 256 rows (the prefill kernel from 17 rows on): grouped order = plain
+// order, and rows equal the same rows alone (the decode tile, which DecodeTileV41FlashShapes
+// checks against the CPU reference).
+TEST_F(LinearBf16MmaTest, WideOrderLmHead) {
+  const Role head = make_lm_head(256, 151);
+  check_wide_order(head, 64, {0, 63});
+  check_wide_order(head, 256, {0, 100, 255});
 }
 
 // Shapes the path does not take: linear_bf16_mma refuses them, ops::cuda::linear runs them on

@@ -108,7 +108,48 @@ struct Bf16MmaArgs {
   // Pre-split activations (kPreSplit): split_eight's words of row m, chunk c, quad t at
   // [((m * k / kChunk + c) * 4 + t) * kTerms].
   const uint4* x_split;
+  // Prefill only: row blocks per group of the block order (0: blockIdx as it comes).
+  int group_row_blocks;
 };
+
+// Prefill's grid is (row blocks, token blocks) and the GPU starts blocks in x-fastest order, so
+// every token block sweeps all of the weight before the next starts: a weight larger than L2
+// (the LM head, 1.3 GB) is read from HBM once per 32-token block (8 times at batch 256). In
+// groups of kWideGroupRowBlocks row blocks (10 MB of a 5120-wide weight) the blocks of one group
+// run every token block of those rows back to back, so the group's weights are read from HBM
+// once and served from L2 to the other token blocks, while the activations each group reads
+// again (6 bytes per value pre-split) stay in L2 as well up to a few hundred rows. Only which
+// block computes which tile changes, never an output's operations: same bits.
+constexpr bool kGroupWideBlocks = true;
+constexpr int kWideGroupRowBlocks = 8;
+
+// Tests switch the grouped order off and on in one process to compare the bits.
+std::atomic<bool> wide_groups_allowed{true};
+
+// kGroupWideBlocks unless DEEPINFER_BF16_WIDE_GROUPS=0 or set_bf16_wide_groups(false).
+bool wide_groups_enabled() {
+  static const bool by_environment =
+      kGroupWideBlocks && !disabled_by_environment("DEEPINFER_BF16_WIDE_GROUPS");
+  return by_environment && wide_groups_allowed.load(std::memory_order_relaxed);
+}
+
+// This block's (row block, token block) under the grouped order: linear block id (x fastest) in
+// groups of `group_row_blocks` row blocks (the last group holds what is left), each group's ids
+// running its row blocks fastest and its token blocks after them. A bijection onto the grid.
+__device__ __forceinline__ void wide_block_position(int group_row_blocks, int64_t& row_block,
+                                                    int64_t& token_block) {
+  row_block = blockIdx.x;
+  token_block = blockIdx.y;
+  if (group_row_blocks <= 0) return;
+  const int64_t id = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t per_group = static_cast<int64_t>(group_row_blocks) * gridDim.y;
+  const int64_t first_row_block = id / per_group * group_row_blocks;
+  const int64_t inner = id % per_group;
+  const int64_t rows_in_group = min(static_cast<int64_t>(group_row_blocks),
+                                    static_cast<int64_t>(gridDim.x) - first_row_block);
+  row_block = first_row_block + inner % rows_in_group;
+  token_block = inner / rows_in_group;
+}
 
 // Many rows: every row-group block would convert the same activations again, so a first kernel
 // splits them once into scratch (6 bytes per value with 3 terms). The words are the same either
@@ -150,8 +191,10 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
   const int quad = lane & 3;
   const int slices = args.slices;
   const int warps_per_row_group = kSplitSlices ? slices : 1;
-  const int64_t row_group = static_cast<int64_t>(blockIdx.x) * (kWarps / warps_per_row_group) +
-                            warp / warps_per_row_group;
+  int64_t row_block = blockIdx.x;
+  int64_t token_block = blockIdx.y;
+  if constexpr (!kSplitSlices) wide_block_position(args.group_row_blocks, row_block, token_block);
+  const int64_t row_group = row_block * (kWarps / warps_per_row_group) + warp / warps_per_row_group;
   const int64_t n_base = row_group * kRowsPerWarp;
   // Warps past the last row group still reach every barrier; they only skip the work.
   const bool active = n_base < args.n;
@@ -164,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
   const uint8_t* w_hi = w_lo + (active ? 8 * args.row_bytes : 0);
   const int64_t rows = args.x.rows;
 
-  for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTokensPerBlock; tile < rows;
+  for (int64_t tile = token_block * kTokensPerBlock; tile < rows;
        tile += static_cast<int64_t>(gridDim.y) * kTokensPerBlock) {
     // acc: the current slice's partial; total: 0 + P_0 + P_1 + ... (prefill only).
     float acc[kTokenTiles][4] = {};
@@ -521,6 +564,7 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
   args.slices = linear_bf16_mma_k_slices(w.out, w.in);
   args.out = out;
   args.x_split = nullptr;
+  args.group_row_blocks = wide_groups_enabled() ? kWideGroupRowBlocks : 0;
   const int64_t row_groups = w.out / kRowsPerWarp;
   const auto stream = current_stream();
   const bool pre_split = kPreSplitActivations && x.rows >= kPreSplitMinRows;
@@ -620,6 +664,10 @@ void linear_bf16_mma(const TensorView& x, const LinearWeight& weight, const Tens
 
 void set_bf16_decode_tile(bool enabled) {
   decode_tile_allowed.store(enabled, std::memory_order_relaxed);
+}
+
+void set_bf16_wide_groups(bool enabled) {
+  wide_groups_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 int linear_bf16_mma_activation_terms() {

@@ -40,6 +40,12 @@ int linear_bf16_mma_activation_terms();
 // the calls that follow (same bits; tests compare the two), true returns to the default.
 void set_bf16_decode_tile(bool enabled);
 
+// Prefill calls (all K slices in one warp) order their blocks in groups of row blocks, each group
+// running all its token blocks back to back (weights served from L2), unless
+// DEEPINFER_BF16_WIDE_GROUPS=0; false takes the plain grid order for the calls that follow (same
+// bits; tests compare the two), true returns to the default.
+void set_bf16_wide_groups(bool enabled);
+
 // How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
 int linear_bf16_mma_k_slices(int64_t n, int64_t k);
 
