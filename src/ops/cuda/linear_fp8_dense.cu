@@ -435,6 +435,10 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   constexpr int kScaleEntries = kDecodeChunkBlocks * kTokens;
   constexpr int kEntriesPerLane = kScaleEntries / 32;
   static_assert(kScaleEntries % 32 == 0, "every lane converts the same number of scale codes");
+  // At 8 tokens a chunk's activation words and scale codes are loaded one chunk ahead (110
+  // registers instead of 74: still two blocks per SM, and every decode grid of the model's
+  // shapes fits in two per SM); at 16 tokens that took 156 registers, one block per SM.
+  constexpr bool kPrefetchOperands = kTokenTiles == 1;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   const int group = lane >> 2;  // MMA row (weights) and column (tokens) of this thread
@@ -501,28 +505,46 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
         if (s < chunks) copy_chunk(s, s);
         commit_copies();
       }
-      for (int chunk = 0; chunk < chunks; ++chunk) {
-        const int valid = blocks_in(chunk);
-        const int64_t first_block = static_cast<int64_t>(chunk) * kDecodeChunkBlocks;
-        // Issued before the wait: their latency hides behind it.
+      // A chunk's operands besides the weights: activation words, weight and token scale codes.
+      struct ChunkOperands {
         uint2 x[kDecodeChunkBlocks][kTokenTiles];
         uint8_t w_codes[kDecodeChunkBlocks];
+        uint8_t token_codes[kEntriesPerLane];
+      };
+      const auto load_operands = [&](int chunk) {
+        ChunkOperands o;
+        const int valid = blocks_in(chunk);
+        const int64_t first_block = static_cast<int64_t>(chunk) * kDecodeChunkBlocks;
 #pragma unroll
         for (int b = 0; b < kDecodeChunkBlocks; ++b) {
-          w_codes[b] = b < valid ? __ldg(w_scale_at + first_block + b) : uint8_t{0};
+          o.w_codes[b] = b < valid ? __ldg(w_scale_at + first_block + b) : uint8_t{0};
 #pragma unroll
           for (int j = 0; j < kTokenTiles; ++j) {
-            x[b][j] =
+            o.x[b][j] =
                 b < valid
                     ? __ldg(reinterpret_cast<const uint2*>(x_at[j] + (first_block + b) * kBlockK))
                     : make_uint2(0u, 0u);
           }
         }
-        uint8_t token_codes[kEntriesPerLane];
 #pragma unroll
         for (int i = 0; i < kEntriesPerLane; ++i) {
           const int block = (lane + 32 * i) / kTokens;
-          token_codes[i] = block < valid ? __ldg(token_code_at[i] + first_block) : uint8_t{0};
+          o.token_codes[i] = block < valid ? __ldg(token_code_at[i] + first_block) : uint8_t{0};
+        }
+        return o;
+      };
+      ChunkOperands next{};
+      if constexpr (kPrefetchOperands) next = load_operands(0);
+      for (int chunk = 0; chunk < chunks; ++chunk) {
+        const int valid = blocks_in(chunk);
+        // Loaded before the wait, so their latency hides behind it; prefetched, a chunk early,
+        // behind this chunk's wait and MMAs as well.
+        ChunkOperands current;
+        if constexpr (kPrefetchOperands) {
+          current = next;
+          if (chunk + 1 < chunks) next = load_operands(chunk + 1);
+        } else {
+          current = load_operands(chunk);
         }
         wait_copies<kDecodeStages - 2>();
         __syncwarp();  // chunk `chunk` is in; every lane is done with the slot `ahead` reuses
@@ -531,7 +553,7 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
         commit_copies();
 #pragma unroll
         for (int i = 0; i < kEntriesPerLane; ++i) {
-          token_scale[lane + 32 * i] = scale_value(token_codes[i]);
+          token_scale[lane + 32 * i] = scale_value(current.token_codes[i]);
         }
         __syncwarp();  // the chunk's token scales are written
         const uint8_t* stage = warp_shared + (chunk % kDecodeStages) * kDecodeStageBytes;
@@ -541,13 +563,13 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
             const int offset = b * kBlockK + 8 * quad;  // K [8t, 8t + 8) of block b
             const uint2 lo = *reinterpret_cast<const uint2*>(stage + swizzled(group, offset));
             const uint2 hi = *reinterpret_cast<const uint2*>(stage + swizzled(group + 8, offset));
-            const float w_scale = scale_value(w_codes[b]);
+            const float w_scale = scale_value(current.w_codes[b]);
 #pragma unroll
             for (int j = 0; j < kTokenTiles; ++j) {
               // Tokens 2t and 2t + 1 of MMA tile j (an even index: 8-byte aligned).
               const float2 xs =
                   *reinterpret_cast<const float2*>(token_scale + b * kTokens + 8 * j + 2 * quad);
-              mma_block(lo, hi, x[b][j], w_scale, xs.x, xs.y, acc[j]);
+              mma_block(lo, hi, current.x[b][j], w_scale, xs.x, xs.y, acc[j]);
             }
           }
         }
