@@ -362,61 +362,76 @@ TEST_F(LinearBf16MmaTest, DecodeTileV41FlashShapes) {
   for (int64_t rows : {1, 2, 8, 16, 32}) check_decode_tile(head, rows, rows == 1);
 }
 
-// ---- prefill's grouped block order against the plain grid order -----------------------------
+// ---- prefill: the wide tile and the grouped block order against the kernel before them -------
 
-// Runs its body with prefill's blocks in plain grid order, restoring the grouped order afterwards.
-class PlainWideOrder {
+// Runs its body on prefill's one-row-group-per-warp kernel (bf16_mma_kernel<4, false, ...>), in
+// grouped or plain block order, restoring the defaults afterwards.
+class RegisterKernelForPrefill {
  public:
-  PlainWideOrder() { cuda::set_bf16_wide_groups(false); }
-  ~PlainWideOrder() { cuda::set_bf16_wide_groups(true); }
-  PlainWideOrder(const PlainWideOrder&) = delete;
-  PlainWideOrder& operator=(const PlainWideOrder&) = delete;
+  explicit RegisterKernelForPrefill(bool grouped_order) {
+    cuda::set_bf16_wide_tile(false);
+    cuda::set_bf16_wide_groups(grouped_order);
+  }
+  ~RegisterKernelForPrefill() {
+    cuda::set_bf16_wide_tile(true);
+    cuda::set_bf16_wide_groups(true);
+  }
+  RegisterKernelForPrefill(const RegisterKernelForPrefill&) = delete;
+  RegisterKernelForPrefill& operator=(const RegisterKernelForPrefill&) = delete;
 };
 
-// Rows [0, rows) of r in grouped and in plain block order: the same bits (with the model's term
-// count and both explicit ones), and the listed rows equal to the same rows computed alone.
-void check_wide_order(const Role& r, int64_t rows, std::initializer_list<int64_t> alone_rows) {
+// Rows [0, rows) of r on the wide tile (the default) and on the register kernel in grouped and
+// in plain block order: the same bits (with the model's term count and both explicit ones), and
+// the listed rows equal to the same rows computed alone (the decode tile).
+void check_prefill(const Role& r, int64_t rows, std::initializer_list<int64_t> alone_rows) {
   const std::string what = r.name + " [" + std::to_string(r.n) + " x " + std::to_string(r.k) +
                            "], " + std::to_string(rows) + " rows";
   for (int terms : {kModelOp, 2, 3}) {
-    const Tensor grouped = run_gpu(r, 0, rows, terms);
-    Tensor plain;
-    {
-      const PlainWideOrder old_order;
-      plain = run_gpu(r, 0, rows, terms);
+    const Tensor tile = run_gpu(r, 0, rows, terms);
+    for (bool grouped_order : {true, false}) {
+      Tensor register_kernel;
+      {
+        const RegisterKernelForPrefill old_path(grouped_order);
+        register_kernel = run_gpu(r, 0, rows, terms);
+      }
+      EXPECT_TRUE(same_bits(tile, register_kernel))
+          << what << ", terms " << terms << ": the wide tile differs from the register kernel in "
+          << (grouped_order ? "grouped" : "plain") << " block order";
     }
-    EXPECT_TRUE(same_bits(grouped, plain))
-        << what << ", terms " << terms << ": the grouped block order changed the bits";
     for (int64_t row : alone_rows) {
-      EXPECT_TRUE(equal_rows(grouped, row, run_gpu(r, row, 1, terms), 0, r.n))
+      EXPECT_TRUE(equal_rows(tile, row, run_gpu(r, row, 1, terms), 0, r.n))
           << what << ", terms " << terms << ": row " << row << " differs when computed alone";
     }
   }
 }
 
-// Prefill-sized calls of small weights: 19 row blocks (two groups of 8 and one of 3) times 29
-// token blocks, and 32 row blocks (four groups) times 17; against the CPU reference too.
-TEST_F(LinearBf16MmaTest, WideOrderSmallShapes) {
+// Prefill-sized calls of small weights (quick under compute-sanitizer): 20 row blocks (the last
+// with one row group, so rows past N; groups of 8, 8 and 4) times 15 64-token blocks, K in 2
+// slices; 32 row blocks times 9, K in 4 slices (the slice totals); 256 row blocks times two
+// 32-token blocks (40 rows: the 32-token tile, tokens past the end). Against the CPU reference.
+TEST_F(LinearBf16MmaTest, WideTileSmallShapes) {
   struct Case {
     int64_t n, k, rows;
   };
-  for (const Case& c : {Case{2432, 64, 900}, Case{4096, 128, 520}}) {
+  for (const Case& c : {Case{2448, 64, 900}, Case{4096, 128, 520}, Case{32768, 64, 40}}) {
     const Role r = make_role("small wide", c.n, c.k, c.k, 0, c.rows, 141);
     const double error = worst_error(reference(r, 0, c.rows), run_gpu(r, 0, c.rows));
-    std::printf("small wide %ld x %ld, %ld rows: worst error %.3g\n", static_cast<long>(c.n),
-                static_cast<long>(c.k), static_cast<long>(c.rows), error);
+    std::printf("small wide %ld x %ld (K in %d slices), %ld rows: worst error %.3g\n",
+                static_cast<long>(c.n), static_cast<long>(c.k),
+                cuda::linear_bf16_mma_k_slices(c.n, c.k), static_cast<long>(c.rows), error);
     EXPECT_LE(error, kTolerance) << c.n << " x " << c.k << ", " << c.rows << " rows";
-    check_wide_order(r, c.rows, {0, 33, c.rows - 1});
+    check_prefill(r, c.rows, {0, 33, c.rows - 1});
   }
 }
 
-// The LM head at 64 and 256 rows (the prefill kernel from 17 rows on): grouped order = plain
-// order, and rows equal the same rows alone (the decode tile, which DecodeTileV41FlashShapes
-// checks against the CPU reference).
-TEST_F(LinearBf16MmaTest, WideOrderLmHead) {
+// The LM head at 64, 100 and 256 rows (the prefill kernels from 17 rows on; 32-token tile at 64,
+// 64-token tile beyond): bits equal to the register kernel's, and rows equal the same rows
+// alone (the decode tile, which DecodeTileV41FlashShapes checks against the CPU reference).
+TEST_F(LinearBf16MmaTest, WideTileLmHead) {
   const Role head = make_lm_head(256, 151);
-  check_wide_order(head, 64, {0, 63});
-  check_wide_order(head, 256, {0, 100, 255});
+  check_prefill(head, 64, {0, 63});
+  check_prefill(head, 100, {0, 99});
+  check_prefill(head, 256, {0, 100, 255});
 }
 
 // Shapes the path does not take: linear_bf16_mma refuses them, ops::cuda::linear runs them on

@@ -17,9 +17,10 @@
 // is 0 + P_0 + P_1 + ... in slice order. Decode spreads a row group's S slices over S warps of
 // one block and adds their partials through shared memory in slice order; prefill runs all S
 // slices in one warp in the same order. Either way each output is the same sequence of
-// operations whatever M, the tile or the other rows. Tensor-core results of one output element
-// depend only on its weight row and token column (the FP8 kernel's bit-exact invariance test on
-// the H200 relies on the same property).
+// operations whatever M, the tile or the other rows. The decode tile and the wide tile below run
+// those same per-output operations with their operands staged in shared memory. Tensor-core results
+// of one output element depend only on its weight row and token column (the FP8 kernel's bit-exact
+// invariance test on the H200 relies on the same property).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -318,6 +319,203 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
   }
 }
 
+// ---- wide tile: prefill's operands shared through shared memory -------------------------------
+//
+// bf16_mma_kernel<4, false, kTerms, true> gives each warp 16 weight rows and 32 tokens: per
+// 32-chunk it loads 3 x 16 bytes of pre-split activation terms per token tile from L1 for 24 MMAs,
+// every warp of the block the same 6 KB, with two chunks in flight and 200 registers (one block
+// of 8 warps per SM): the LM head at batch 256 ran at about 117 TFLOP/s of MMAs, latency- and
+// L1-bound. Here a block stages 128 weight rows and 64 tokens' activation terms per chunk in
+// shared memory (16-byte cp.async, kWideStages chunks in flight) and each warp computes 32 rows x
+// 32 tokens from them: every 16-byte activation read feeds two row groups' MMAs, every weight
+// read four token tiles', half the shared-memory bytes per MMA. (Up to 64 rows the block takes
+// 32 tokens, 16 per warp.) With 3 terms a token's 192 bytes put the quarter-warp's reads
+// (tokens 2i, 2i + 1, quads 0-3) on 8 different 16-byte bank groups: no conflicts.
+//
+// Same bits as that kernel: thread (g, t) reads the same 16 weight bytes (rows g and g + 8 of its
+// row group, K [8t, 8t + 8) of the chunk) and the same pre-split words, chains the same MMAs from
+// zero per chunk, adds them to the slice partial in ascending K and the partials to the total
+// (0 + P_0 + P_1 + ...) at the same slice ends. Only which warp computes which output changes.
+
+// false: prefill takes bf16_mma_kernel<4, false, ...> again (the path before this one).
+constexpr bool kUseWideTile = true;
+
+// Tests switch the wide tile off and on in one process to compare it with bf16_mma_kernel.
+std::atomic<bool> wide_tile_allowed{true};
+
+// kUseWideTile unless DEEPINFER_BF16_WIDE_TILE=0 or set_bf16_wide_tile(false).
+bool wide_tile_enabled() {
+  static const bool by_environment =
+      kUseWideTile && !disabled_by_environment("DEEPINFER_BF16_WIDE_TILE");
+  return by_environment && wide_tile_allowed.load(std::memory_order_relaxed);
+}
+
+constexpr int kWideRows = kWarps * kRowsPerWarp;  // 128: the register kernel's row block
+constexpr int kWideWarpRowGroups = 2;             // 32 rows per warp
+constexpr int kWideRowWarps = kWideRows / (kRowsPerWarp * kWideWarpRowGroups);  // 4
+constexpr int kWideTokenWarps = kWarps / kWideRowWarps;                         // 2
+constexpr int kWideStages = 5;
+constexpr int kWideWeightBytes = kWideRows * kChunkBytes;  // a stage's weights, [row][64 bytes]
+// 32 tokens a block from 17 to 64 rows (16 per warp: no MMA spent on tokens past the end at
+// 32), 64 beyond (32 per warp: each weight read feeds four token tiles).
+constexpr int64_t kWideLargeTokensFrom = 65;
+
+// A stage's activation terms, [token][quad][term] 16-byte words: the pre-split layout of one
+// chunk, token after token.
+template <int kTerms>
+constexpr int kWideTokenBytes = 4 * kTerms * 16;
+template <int kTerms, int kBlockTokens>
+constexpr int kWideStageBytes = kWideWeightBytes + kBlockTokens* kWideTokenBytes<kTerms>;
+template <int kTerms, int kBlockTokens>  // 100 KB with 3 terms and 64 tokens
+constexpr int kWideSmemBytes = kWideStages* kWideStageBytes<kTerms, kBlockTokens>;
+
+// Block: 128 weight rows (the row block of bf16_mma_kernel's prefill, in the same grouped order)
+// times kBlockTokens tokens (grid.y, looped past 65535 blocks); warp w computes rows
+// 32 (w % 4) + [0, 32) and the (w / 4)-th half of the tokens over all of K.
+template <int kTerms, int kBlockTokens>
+__global__ void __launch_bounds__(kThreads, 1) bf16_wide_tile_kernel(Bf16MmaArgs args) {
+  extern __shared__ __align__(128) uint8_t wide_shared[];
+  constexpr int kWideTokens = kBlockTokens;
+  constexpr int kWideWarpTokenTiles = kBlockTokens / (8 * kWideTokenWarps);
+  static_assert(kWideWarpTokenTiles * 8 * kWideTokenWarps == kBlockTokens, "whole token tiles");
+  constexpr int kTokenBytes = kWideTokenBytes<kTerms>;
+  constexpr int kStageBytes = kWideStageBytes<kTerms, kBlockTokens>;
+  constexpr int kWeightPieces = kWideRows * kChunkBytes / 16;
+  constexpr int kTokenPieces = kWideTokens * kTokenBytes / 16;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  int64_t row_block = blockIdx.x;
+  int64_t token_block = blockIdx.y;
+  wide_block_position(args.group_row_blocks, row_block, token_block);
+  const int64_t block_row = row_block * kWideRows;
+  const int warp_row = (warp % kWideRowWarps) * kRowsPerWarp * kWideWarpRowGroups;
+  const int warp_token = (warp / kWideRowWarps) * 8 * kWideWarpTokenTiles;
+  const int chunks = static_cast<int>(args.k / kChunk);
+  const int chunks_per_slice = chunks / args.slices;
+  const int64_t rows = args.x.rows;
+  const uint32_t shared_base = shared_address(wide_shared);
+
+  for (int64_t tile = token_block * kWideTokens; tile < rows;
+       tile += static_cast<int64_t>(gridDim.y) * kWideTokens) {
+    // Rows past n copy the last weight row and tokens past the end the last token (never stored).
+    const auto copy_stage = [&](int chunk, int slot) {
+      const uint32_t stage = shared_base + slot * kStageBytes;
+      for (int piece = threadIdx.x; piece < kWeightPieces; piece += kThreads) {
+        const int row = piece / (kChunkBytes / 16);
+        const int part = piece % (kChunkBytes / 16);
+        const int64_t n = min(block_row + row, args.n - 1);
+        copy_16_async(stage + piece * 16, args.weight + n * args.row_bytes +
+                                              static_cast<int64_t>(chunk) * kChunkBytes +
+                                              part * 16);
+      }
+      for (int piece = threadIdx.x; piece < kTokenPieces; piece += kThreads) {
+        const int token = piece / (kTokenBytes / 16);
+        const int part = piece % (kTokenBytes / 16);
+        const int64_t m = min(tile + token, rows - 1);
+        copy_16_async(stage + kWideWeightBytes + piece * 16,
+                      args.x_split + (m * chunks + chunk) * 4 * kTerms + part);
+      }
+    };
+    // acc: the current slice's partial; total: 0 + P_0 + P_1 + ...
+    float acc[kWideWarpRowGroups][kWideWarpTokenTiles][4] = {};
+    float total[kWideWarpRowGroups][kWideWarpTokenTiles][4] = {};
+    const auto compute_stage = [&](int slot, int chunk) {
+      const uint8_t* stage = wide_shared + slot * kStageBytes;
+      uint32_t a_first[kWideWarpRowGroups][4];
+      uint32_t a_second[kWideWarpRowGroups][4];
+#pragma unroll
+      for (int r = 0; r < kWideWarpRowGroups; ++r) {
+        // bf16_mma_kernel's w_ring words: rows g and g + 8 of the row group, K [8t, 8t + 8).
+        const uint8_t* lo = stage + (warp_row + kRowsPerWarp * r + group) * kChunkBytes + 16 * quad;
+        const uint4 w_row_lo = *reinterpret_cast<const uint4*>(lo);
+        const uint4 w_row_hi = *reinterpret_cast<const uint4*>(lo + 8 * kChunkBytes);
+        a_first[r][0] = w_row_lo.x;
+        a_first[r][1] = w_row_hi.x;
+        a_first[r][2] = w_row_lo.y;
+        a_first[r][3] = w_row_hi.y;
+        a_second[r][0] = w_row_lo.z;
+        a_second[r][1] = w_row_hi.z;
+        a_second[r][2] = w_row_lo.w;
+        a_second[r][3] = w_row_hi.w;
+      }
+#pragma unroll
+      for (int j = 0; j < kWideWarpTokenTiles; ++j) {
+        // Token 8j + g's pre-split words of quad t: the register kernel's x_ring words.
+        const uint4* words = reinterpret_cast<const uint4*>(
+            stage + kWideWeightBytes + (warp_token + 8 * j + group) * kTokenBytes +
+            quad * kTerms * 16);
+        uint4 terms[kTerms];
+#pragma unroll
+        for (int t = 0; t < kTerms; ++t) terms[t] = words[t];
+#pragma unroll
+        for (int r = 0; r < kWideWarpRowGroups; ++r) {
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first[r], terms[t].x, terms[t].y, d);
+#pragma unroll
+          for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_second[r], terms[t].z, terms[t].w, d);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[r][j][i] += d[i];
+        }
+      }
+      if ((chunk + 1) % chunks_per_slice == 0) {
+#pragma unroll
+        for (int r = 0; r < kWideWarpRowGroups; ++r) {
+#pragma unroll
+          for (int j = 0; j < kWideWarpTokenTiles; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              total[r][j][i] += acc[r][j][i];
+              acc[r][j][i] = 0.0f;
+            }
+          }
+        }
+      }
+    };
+    run_stage_pipeline<kWideStages>(
+        chunks, true, copy_stage, [](int) { return 0u; }, [](uint32_t, int) {}, compute_stage);
+    __syncthreads();  // every warp is done with the slots before the next token tile's copies
+#pragma unroll
+    for (int r = 0; r < kWideWarpRowGroups; ++r) {
+      const int64_t n_base = block_row + warp_row + kRowsPerWarp * r;
+      if (n_base >= args.n) continue;
+      const int64_t n = n_base + group;
+#pragma unroll
+      for (int j = 0; j < kWideWarpTokenTiles; ++j) {
+        // d[0], d[1]: weight row g, tokens 2t and 2t + 1; d[2], d[3]: row g + 8, same tokens.
+        const int64_t token = tile + warp_token + 8 * j + 2 * quad;
+        if (token < rows) {
+          args.out.row(token)[n] = total[r][j][0];
+          args.out.row(token)[n + 8] = total[r][j][2];
+        }
+        if (token + 1 < rows) {
+          args.out.row(token + 1)[n] = total[r][j][1];
+          args.out.row(token + 1)[n + 8] = total[r][j][3];
+        }
+      }
+    }
+  }
+}
+
+// One wide tile launch; the first of each instance allows its dynamic shared memory.
+template <int kTerms, int kBlockTokens>
+void launch_wide_tile(const Bf16MmaArgs& args, int64_t row_groups, int64_t rows,
+                      cudaStream_t stream) {
+  constexpr auto kernel = bf16_wide_tile_kernel<kTerms, kBlockTokens>;
+  constexpr int kSmemBytes = kWideSmemBytes<kTerms, kBlockTokens>;
+  static const bool allowed = [] {
+    DI_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)allowed;
+  const dim3 grid(blocks_for(row_groups, kWarps), std::min(blocks_for(rows, kBlockTokens), 65535u));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
+  DI_CUDA_LAUNCHED(bf16_wide_tile_kernel);
+}
+
 // ---- decode tile: the weight rows through shared memory ---------------------------------------
 //
 // bf16_mma_kernel's decode instances take their weights straight into a register ring: per chunk
@@ -612,7 +810,13 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
       run_decode(bf16_mma_kernel<4, true, kTerms, false>, launch_decode_tile<4, kTerms, false>, 32);
     }
   } else if (wide) {
-    run(bf16_mma_kernel<4, false, kTerms, true>, 32, kWarps);
+    if (!wide_tile_enabled()) {
+      run(bf16_mma_kernel<4, false, kTerms, true>, 32, kWarps);
+    } else if (x.rows >= kWideLargeTokensFrom) {
+      launch_wide_tile<kTerms, 64>(args, row_groups, x.rows, stream);
+    } else {
+      launch_wide_tile<kTerms, 32>(args, row_groups, x.rows, stream);
+    }
   } else {
     run_decode(bf16_mma_kernel<4, true, kTerms, true>, launch_decode_tile<4, kTerms, true>, 32);
   }
@@ -664,6 +868,10 @@ void linear_bf16_mma(const TensorView& x, const LinearWeight& weight, const Tens
 
 void set_bf16_decode_tile(bool enabled) {
   decode_tile_allowed.store(enabled, std::memory_order_relaxed);
+}
+
+void set_bf16_wide_tile(bool enabled) {
+  wide_tile_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 void set_bf16_wide_groups(bool enabled) {

@@ -40,6 +40,12 @@ int linear_bf16_mma_activation_terms();
 // the calls that follow (same bits; tests compare the two), true returns to the default.
 void set_bf16_decode_tile(bool enabled);
 
+// Prefill calls (all K slices in one warp) stage 128 weight rows and 32 or 64 tokens' activation
+// terms per K chunk in shared memory, each warp computing 32 rows x 16 or 32 tokens (the wide
+// tile), unless DEEPINFER_BF16_WIDE_TILE=0; false takes the one-row-group-per-warp kernel before
+// it for the calls that follow (same bits; tests compare the two), true returns to the default.
+void set_bf16_wide_tile(bool enabled);
+
 // Prefill calls (all K slices in one warp) order their blocks in groups of row blocks, each group
 // running all its token blocks back to back (weights served from L2), unless
 // DEEPINFER_BF16_WIDE_GROUPS=0; false takes the plain grid order for the calls that follow (same
