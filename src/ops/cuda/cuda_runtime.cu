@@ -73,6 +73,12 @@ class PinnedStaging {
       ring_ = static_cast<std::byte*>(ring);
     }
     const size_t length = (bytes + 255) / 256 * 256;
+    // Copies that are done give their events back (else the deque would hold one per upload
+    // until the ring wraps, creating an event for each).
+    while (!in_flight_.empty() && cudaEventQuery(in_flight_.front().done) == cudaSuccess) {
+      spare_events_.push_back(in_flight_.front().done);
+      in_flight_.pop_front();
+    }
     if (head_ + length > kCapacity) head_ = 0;
     // Regions are handed out in ring order, so the oldest copy in flight is the first one the
     // new region can overlap.
