@@ -75,7 +75,13 @@ class PinnedStaging {
     const size_t length = (bytes + 255) / 256 * 256;
     // Copies that are done give their events back (else the deque would hold one per upload
     // until the ring wraps, creating an event for each).
-    while (!in_flight_.empty() && cudaEventQuery(in_flight_.front().done) == cudaSuccess) {
+    while (!in_flight_.empty()) {
+      const cudaError_t state = cudaEventQuery(in_flight_.front().done);
+      if (state == cudaErrorNotReady) {
+        cudaGetLastError();  // "not ready" is no error: keep it from the next launch check
+        break;
+      }
+      DI_CUDA_CHECK(state);
       spare_events_.push_back(in_flight_.front().done);
       in_flight_.pop_front();
     }
