@@ -62,8 +62,7 @@ std::string demangled(const char* name) {
   char* plain = abi::__cxa_demangle(name, nullptr, nullptr, &status);
   std::string result = status == 0 && plain != nullptr ? plain : name;
   std::free(plain);
-  // Template arguments make names long; the kernel's own name and its first arguments suffice.
-  if (result.size() > 110) result = result.substr(0, 107) + "...";
+  // Whole: kernels of one name in different namespaces differ only in their argument types.
   return result;
 }
 

@@ -707,7 +707,7 @@ Json traced(const char* label, Step&& step) {
   int shown = 0;
   for (const Json& kernel : summary["kernels"]) {
     if (shown++ == 8) break;
-    progress("  %8.1f us %5lld x  %s", kernel["total_us"].get<double>(),
+    progress("  %8.1f us %5lld x  %.110s", kernel["total_us"].get<double>(),
              kernel["count"].get<long long>(), kernel["name"].get<std::string>().c_str());
   }
   return summary;
