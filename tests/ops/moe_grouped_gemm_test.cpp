@@ -619,25 +619,40 @@ struct RegisterKernelForDecode {
   RegisterKernelForDecode& operator=(const RegisterKernelForDecode&) = delete;
 };
 
-// The same call through the decode tile and through the register kernel must give the same bits
-// in every element, the unwritten (NaN sentinel) ones included.
+// Takes one decode tile variant for its lifetime, the environment's (or the default) after, also
+// when a call throws.
+struct DecodeTileVariant {
+  explicit DecodeTileVariant(int variant) { cuda::set_moe_decode_tile_variant(variant); }
+  ~DecodeTileVariant() { cuda::set_moe_decode_tile_variant(-1); }
+  DecodeTileVariant(const DecodeTileVariant&) = delete;
+  DecodeTileVariant& operator=(const DecodeTileVariant&) = delete;
+};
+
+// The same call through every decode tile variant and through the register kernel must give the
+// same bits in every element, the unwritten (NaN sentinel) ones included.
 void expect_decode_tile_bits(const std::function<Tensor()>& call, const std::string& what) {
-  const Tensor tile = call();
   Tensor before;
   {
     const RegisterKernelForDecode register_kernel;
     before = call();
   }
-  const int64_t count = tile.numel();
-  int64_t first_difference = -1;
-  for (int64_t i = 0; i < count && first_difference < 0; ++i) {
-    if (std::memcmp(tile.data<float>() + i, before.data<float>() + i, sizeof(float)) != 0) {
-      first_difference = i;
+  const int64_t count = before.numel();
+  for (int variant = 0; variant < cuda::moe_decode_tile_variants(); ++variant) {
+    Tensor tile;
+    {
+      const DecodeTileVariant chosen(variant);
+      tile = call();
     }
+    int64_t first_difference = -1;
+    for (int64_t i = 0; i < count && first_difference < 0; ++i) {
+      if (std::memcmp(tile.data<float>() + i, before.data<float>() + i, sizeof(float)) != 0) {
+        first_difference = i;
+      }
+    }
+    EXPECT_EQ(first_difference, -1)
+        << what << ": decode tile variant " << variant
+        << " differs from the register kernel at element " << first_difference;
   }
-  EXPECT_EQ(first_difference, -1)
-      << what << ": the decode tile differs from the register kernel at element "
-      << first_difference;
 }
 
 TEST_F(MoeGroupedGemmTest, DecodeTileSmallShapes) {
@@ -655,6 +670,13 @@ TEST_F(MoeGroupedGemmTest, DecodeTileSmallShapes) {
       {4, 64, 1280, {17, 2, 0, 8}, 1, 221, "decode tile 4 experts 64x1280"},
       // One group of 13 rows: the token tiles spread over grid.z.
       {1, 32, 256, {13}, 0, 231, "decode tile one group 32x256"},
+      // K = 2048 (8 chunks, more than any variant's stages): the variants with 2 items per block
+      // chain a warp's passes, a hot expert's 16- and 8-token passes and the next item's; N = 80
+      // leaves warps of the second item without rows (they stop after the first).
+      {3, 80, 2048, {17, 1, 5}, 1, 233, "decode tile chained passes 80x2048"},
+      {3, 256, 2048, {17, 0, 5}, 0, 235, "decode tile chained passes 256x2048"},
+      // One group over grid.z, each z's passes chained across items.
+      {1, 128, 2048, {21}, 0, 237, "decode tile one group chained 128x2048"},
   };
   for (const auto& c : cases) {
     const Problem p = make_problem(c.experts, c.n, c.k, c.counts, c.extra_rows, c.seed);
@@ -686,6 +708,22 @@ TEST_F(MoeGroupedGemmTest, DecodeTileSmallShapes) {
   const DeviceProblem d(p);
   expect_decode_tile_bits([&] { return call_gpu(d, p.n, p.offsets, 0, p.x.view().size(0)); },
                           "decode tile sparse experts 32x768");
+  // The expert search: 70 groups (spans of 3, the last lane's partly past the end) with rows in
+  // the first, a middle and the last group; 600 groups (more than the one-round search covers:
+  // the 32-at-a-time walk).
+  for (const int64_t experts : {int64_t{70}, int64_t{600}}) {
+    std::vector<int32_t> counts(static_cast<size_t>(experts), 0);
+    counts.front() = 2;
+    counts[static_cast<size_t>(experts / 2)] = 1;
+    counts.back() = 3;
+    const Problem q =
+        make_problem(experts, 16, 256, counts, 0, static_cast<uint32_t>(250 + experts));
+    const std::string what = "decode tile expert search, " + std::to_string(experts) + " experts";
+    check_against_reference(q, what);
+    const DeviceProblem dq(q);
+    expect_decode_tile_bits([&] { return call_gpu(dq, q.n, q.offsets, 0, q.x.view().size(0)); },
+                            what);
+  }
 }
 
 // The model's fused expert sequence (w1 and w3 in one launch, then w2) through the decode tile

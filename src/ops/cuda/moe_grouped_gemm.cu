@@ -713,26 +713,141 @@ bool decode_tiles_enabled() {
   return by_environment && decode_tiles_allowed.load(std::memory_order_relaxed);
 }
 
-constexpr int kDecodeStages = 4;
+// The decode tile's shape, chosen at run time (every variant gives the same bits: they change
+// only how many chunks are in flight, the register budget and which tokens share a pass):
+//  - kStages: shared-memory slots per warp, kStages - 1 chunks (2 KB each) in flight;
+//  - kMinBlocks: __launch_bounds__' blocks per SM (registers capped to fit them);
+//  - kMaxTokenTiles: 8-token MMA tiles per pass over the weights (1: 8-token passes only, fewer
+//    registers; 2: a 16-token pass while more than 8 tokens remain);
+//  - kItemsPerBlock: grid.x items (64 weight rows of one table) each block takes, x and
+//    x + gridDim.x, ...: a warp's passes chain (the next one's first chunks are copied while this
+//    one drains), so a block's start (expert search, pointers, the first copies' latency) and
+//    its pipeline drain are paid once per kItemsPerBlock items.
 // 32-token passes would serve hot experts in fewer passes but took the kernel from 126 to 166
 // registers (3 blocks per SM instead of 4) for every pass; decode experts rarely see 16 tokens.
-constexpr int kDecodeMaxTokenTiles = 2;                             // 8-token MMA tiles per pass
-constexpr int kDecodeRowBytes = kChunk / 2;                         // one row's 8 fp4 32-blocks
-constexpr int kDecodePieces = kRowsPerWarp * kDecodeRowBytes / 16;  // 16-byte copies per chunk
-constexpr int kDecodeWeightBytes = kRowsPerWarp * kDecodeRowBytes;
-constexpr int kDecodeScaleCodeBytes = kRowsPerWarp * kBlocksPerChunk;  // [row][block] ue8m0
-constexpr int kDecodeStageBytes = kDecodeWeightBytes + kDecodeScaleCodeBytes;
-// Per warp, after the stages: the current chunk's scales as floats, the weights' [row][block]
-// (fp4 rescale folded in) and the tokens' [block][token].
-constexpr int kDecodeWeightScaleOffset = kDecodeStages * kDecodeStageBytes;
-constexpr int kDecodeTokenScaleOffset =
-    kDecodeWeightScaleOffset + kRowsPerWarp * kBlocksPerChunk * 4;
-constexpr int kDecodeWarpBytes =
-    kDecodeTokenScaleOffset + kBlocksPerChunk * 8 * kDecodeMaxTokenTiles * 4;
-static_assert(kDecodeStageBytes % 128 == 0 && kDecodeWarpBytes % 128 == 0,
-              "each stage's rows start on 128 bytes, where the swizzle below is conflict-free");
-static_assert(kDecodePieces % 32 == 0, "each lane copies the same number of 16-byte pieces");
-static_assert(kWarps * kDecodeWarpBytes <= 48 * 1024, "static shared memory");
+template <int kStages_, int kMinBlocks_, int kMaxTokenTiles_, int kItemsPerBlock_ = 1>
+struct DecodeShape {
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kMaxTokenTiles = kMaxTokenTiles_;
+  static constexpr int kItemsPerBlock = kItemsPerBlock_;
+  static constexpr int kRowBytes = kChunk / 2;                   // one row's 8 fp4 32-blocks
+  static constexpr int kPieces = kRowsPerWarp * kRowBytes / 16;  // 16-byte copies per chunk
+  static constexpr int kWeightBytes = kRowsPerWarp * kRowBytes;
+  static constexpr int kScaleCodeBytes = kRowsPerWarp * kBlocksPerChunk;  // [row][block] ue8m0
+  static constexpr int kStageBytes = kWeightBytes + kScaleCodeBytes;
+  // Per warp, after the stages: the current chunk's scales as floats, the weights' [row][block]
+  // (fp4 rescale folded in) and the tokens' [block][token].
+  static constexpr int kWeightScaleOffset = kStages * kStageBytes;
+  static constexpr int kTokenScaleOffset = kWeightScaleOffset + kRowsPerWarp * kBlocksPerChunk * 4;
+  static constexpr int kWarpBytes = kTokenScaleOffset + kBlocksPerChunk * 8 * kMaxTokenTiles * 4;
+  static_assert(kStages >= 2, "a chunk in flight while one is read");
+  static_assert(kStageBytes % 128 == 0 && kWarpBytes % 128 == 0,
+                "each stage's rows start on 128 bytes, where the swizzle below is conflict-free");
+  static_assert(kPieces % 32 == 0, "each lane copies the same number of 16-byte pieces");
+  // Dynamic shared memory; kMinBlocks blocks (each with the 1 KB the system reserves) fit the
+  // SM's 228 KB.
+  static constexpr int kBlockBytes = kWarps * kWarpBytes;
+  static_assert(kMinBlocks * (kBlockBytes + 1024) <= 228 * 1024, "kMinBlocks blocks per SM");
+};
+
+// The run-time variants, DEEPINFER_MOE_DECODE_VARIANT=<index> (see decode_variant()). Registers
+// (sm_90a, no spills) and what each SM holds:
+//  0: 4 stages, 16-token passes, 4 blocks per SM (128 registers): ffeb5aa / a1989dc's kernel,
+//     3 chunks in flight per warp, 96 KB per SM;
+//  1: 5 stages, the same occupancy (127 registers, 47.6 KB per block): 128 KB in flight per SM;
+//  2: 4 stages, registers capped for 5 blocks per SM (96 registers): 120 KB in flight per SM and
+//     20 warps instead of 16 to hide each warp's per-chunk latency chain (shared-memory scale
+//     tables, ldmatrix, MMA) and to issue the ~340 instructions a 2 KB chunk costs;
+//  3: variant 2 with 8-token passes only (hot experts take twice the passes);
+//  4: 6 stages, 4 blocks per SM (55 KB per block, the SM's shared memory nearly all taken):
+//     160 KB in flight per SM;
+//  5: 8 stages, 3 blocks per SM (72 KB per block): 168 KB in flight from 12 warps;
+//  6: variant 3 with 2 items per block (half the blocks, each warp's passes chained);
+//  7: variant 4 with 2 items per block;
+//  8: variant 1 with 2 items per block.
+using DecodeShape0 = DecodeShape<4, 4, 2>;
+using DecodeShape1 = DecodeShape<5, 4, 2>;
+using DecodeShape2 = DecodeShape<4, 5, 2>;
+using DecodeShape3 = DecodeShape<4, 5, 1>;
+using DecodeShape4 = DecodeShape<6, 4, 2>;
+using DecodeShape5 = DecodeShape<8, 3, 2>;
+using DecodeShape6 = DecodeShape<4, 5, 1, 2>;
+using DecodeShape7 = DecodeShape<6, 4, 2, 2>;
+using DecodeShape8 = DecodeShape<5, 4, 2, 2>;
+constexpr int kDecodeVariants = 9;
+// The variant when the environment names none (a guess before any GPU measurement): the most in
+// flight at 4 blocks per SM, and half the block starts and pipeline drains.
+constexpr int kDefaultDecodeVariant = 7;
+
+// -1: the environment's (or the default) variant; else the one a test set.
+std::atomic<int> decode_variant_override{-1};
+
+int decode_variant() {
+  static const int by_environment = [] {
+    const char* setting = std::getenv("DEEPINFER_MOE_DECODE_VARIANT");
+    if (setting == nullptr || *setting == '\0') return kDefaultDecodeVariant;
+    const int chosen = std::atoi(setting);
+    return chosen >= 0 && chosen < kDecodeVariants ? chosen : kDefaultDecodeVariant;
+  }();
+  const int forced = decode_variant_override.load(std::memory_order_relaxed);
+  return forced >= 0 ? forced : by_environment;
+}
+
+// false: each block finds its expert with nth_nonempty_group's 32-groups-per-round walk (up to 12
+// dependent rounds of loads over 384 experts before the block's first weight copy).
+constexpr bool kDecodeOneRoundExpertScan = true;
+
+// kDecodeOneRoundExpertScan unless DEEPINFER_MOE_DECODE_SCAN=0.
+bool decode_one_round_scan_enabled() {
+  static const bool enabled =
+      kDecodeOneRoundExpertScan && !disabled_by_environment("DEEPINFER_MOE_DECODE_SCAN");
+  return enabled;
+}
+
+// nth_nonempty_group's answer in one round of loads: lane l loads the offsets of its own
+// contiguous span of groups (independent loads, one memory latency instead of one per 32
+// groups), a warp scan of the per-lane counts names the lane holding the n-th group with rows,
+// and that lane walks its span in registers. More than 32 * kScanMaxSpan groups: the walk.
+constexpr int kScanMaxSpan = 16;
+__device__ int nth_nonempty_group_one_round(const int32_t* offsets, int64_t groups, int64_t rows,
+                                            int n) {
+  if (groups > 32 * kScanMaxSpan) return nth_nonempty_group(offsets, groups, rows, n);
+  const int lane = threadIdx.x & 31;
+  const int span = static_cast<int>((groups + 31) / 32);
+  const int begin = lane * span;
+  const int last_group = static_cast<int>(groups);
+  int bounds[kScanMaxSpan + 1];
+#pragma unroll
+  for (int i = 0; i <= kScanMaxSpan; ++i) {
+    // Past the last group every bound is offsets[groups]: no group there has rows.
+    bounds[i] = i <= span ? clamp_offset(offsets[min(begin + i, last_group)], rows) : 0;
+  }
+  int mine = 0;
+#pragma unroll
+  for (int i = 0; i < kScanMaxSpan; ++i) mine += i < span && bounds[i + 1] > bounds[i] ? 1 : 0;
+  int inclusive = mine;
+#pragma unroll
+  for (int delta = 1; delta < 32; delta <<= 1) {
+    const int below = __shfl_up_sync(0xffffffffu, inclusive, delta);
+    if (lane >= delta) inclusive += below;
+  }
+  const unsigned holders = __ballot_sync(0xffffffffu, n < inclusive);
+  if (holders == 0) return -1;
+  const int holder = __ffs(holders) - 1;
+  int found = -1;
+  if (lane == holder) {
+    int skip = n - (inclusive - mine);
+#pragma unroll
+    for (int i = 0; i < kScanMaxSpan; ++i) {
+      if (i < span && bounds[i + 1] > bounds[i]) {
+        if (skip == 0 && found < 0) found = begin + i;
+        --skip;
+      }
+    }
+  }
+  return __shfl_sync(0xffffffffu, found, holder);
+}
 
 // 8 bytes global -> shared (a chunk's 8 scale codes of one row).
 __device__ __forceinline__ void copy_8_async(uint32_t shared, const void* global) {
@@ -758,10 +873,26 @@ struct DecodeStripe {
 // and are never stored) times the stripe's weights, all of K: one pass over the weights.
 // Chunk c lives in slot c % kDecodeStages; weight row r's 16-byte piece p of a chunk at piece
 // p ^ (r % 8), so the 8 rows of one ldmatrix matrix (the same piece) hit 8 different bank groups.
-template <int kTokenTiles>
+//
+// Passes chain (Shape::kItemsPerBlock > 1 or several passes over one stripe): prefetch_next, the
+// last kStages - 1 iterations copy the next pass's chunks [0, kStages - 1) into the slots after
+// this pass's (slot_base + chunks), so that pass starts with them in flight (`prefetched`: skip
+// the prologue) instead of draining the pipeline here and filling it again there. Needs
+// chunks >= kStages - 1 (the caller checks). The copies are the same bytes into the same layout,
+// so the bits do not change.
+template <typename Shape, int kTokenTiles>
 __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const DecodeStripe& stripe,
-                                            int tile, uint8_t* warp_shared) {
-  static_assert(kTokenTiles <= kDecodeMaxTokenTiles, "the token scale table's size");
+                                            int tile, uint8_t* warp_shared, int slot_base,
+                                            bool prefetched, const DecodeStripe& next,
+                                            bool prefetch_next) {
+  static_assert(kTokenTiles <= Shape::kMaxTokenTiles, "the token scale table's size");
+  constexpr int kDecodeStages = Shape::kStages;
+  constexpr int kDecodeRowBytes = Shape::kRowBytes;
+  constexpr int kDecodePieces = Shape::kPieces;
+  constexpr int kDecodeWeightBytes = Shape::kWeightBytes;
+  constexpr int kDecodeStageBytes = Shape::kStageBytes;
+  constexpr int kDecodeWeightScaleOffset = Shape::kWeightScaleOffset;
+  constexpr int kDecodeTokenScaleOffset = Shape::kTokenScaleOffset;
   constexpr int kTokens = 8 * kTokenTiles;
   const int lane = threadIdx.x & 31;
   const int group = lane >> 2;  // MMA row (weights) / column (tokens) of this thread
@@ -790,20 +921,20 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
         (first + min(tile + e % kTokens, count - 1)) * k_blocks + 4 * (e / kTokens);
   }
 
-  const auto copy_chunk = [&](int chunk, int slot) {
+  const auto copy_chunk = [&](const DecodeStripe& rows, int chunk, int slot) {
     uint8_t* stage = warp_shared + slot * kDecodeStageBytes;
 #pragma unroll
     for (int i = 0; i < kDecodePieces / 32; ++i) {
       const int piece = lane + 32 * i;
       const int row = piece / (kDecodeRowBytes / 16);
       const int p = piece % (kDecodeRowBytes / 16);
-      copy_16_async(shared_address(stage + row * kDecodeRowBytes + ((p ^ (row & 7)) << 4)),
-                    stripe.weight + row * w_row_bytes +
-                        static_cast<int64_t>(chunk) * kDecodeRowBytes + p * 16);
+      copy_16_async(
+          shared_address(stage + row * kDecodeRowBytes + ((p ^ (row & 7)) << 4)),
+          rows.weight + row * w_row_bytes + static_cast<int64_t>(chunk) * kDecodeRowBytes + p * 16);
     }
     if (lane < kRowsPerWarp) {
       copy_8_async(shared_address(stage + kDecodeWeightBytes + lane * kBlocksPerChunk),
-                   stripe.scales + lane * k_blocks + static_cast<int64_t>(chunk) * kBlocksPerChunk);
+                   rows.scales + lane * k_blocks + static_cast<int64_t>(chunk) * kBlocksPerChunk);
     }
   };
 
@@ -818,10 +949,12 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
 
   float acc[kTokenTiles][4] = {};
   __syncwarp();  // every lane is done with the slots and tables of the previous pass
+  if (!prefetched) {
 #pragma unroll
-  for (int s = 0; s < kDecodeStages - 1; ++s) {
-    if (s < chunks) copy_chunk(s, s);
-    commit_copies();
+    for (int s = 0; s < kDecodeStages - 1; ++s) {
+      if (s < chunks) copy_chunk(stripe, s, (slot_base + s) % kDecodeStages);
+      commit_copies();
+    }
   }
   for (int chunk = 0; chunk < chunks; ++chunk) {
     // Issued before the wait: the load's latency hides behind it.
@@ -837,9 +970,13 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
     wait_copies<kDecodeStages - 2>();
     __syncwarp();  // chunk `chunk` is in; every lane is done with the slot `ahead` reuses
     const int ahead = chunk + kDecodeStages - 1;
-    if (ahead < chunks) copy_chunk(ahead, ahead % kDecodeStages);
+    if (ahead < chunks) {
+      copy_chunk(stripe, ahead, (slot_base + ahead) % kDecodeStages);
+    } else if (prefetch_next) {
+      copy_chunk(next, ahead - chunks, (slot_base + ahead) % kDecodeStages);
+    }
     commit_copies();
-    const uint8_t* stage = warp_shared + (chunk % kDecodeStages) * kDecodeStageBytes;
+    const uint8_t* stage = warp_shared + ((slot_base + chunk) % kDecodeStages) * kDecodeStageBytes;
     {
       // Lane l decodes row l / 2's codes [4 (l % 2), +4) and its tokens' words.
       const uint32_t codes =
@@ -918,62 +1055,133 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
   }
 }
 
-// mma_gemm_kernel<false, 1>'s grid and work split (block: 64 weight rows, y: expert or the y-th
-// expert with rows, z: token tiles of one group), fp4 weights only; each warp's 16 rows stream
-// through its own shared-memory slots. With grid.z == 1 a warp takes its expert's tokens 16 at a
-// time while more than 8 are left, so one pass over the weights serves them.
-__global__ void __launch_bounds__(kWarps * 32) decode_tile_kernel(GroupedArgs args) {
-  __shared__ __align__(128) uint8_t shared[kWarps * kDecodeWarpBytes];
+// mma_gemm_kernel<false, 1>'s grid and work split (an item: 64 weight rows of one table, grid.x
+// walks items; y: expert or the y-th expert with rows, z: token tiles of one group), fp4 weights
+// only; each warp's 16 rows stream through its own shared-memory slots. With grid.z == 1 a warp
+// takes its expert's tokens 16 at a time while more than 8 are left, so one pass over the weights
+// serves them. A block takes items blockIdx.x + i gridDim.x, i < Shape::kItemsPerBlock (of
+// `items`), one expert's; a warp's passes over them chain (decode_pass).
+// Shape: a DecodeShape.
+template <typename Shape>
+__global__ void __launch_bounds__(kWarps * 32, Shape::kMinBlocks)
+    decode_tile_kernel(GroupedArgs args, int64_t items, bool one_round_scan) {
+  extern __shared__ __align__(128) uint8_t shared[];  // Shape::kBlockBytes
   int expert = blockIdx.y;
   if (args.offsets != nullptr && gridDim.y < args.groups) {
-    expert = nth_nonempty_group(args.offsets, args.groups, args.rows, blockIdx.y);
+    expert = one_round_scan
+                 ? nth_nonempty_group_one_round(args.offsets, args.groups, args.rows, blockIdx.y)
+                 : nth_nonempty_group(args.offsets, args.groups, args.rows, blockIdx.y);
     if (expert < 0) return;
   }
-  DecodeStripe stripe;
+  int first = 0;
   int last = static_cast<int>(args.rows);
   if (args.offsets != nullptr) {
-    stripe.first = clamp_offset(args.offsets[expert], args.rows);
-    last = max(stripe.first, clamp_offset(args.offsets[expert + 1], args.rows));
+    first = clamp_offset(args.offsets[expert], args.rows);
+    last = max(first, clamp_offset(args.offsets[expert + 1], args.rows));
   }
-  stripe.count = last - stripe.first;
-  int64_t row_block = blockIdx.x;
-  const DeviceWeight* experts = args.experts;
-  stripe.out = args.out;
-  const int64_t row_blocks = (args.n + kRowsPerBlock - 1) / kRowsPerBlock;
-  if (args.second_out != nullptr && row_block >= row_blocks) {
-    row_block -= row_blocks;
-    experts = args.second_experts;
-    stripe.out = args.second_out;
-  }
+  const int count = last - first;
+  // An 8-token pass's first tile and stride (grid.z > 1: token tiles spread over z).
+  const int tile_start = gridDim.z == 1 ? 0 : static_cast<int>(blockIdx.z) * 8;
+  const int narrow_step = gridDim.z == 1 ? 8 : static_cast<int>(gridDim.z) * 8;
+  if (tile_start >= count) return;
   const int warp = static_cast<int>(threadIdx.x / 32);
-  stripe.n_base = row_block * kRowsPerBlock + warp * kRowsPerWarp;
-  if (stripe.count == 0 || stripe.n_base >= args.n) return;
   const int64_t k_blocks = args.k / kScaleBlock;
   const int64_t w_row_bytes = args.k / 2;
-  if (experts != nullptr) {
-    stripe.weight = experts[expert].bytes + stripe.n_base * w_row_bytes;
-    stripe.scales = experts[expert].scale + stripe.n_base * k_blocks;
-  } else {
-    const int64_t w_row = expert * args.n + stripe.n_base;
-    stripe.weight = args.weight + w_row * w_row_bytes;
-    stripe.scales = args.w_scales + w_row * k_blocks;
-  }
-  uint8_t* warp_shared = shared + warp * kDecodeWarpBytes;
-  if (gridDim.z == 1) {
-    for (int tile = 0; tile < stripe.count;) {
-      if (stripe.count - tile > 8) {
-        decode_pass<2>(args, stripe, tile, warp_shared);
-        tile += 16;
-      } else {
-        decode_pass<1>(args, stripe, tile, warp_shared);
-        tile += 8;
-      }
+  const int64_t row_blocks = (args.n + kRowsPerBlock - 1) / kRowsPerBlock;
+  // This warp's stripe of the block's i-th item; weight stays null past the items or N.
+  const auto stripe_of = [&](int i) {
+    DecodeStripe stripe;
+    stripe.first = first;
+    stripe.count = count;
+    int64_t row_block = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
+    if (row_block >= items) return stripe;
+    const DeviceWeight* experts = args.experts;
+    stripe.out = args.out;
+    if (args.second_out != nullptr && row_block >= row_blocks) {
+      row_block -= row_blocks;
+      experts = args.second_experts;
+      stripe.out = args.second_out;
     }
-  } else {
-    for (int tile = blockIdx.z * 8; tile < stripe.count; tile += gridDim.z * 8) {
-      decode_pass<1>(args, stripe, tile, warp_shared);
+    stripe.n_base = row_block * kRowsPerBlock + warp * kRowsPerWarp;
+    if (stripe.n_base >= args.n) return stripe;
+    if (experts != nullptr) {
+      stripe.weight = experts[expert].bytes + stripe.n_base * w_row_bytes;
+      stripe.scales = experts[expert].scale + stripe.n_base * k_blocks;
+    } else {
+      const int64_t w_row = expert * args.n + stripe.n_base;
+      stripe.weight = args.weight + w_row * w_row_bytes;
+      stripe.scales = args.w_scales + w_row * k_blocks;
     }
+    return stripe;
+  };
+  // The first of items [i, kItemsPerBlock) this warp has rows in (kItemsPerBlock: none).
+  const auto first_item_from = [&](int i) {
+    for (; i < Shape::kItemsPerBlock; ++i) {
+      int64_t row_block = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
+      if (row_block >= items) return Shape::kItemsPerBlock;
+      if (args.second_out != nullptr && row_block >= row_blocks) row_block -= row_blocks;
+      if (row_block * kRowsPerBlock + warp * kRowsPerWarp < args.n) break;
+    }
+    return i;
+  };
+  int item = first_item_from(0);
+  if (item == Shape::kItemsPerBlock) return;
+  DecodeStripe stripe = stripe_of(item);
+  uint8_t* warp_shared = shared + warp * Shape::kWarpBytes;
+  constexpr int kWideTiles = Shape::kMaxTokenTiles;  // 1 or 2
+  static_assert(kWideTiles == 1 || kWideTiles == 2, "8- or 16-token passes");
+  // A pass prefetches the next one's first chunks only when it has that many to overlap. With
+  // one item per block the chain (of a hot expert's passes only) would not pay for its registers.
+  const int chunks = static_cast<int>(args.k / kChunk);
+  const bool chain = Shape::kItemsPerBlock > 1 && chunks >= Shape::kStages - 1;
+  int tile = tile_start;
+  int slot_base = 0;
+  bool prefetched = false;
+  for (;;) {
+    const bool wide = kWideTiles == 2 && gridDim.z == 1 && count - tile > 8;
+    // The pass after this one: the stripe's next tokens, else the next item's first.
+    int next_tile = tile + (wide ? 16 : narrow_step);
+    int next_item = item;
+    if (next_tile >= count) {
+      next_item = first_item_from(item + 1);
+      next_tile = tile_start;
+    }
+    const bool has_next = next_item < Shape::kItemsPerBlock;
+    const bool prefetch = chain && has_next;
+    // Only its weight and scale rows are read (copied ahead).
+    DecodeStripe ahead = stripe;
+    if (prefetch && next_item != item) ahead = stripe_of(next_item);
+    if (wide) {
+      decode_pass<Shape, kWideTiles>(args, stripe, tile, warp_shared, slot_base, prefetched, ahead,
+                                     prefetch);
+    } else {
+      decode_pass<Shape, 1>(args, stripe, tile, warp_shared, slot_base, prefetched, ahead,
+                            prefetch);
+    }
+    if (!has_next) break;
+    prefetched = prefetch;
+    slot_base = prefetched ? (slot_base + chunks) % Shape::kStages : 0;
+    if (next_item != item) stripe = stripe_of(next_item);
+    tile = next_tile;
+    item = next_item;
   }
+}
+
+// grid: one block per item (x), expert (y) and token tile (z), as mma_gemm_kernel's.
+template <typename Shape>
+void launch_decode_tiles(dim3 grid, cudaStream_t stream, const GroupedArgs& args,
+                         bool one_round_scan) {
+  static const bool configured = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_tile_kernel<Shape>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Shape::kBlockBytes));
+    return true;
+  }();
+  (void)configured;
+  const int64_t items = grid.x;
+  grid.x = static_cast<unsigned>((items + Shape::kItemsPerBlock - 1) / Shape::kItemsPerBlock);
+  decode_tile_kernel<Shape>
+      <<<grid, kWarps * 32, Shape::kBlockBytes, stream>>>(args, items, one_round_scan);
 }
 
 const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* what) {
@@ -1074,7 +1282,36 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
   const dim3 grid(static_cast<unsigned>(tables * row_blocks), static_cast<unsigned>(group_blocks),
                   static_cast<unsigned>(std::min<int64_t>(token_tiles, 65535)));
   if (!kFp8Weight && choice.decode_tiles) {
-    decode_tile_kernel<<<grid, kWarps * 32, 0, stream>>>(args);
+    const bool one_round_scan = decode_one_round_scan_enabled();
+    switch (decode_variant()) {
+      case 0:
+        launch_decode_tiles<DecodeShape0>(grid, stream, args, one_round_scan);
+        break;
+      case 2:
+        launch_decode_tiles<DecodeShape2>(grid, stream, args, one_round_scan);
+        break;
+      case 3:
+        launch_decode_tiles<DecodeShape3>(grid, stream, args, one_round_scan);
+        break;
+      case 4:
+        launch_decode_tiles<DecodeShape4>(grid, stream, args, one_round_scan);
+        break;
+      case 5:
+        launch_decode_tiles<DecodeShape5>(grid, stream, args, one_round_scan);
+        break;
+      case 6:
+        launch_decode_tiles<DecodeShape6>(grid, stream, args, one_round_scan);
+        break;
+      case 7:
+        launch_decode_tiles<DecodeShape7>(grid, stream, args, one_round_scan);
+        break;
+      case 8:
+        launch_decode_tiles<DecodeShape8>(grid, stream, args, one_round_scan);
+        break;
+      default:
+        launch_decode_tiles<DecodeShape1>(grid, stream, args, one_round_scan);
+        break;
+    }
     DI_CUDA_LAUNCHED(decode_tile_kernel);
     return;
   }
@@ -1179,6 +1416,16 @@ void quantize_fp8_rows(DeviceRows<const float> x, CodeLayout layout, uint8_t* co
 
 void set_moe_decode_tile(bool enabled) {
   decode_tiles_allowed.store(enabled, std::memory_order_relaxed);
+}
+
+int moe_decode_tile_variants() {
+  return kDecodeVariants;
+}
+
+void set_moe_decode_tile_variant(int variant) {
+  DI_CHECK(variant >= -1 && variant < kDecodeVariants, "set_moe_decode_tile_variant: ", variant,
+           " is not a variant");
+  decode_variant_override.store(variant, std::memory_order_relaxed);
 }
 
 bool grouped_fp4_supports(const DeviceWeight& w) {
