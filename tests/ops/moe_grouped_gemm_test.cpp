@@ -622,14 +622,17 @@ struct RegisterKernelForDecode {
 // Takes one decode tile variant for its lifetime, the environment's (or the default) after, also
 // when a call throws.
 struct DecodeTileVariant {
-  explicit DecodeTileVariant(int variant) { cuda::set_moe_decode_tile_variant(variant); }
+  DecodeTileVariant(int variant, bool force_items_per_block) {
+    cuda::set_moe_decode_tile_variant(variant, force_items_per_block);
+  }
   ~DecodeTileVariant() { cuda::set_moe_decode_tile_variant(-1); }
   DecodeTileVariant(const DecodeTileVariant&) = delete;
   DecodeTileVariant& operator=(const DecodeTileVariant&) = delete;
 };
 
-// The same call through every decode tile variant and through the register kernel must give the
-// same bits in every element, the unwritten (NaN sentinel) ones included.
+// The same call through every decode tile variant (with the items per block it picks for the grid
+// and with the variant's own, forced) and through the register kernel must give the same bits in
+// every element, the unwritten (NaN sentinel) ones included.
 void expect_decode_tile_bits(const std::function<Tensor()>& call, const std::string& what) {
   Tensor before;
   {
@@ -638,20 +641,22 @@ void expect_decode_tile_bits(const std::function<Tensor()>& call, const std::str
   }
   const int64_t count = before.numel();
   for (int variant = 0; variant < cuda::moe_decode_tile_variants(); ++variant) {
-    Tensor tile;
-    {
-      const DecodeTileVariant chosen(variant);
-      tile = call();
-    }
-    int64_t first_difference = -1;
-    for (int64_t i = 0; i < count && first_difference < 0; ++i) {
-      if (std::memcmp(tile.data<float>() + i, before.data<float>() + i, sizeof(float)) != 0) {
-        first_difference = i;
+    for (const bool forced : {false, true}) {
+      Tensor tile;
+      {
+        const DecodeTileVariant chosen(variant, forced);
+        tile = call();
       }
+      int64_t first_difference = -1;
+      for (int64_t i = 0; i < count && first_difference < 0; ++i) {
+        if (std::memcmp(tile.data<float>() + i, before.data<float>() + i, sizeof(float)) != 0) {
+          first_difference = i;
+        }
+      }
+      EXPECT_EQ(first_difference, -1)
+          << what << ": decode tile variant " << variant << (forced ? " (items forced)" : "")
+          << " differs from the register kernel at element " << first_difference;
     }
-    EXPECT_EQ(first_difference, -1)
-        << what << ": decode tile variant " << variant
-        << " differs from the register kernel at element " << first_difference;
   }
 }
 

@@ -784,6 +784,8 @@ constexpr int kDefaultDecodeVariant = 7;
 
 // -1: the environment's (or the default) variant; else the one a test set.
 std::atomic<int> decode_variant_override{-1};
+// Tests: the variant's items per block even on grids too small for them (see launch_decode_tiles).
+std::atomic<bool> decode_items_forced{false};
 
 int decode_variant() {
   static const int by_environment = [] {
@@ -876,7 +878,8 @@ struct DecodeStripe {
 // Chunk c lives in slot c % kDecodeStages; weight row r's 16-byte piece p of a chunk at piece
 // p ^ (r % 8), so the 8 rows of one ldmatrix matrix (the same piece) hit 8 different bank groups.
 //
-// Passes chain (Shape::kItemsPerBlock > 1 or several passes over one stripe): prefetch_next, the
+// A warp's passes chain when Shape::kItemsPerBlock > 1 (the next item's, or a hot expert's next
+// tokens over the same stripe): with prefetch_next, the
 // last kStages - 1 iterations copy the next pass's chunks [0, kStages - 1) into the slots after
 // this pass's (slot_base + chunks), so that pass starts with them in flight (`prefetched`: skip
 // the prologue) instead of draining the pipeline here and filling it again there. Needs
@@ -1061,13 +1064,14 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
 // walks items; y: expert or the y-th expert with rows, z: token tiles of one group), fp4 weights
 // only; each warp's 16 rows stream through its own shared-memory slots. With grid.z == 1 a warp
 // takes its expert's tokens 16 at a time while more than 8 are left, so one pass over the weights
-// serves them. A block takes items blockIdx.x + i gridDim.x, i < Shape::kItemsPerBlock (of
-// `items`), one expert's; a warp's passes over them chain (decode_pass).
+// serves them. A block takes items blockIdx.x + i gridDim.x, i < items_per_block (at most
+// Shape::kItemsPerBlock; of `items`), one expert's; a warp's passes over them chain (decode_pass).
 // Shape: a DecodeShape.
 template <typename Shape>
 __global__ void __launch_bounds__(kWarps * 32, Shape::kMinBlocks)
-    decode_tile_kernel(GroupedArgs args, int64_t items, bool one_round_scan) {
-  extern __shared__ __align__(128) uint8_t shared[];  // Shape::kBlockBytes
+    decode_tile_kernel(GroupedArgs args, int64_t items, int items_per_block, bool one_round_scan) {
+  extern __shared__ __align__(128) uint8_t shared[];              // Shape::kBlockBytes
+  if constexpr (Shape::kItemsPerBlock == 1) items_per_block = 1;  // a constant to the compiler
   int expert = blockIdx.y;
   if (args.offsets != nullptr && gridDim.y < args.groups) {
     expert = one_round_scan
@@ -1116,18 +1120,18 @@ __global__ void __launch_bounds__(kWarps * 32, Shape::kMinBlocks)
     }
     return stripe;
   };
-  // The first of items [i, kItemsPerBlock) this warp has rows in (kItemsPerBlock: none).
+  // The first of items [i, items_per_block) this warp has rows in (items_per_block: none).
   const auto first_item_from = [&](int i) {
-    for (; i < Shape::kItemsPerBlock; ++i) {
+    for (; i < items_per_block; ++i) {
       int64_t row_block = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
-      if (row_block >= items) return Shape::kItemsPerBlock;
+      if (row_block >= items) return items_per_block;
       if (args.second_out != nullptr && row_block >= row_blocks) row_block -= row_blocks;
       if (row_block * kRowsPerBlock + warp * kRowsPerWarp < args.n) break;
     }
     return i;
   };
   int item = first_item_from(0);
-  if (item == Shape::kItemsPerBlock) return;
+  if (item == items_per_block) return;
   DecodeStripe stripe = stripe_of(item);
   uint8_t* warp_shared = shared + warp * Shape::kWarpBytes;
   constexpr int kWideTiles = Shape::kMaxTokenTiles;  // 1 or 2
@@ -1148,7 +1152,7 @@ __global__ void __launch_bounds__(kWarps * 32, Shape::kMinBlocks)
       next_item = first_item_from(item + 1);
       next_tile = tile_start;
     }
-    const bool has_next = next_item < Shape::kItemsPerBlock;
+    const bool has_next = next_item < items_per_block;
     const bool prefetch = chain && has_next;
     // Only its weight and scale rows are read (copied ahead).
     DecodeStripe ahead = stripe;
@@ -1180,10 +1184,24 @@ void launch_decode_tiles(dim3 grid, cudaStream_t stream, const GroupedArgs& args
     return true;
   }();
   (void)configured;
+  // Fewer items per block only while the grid keeps at least kMinWaves full waves: small
+  // batches (a handful of experts) need every block they can get to fill the SMs.
+  constexpr int64_t kMinWaves = 4;
+  int device = 0;
+  int sms = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&device));
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t items = grid.x;
-  grid.x = static_cast<unsigned>((items + Shape::kItemsPerBlock - 1) / Shape::kItemsPerBlock);
+  const int64_t blocks_per_wave = static_cast<int64_t>(sms) * Shape::kMinBlocks;
+  int per_block = Shape::kItemsPerBlock;
+  const bool forced = decode_items_forced.load(std::memory_order_relaxed);
+  while (!forced && per_block > 1 &&
+         (items + per_block - 1) / per_block * grid.y * grid.z < kMinWaves * blocks_per_wave) {
+    per_block /= 2;
+  }
+  grid.x = static_cast<unsigned>((items + per_block - 1) / per_block);
   decode_tile_kernel<Shape>
-      <<<grid, kWarps * 32, Shape::kBlockBytes, stream>>>(args, items, one_round_scan);
+      <<<grid, kWarps * 32, Shape::kBlockBytes, stream>>>(args, items, per_block, one_round_scan);
 }
 
 const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* what) {
@@ -1427,10 +1445,11 @@ int moe_decode_tile_variants() {
   return kDecodeVariants;
 }
 
-void set_moe_decode_tile_variant(int variant) {
+void set_moe_decode_tile_variant(int variant, bool force_items_per_block) {
   DI_CHECK(variant >= -1 && variant < kDecodeVariants, "set_moe_decode_tile_variant: ", variant,
            " is not a variant");
   decode_variant_override.store(variant, std::memory_order_relaxed);
+  decode_items_forced.store(force_items_per_block, std::memory_order_relaxed);
 }
 
 bool grouped_fp4_supports(const DeviceWeight& w) {
