@@ -37,6 +37,11 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
   DI_DISPATCH(x, linear(x, weight, out, activation_quant));
 }
 
+void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
+                    const TensorView& out) {
+  DI_DISPATCH(x, linear_grouped(x, weight, groups, out));
+}
+
 void dequantize_weight(const LinearWeight& weight, const TensorView& out) {
   DI_DISPATCH(weight.weight, dequantize_weight(weight, out));
 }

@@ -46,6 +46,14 @@ enum class ActivationQuant {
 void linear(const TensorView& x, const LinearWeight& weight, const TensorView& out,
             ActivationQuant activation_quant = ActivationQuant::kNone);
 
+// A grouped linear: for g < groups, out[:, g * N/G, (g + 1) * N/G) = x[:, g * K, (g + 1) * K)
+// times weight rows [g * N/G, (g + 1) * N/G), i.e. the `groups` calls
+//   linear(x.narrow(1, g * K, K), {weight.weight.narrow(0, g * N/G, N/G)}, out.narrow(1, ...)),
+// with the same bits as those calls (the attention's wo_a groups in one launch on the GPU).
+// x [M, groups * K] f32, weight [N, K] f32 or bf16 without scale (N % groups == 0), out [M, N].
+void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
+                    const TensorView& out);
+
 // Dequantizes any LinearWeight to a dense f32 [out, in] tensor (exact: every stored format is a
 // subset of f32).
 void dequantize_weight(const LinearWeight& weight, const TensorView& out);

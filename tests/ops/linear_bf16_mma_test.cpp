@@ -293,14 +293,27 @@ class RegisterKernelForDecode {
   RegisterKernelForDecode& operator=(const RegisterKernelForDecode&) = delete;
 };
 
+// Lowers the weight size from which the decode variants apply (so small weights reach them),
+// restoring the default and the environment's variant afterwards.
+class DecodeVariantsForEveryWeight {
+ public:
+  DecodeVariantsForEveryWeight() { cuda::set_bf16_decode_pre_split_min_bytes(0); }
+  ~DecodeVariantsForEveryWeight() {
+    cuda::set_bf16_decode_pre_split_min_bytes(-1);
+    cuda::set_bf16_decode_variant(-1);
+  }
+  DecodeVariantsForEveryWeight(const DecodeVariantsForEveryWeight&) = delete;
+  DecodeVariantsForEveryWeight& operator=(const DecodeVariantsForEveryWeight&) = delete;
+};
+
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
                                                static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
 }
 
-// Rows [0, rows) of r through the decode tile and through the register kernel, with the model's
-// term count and both explicit ones: the same bits, and within the reference's tolerance when
-// `with_reference`.
+// Rows [0, rows) of r through the decode tile (every decode variant) and through the register
+// kernel, with the model's term count and both explicit ones: the same bits, and within the
+// reference's tolerance when `with_reference`.
 void check_decode_tile(const Role& r, int64_t rows, bool with_reference) {
   const std::string what = r.name + " [" + std::to_string(r.n) + " x " + std::to_string(r.k) +
                            "], " + std::to_string(rows) + " rows";
@@ -315,6 +328,14 @@ void check_decode_tile(const Role& r, int64_t rows, bool with_reference) {
     }
     EXPECT_TRUE(same_bits(tile, register_kernel))
         << what << ", terms " << terms << ": the decode tile differs from the register kernel";
+    for (int variant = 0; variant < cuda::bf16_decode_variants(); ++variant) {
+      cuda::set_bf16_decode_variant(variant);
+      const Tensor variant_tile = run_gpu(r, 0, rows, terms);
+      cuda::set_bf16_decode_variant(-1);
+      EXPECT_TRUE(same_bits(variant_tile, register_kernel))
+          << what << ", terms " << terms << ": decode variant " << variant
+          << " differs from the register kernel";
+    }
     if (with_reference) {
       const double error = worst_error(want, tile);
       std::printf("%s, terms %d: worst error %.3g of the output's scale\n", what.c_str(), terms,
@@ -336,6 +357,7 @@ TEST_F(LinearBf16MmaTest, DecodeTileSmallShapes) {
   for (const Case& c : {Case{48, 256}, Case{80, 96}, Case{64, 320}, Case{48, 8192}, Case{16, 512},
                         Case{112, 1024}}) {
     const Role r = make_role("small", c.n, c.k, c.k + 32, 32, 40, 91);
+    const DecodeVariantsForEveryWeight every_weight;
     std::printf("small %ld x %ld: K in %d slices\n", static_cast<long>(c.n), static_cast<long>(c.k),
                 cuda::linear_bf16_mma_k_slices(c.n, c.k));
     for (int64_t rows : {1, 2, 5, 8, 13, 16, 24, 32, 40}) check_decode_tile(r, rows, true);
@@ -355,11 +377,100 @@ TEST_F(LinearBf16MmaTest, DecodeTileV41FlashShapes) {
   roles.push_back(make_role("wo_a group", 1024, 4096, 32768, 6 * 4096, 32, 101));
   roles.push_back(make_role("gate", 384, 5120, 5120, 0, 32, 111));
   roles.push_back(make_role("compressor wkv", 512, 5120, 5120, 0, 32, 121));
-  for (const Role& r : roles) {
-    for (int64_t rows : {1, 2, 8, 16, 32}) check_decode_tile(r, rows, true);
+  {
+    // The variants on these shapes too (the model takes them for the LM head only).
+    const DecodeVariantsForEveryWeight every_weight;
+    for (const Role& r : roles) {
+      for (int64_t rows : {1, 2, 8, 16, 32}) check_decode_tile(r, rows, true);
+    }
   }
   const Role head = make_lm_head(32, 131);
   for (int64_t rows : {1, 2, 8, 16, 32}) check_decode_tile(head, rows, rows == 1);
+}
+
+// ---- linear_grouped: the attention's wo_a groups in one launch ------------------------------
+
+// x [rows, groups * group_in] (a column slice of a wider matrix, as attn_flat is not, to test the
+// stride), weight [groups * group_out, group_in] bf16. linear_grouped on the GPU against the
+// per-group ops::cuda::linear calls (bits), the same with the grouped launch off (bits), and the
+// CPU's linear_grouped (tolerance; itself the per-group CPU linears, bits). Every output column
+// is written, nothing outside.
+void check_grouped(int64_t groups, int64_t group_out, int64_t group_in, int64_t rows,
+                   uint32_t seed) {
+  const std::string what = std::to_string(groups) + " x [" + std::to_string(group_out) + " x " +
+                           std::to_string(group_in) + "], " + std::to_string(rows) + " rows";
+  const int64_t n = groups * group_out;
+  const int64_t width = groups * group_in;
+  const Tensor weight = host_bf16({n, group_in}, seed);
+  const Tensor x = host_f32({rows, width + 64}, seed + 1);
+  const Tensor device_weight = rt::to_device(weight.view());
+  const Tensor device_x = rt::to_device(x.view());
+  const TensorView x_view = device_x.view().narrow(1, 32, width);
+  const LinearWeight w{device_weight.view(), TensorView()};
+  // Into columns [n, 2n) of a NaN-filled [rows, 2n]: the first half must stay NaN.
+  const auto gpu = [&](const auto& call) {
+    Tensor wide = Tensor::empty(DType::kF32, {rows, 2 * n}, rt::device_allocator());
+    rt::fill_bytes(wide.view(), 0xFF);
+    call(wide.view().narrow(1, n, n));
+    rt::synchronize();
+    const Tensor host = rt::to_host(wide.view());
+    Tensor got = Tensor::empty(DType::kF32, {rows, n});
+    for (int64_t m = 0; m < rows; ++m) {
+      const float* row = host.data<float>() + m * 2 * n;
+      for (int64_t c = 0; c < n; ++c) {
+        EXPECT_TRUE(std::isnan(row[c])) << what << ": column " << c << " outside the output";
+      }
+      std::copy(row + n, row + 2 * n, got.data<float>() + m * n);
+    }
+    return got;
+  };
+  const Tensor grouped =
+      gpu([&](const TensorView& out) { linear_grouped(x_view, w, groups, out); });
+  const Tensor per_group = gpu([&](const TensorView& out) {
+    for (int64_t g = 0; g < groups; ++g) {
+      cuda::linear(x_view.narrow(1, g * group_in, group_in),
+                   LinearWeight{w.weight.narrow(0, g * group_out, group_out), TensorView()},
+                   out.narrow(1, g * group_out, group_out));
+    }
+  });
+  cuda::set_bf16_grouped_launch(false);
+  const Tensor grouped_off =
+      gpu([&](const TensorView& out) { linear_grouped(x_view, w, groups, out); });
+  cuda::set_bf16_grouped_launch(true);
+  EXPECT_TRUE(same_bits(grouped, per_group)) << what << ": one launch differs from the groups";
+  EXPECT_TRUE(same_bits(grouped_off, per_group)) << what << ": the switched-off path differs";
+
+  const TensorView host_x = x.view().narrow(1, 32, width);
+  Tensor want = Tensor::empty(DType::kF32, {rows, n});
+  linear_grouped(host_x, LinearWeight{weight.view(), TensorView()}, groups, want.view());
+  Tensor want_per_group = Tensor::empty(DType::kF32, {rows, n});
+  for (int64_t g = 0; g < groups; ++g) {
+    linear(host_x.narrow(1, g * group_in, group_in),
+           LinearWeight{weight.view().narrow(0, g * group_out, group_out), TensorView()},
+           want_per_group.view().narrow(1, g * group_out, group_out));
+  }
+  EXPECT_TRUE(same_bits(want, want_per_group)) << what << ": CPU grouped differs from the groups";
+  const double error = worst_error(want, grouped);
+  std::printf("grouped %s: worst error %.3g\n", what.c_str(), error);
+  EXPECT_LE(error, kTolerance) << what;
+}
+
+// Small groups (quick under compute-sanitizer): K in several slices and in one, one row group per
+// group and several, rows over both decode tiles and past them (the per-group fallback).
+TEST_F(LinearBf16MmaTest, GroupedLinearSmallShapes) {
+  struct Case {
+    int64_t groups, group_out, group_in;
+  };
+  for (const Case& c : {Case{8, 16, 64}, Case{8, 48, 320}, Case{3, 32, 1024}, Case{2, 16, 96}}) {
+    for (int64_t rows : {1, 5, 8, 13, 16, 24}) {
+      check_grouped(c.groups, c.group_out, c.group_in, rows, 161);
+    }
+  }
+}
+
+// The attention's wo_a: 8 groups of 1024 x 4096 on the 32768-wide attention output.
+TEST_F(LinearBf16MmaTest, GroupedLinearWoA) {
+  for (int64_t rows : {1, 2, 8, 16, 32}) check_grouped(8, 1024, 4096, rows, 171);
 }
 
 // ---- prefill: the wide tile and the grouped block order against the kernel before them -------

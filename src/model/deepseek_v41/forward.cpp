@@ -472,15 +472,12 @@ void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView
   // Remove the query's rotation from the output, then the grouped low-rank projection.
   ops::rope(attn_view, all_positions, rope, true);
   const int64_t groups = c_.o_groups;
-  const int64_t group_in = heads * head_dim / groups;
   const TensorView attn_flat = attn_view.view({n_, heads * head_dim});
   const TensorView grouped_view = f32(ws_.grouped, {n_, groups * c_.o_lora_rank});
-  for (int64_t g = 0; g < groups; ++g) {
-    const ops::LinearWeight block{ap.wo_a.weight.narrow(0, g * c_.o_lora_rank, c_.o_lora_rank),
-                                  TensorView()};
-    ops::linear(attn_flat.narrow(1, g * group_in, group_in), block,
-                grouped_view.narrow(1, g * c_.o_lora_rank, c_.o_lora_rank));
-  }
+  // Group g's heads meet weight rows [g * o_lora_rank, (g + 1) * o_lora_rank): the per-group
+  // linears' bits, in one launch on the GPU at decode.
+  ops::linear_grouped(attn_flat, ops::LinearWeight{ap.wo_a.weight, TensorView()}, groups,
+                      grouped_view);
   ops::linear(grouped_view, ap.wo_b, out, quant_);
 }
 

@@ -208,4 +208,23 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
   });
 }
 
+// The reference is the per-group calls themselves, so the GPU's one launch is checked against
+// exactly what the model ran before it.
+void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
+                    const TensorView& out) {
+  if (groups <= 0 || weight.scale.numel() != 0 || weight.weight.rank() != 2 || x.rank() != 2 ||
+      out.rank() != 2 || weight.out_features() % groups != 0 ||
+      x.size(1) != groups * weight.in_features() || out.size(1) != weight.out_features()) {
+    DI_THROW("linear_grouped shapes do not match: x ", x.to_string(), ", weight ",
+             weight.weight.to_string(), ", groups ", groups, ", out ", out.to_string());
+  }
+  const int64_t group_out = weight.out_features() / groups;
+  const int64_t group_in = weight.in_features();
+  for (int64_t g = 0; g < groups; ++g) {
+    cpu::linear(x.narrow(1, g * group_in, group_in),
+                LinearWeight{weight.weight.narrow(0, g * group_out, group_out), TensorView()},
+                out.narrow(1, g * group_out, group_out));
+  }
+}
+
 }  // namespace deepinfer::ops::cpu

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/linear_bf16_mma.h"
@@ -111,6 +112,10 @@ struct Bf16MmaArgs {
   const uint4* x_split;
   // Prefill only: row blocks per group of the block order (0: blockIdx as it comes).
   int group_row_blocks;
+  // Decode tile only, grouped linear (linear_grouped): weight rows [g * group_rows, (g + 1) *
+  // group_rows) meet x's columns from g * group_x_cols on (k of them). 0: one plain linear.
+  int64_t group_rows;
+  int64_t group_x_cols;
 };
 
 // Prefill's grid is (row blocks, token blocks) and the GPU starts blocks in x-fastest order, so
@@ -579,10 +584,21 @@ __device__ __forceinline__ int decode_piece_offset(int row, int piece) {
 // bf16_mma_kernel<kTokenTiles, true, kTerms, kPreSplit>'s grid and work (8 / S row groups per
 // block, a group's S slices on S warps, 8 * kTokenTiles tokens per block along grid.y) with each
 // warp's weights streamed through its own shared-memory slots.
-template <int kTokenTiles, int kTerms, bool kPreSplit>
+//
+// kRowGroups == 2: each warp takes two row groups (32 weight rows) of the same K slice, so the
+// activations it loads and splits per chunk feed twice the weight bytes (at 16 tokens the
+// activations read from L2 otherwise outweigh the weights twice over). Each output is still
+// the same MMA chain and additions; the stages hold 32 rows, so there are half as many.
+template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups>
 __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
     bf16_decode_tile_kernel(Bf16MmaArgs args) {
   extern __shared__ __align__(128) uint8_t decode_shared[];
+  constexpr int kWarpRows = kRowsPerWarp * kRowGroups;
+  constexpr int kPieces = kWarpRows * kDecodeRowBytes / 16;  // 16-byte copies per stage
+  constexpr int kStageBytes = kWarpRows * kDecodeRowBytes;
+  constexpr int kStages = kDecodeStages / kRowGroups;  // the same 96 KB per block
+  constexpr int kWarpBytes = kStages * kStageBytes;
+  static_assert(kStages >= 3 && kWarps * kWarpBytes <= kDecodeSmemBytes, "stages fit 96 KB");
   constexpr int kTokensPerBlock = 8 * kTokenTiles;
   constexpr int kXSlots = kDecodeXSlots<kTokenTiles>;
   static_assert(kXSlots % kDecodeStageChunks == 0, "x slots cover whole stages");
@@ -593,9 +609,12 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
   const int group = lane >> 2;
   const int quad = lane & 3;
   const int slices = args.slices;
-  const int64_t row_group = static_cast<int64_t>(blockIdx.x) * (kWarps / slices) + warp / slices;
-  const int64_t n_base = row_group * kRowsPerWarp;
+  const int64_t warp_rows_index =
+      static_cast<int64_t>(blockIdx.x) * (kWarps / slices) + warp / slices;
+  const int64_t n_base = warp_rows_index * kWarpRows;
   const bool active = n_base < args.n;  // warps past the last row group only reach the barriers
+  // Rows of this warp inside the weight (a multiple of 16: a second row group past N is skipped).
+  const int64_t warp_rows = active ? min(static_cast<int64_t>(kWarpRows), args.n - n_base) : 0;
   const int first_slice = warp % slices;
   const int chunk_count = static_cast<int>(args.k / (kChunk * slices));
   const int chunk_begin = first_slice * chunk_count;
@@ -603,19 +622,19 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
   // This warp's 16 rows at its slice's first chunk.
   const uint8_t* w_slice = args.weight + (active ? n_base * args.row_bytes : 0) +
                            static_cast<int64_t>(chunk_begin) * kChunkBytes;
-  uint8_t* warp_shared = decode_shared + warp * kDecodeWarpBytes;
+  uint8_t* warp_shared = decode_shared + warp * kWarpBytes;
   const uint32_t warp_address = shared_address(warp_shared);
   const int64_t rows = args.x.rows;
 
   // Stage s: chunks 2s and 2s + 1 of the slice (the second only if the slice has it).
   const auto copy_stage = [&](int stage) {
-    const uint32_t slot = warp_address + (stage % kDecodeStages) * kDecodeStageBytes;
+    const uint32_t slot = warp_address + (stage % kStages) * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < kDecodePieces / 32; ++i) {
+    for (int i = 0; i < kPieces / 32; ++i) {
       const int piece_index = lane + 32 * i;
       const int row = piece_index / (kDecodeRowBytes / 16);
       const int piece = piece_index % (kDecodeRowBytes / 16);
-      if (kDecodeStageChunks * stage + piece / 4 < chunk_count) {
+      if (kDecodeStageChunks * stage + piece / 4 < chunk_count && row < warp_rows) {
         copy_16_async(slot + decode_piece_offset(row, piece),
                       w_slice + row * args.row_bytes +
                           static_cast<int64_t>(stage) * kDecodeRowBytes + piece * 16);
@@ -625,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
 
   for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTokensPerBlock; tile < rows;
        tile += static_cast<int64_t>(gridDim.y) * kTokensPerBlock) {
-    float acc[kTokenTiles][4] = {};  // the slice's partial
+    float acc[kRowGroups * kTokenTiles][4] = {};  // the slice's partials, [row group][token tile]
     if (active) {
       const uint4* x_at[kTokenTiles];  // tokens past the end load the last row (never stored)
 #pragma unroll
@@ -634,7 +653,11 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
         if constexpr (kPreSplit) {
           x_at[j] = args.x_split + ((row * (args.k / kChunk) + chunk_begin) * 4 + quad) * kTerms;
         } else {
-          x_at[j] = reinterpret_cast<const uint4*>(args.x.row(row) + 8 * quad +
+          // A grouped linear's row group reads its group's columns (all 16 rows share a group:
+          // group_rows is a multiple of 16).
+          const int64_t group_columns =
+              args.group_rows > 0 ? n_base / args.group_rows * args.group_x_cols : 0;
+          x_at[j] = reinterpret_cast<const uint4*>(args.x.row(row) + group_columns + 8 * quad +
                                                    static_cast<int64_t>(chunk_begin) * kChunk);
         }
       }
@@ -650,7 +673,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
       };
       __syncwarp();  // every lane is done with the slots of the previous token tile
 #pragma unroll
-      for (int s = 0; s < kDecodeStages - 1; ++s) {
+      for (int s = 0; s < kStages - 1; ++s) {
         if (s < stage_count) copy_stage(s);
         commit_copies();
       }
@@ -666,19 +689,31 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
             const int half = slot % kDecodeStageChunks;  // the chunk's place in its stage
             const int stage = chunk / kDecodeStageChunks;
             if (half == 0) {
-              wait_copies<kDecodeStages - 2>();
+              wait_copies<kStages - 2>();
               __syncwarp();  // stage `stage` is in; every lane is done with the slot refilled
-              if (stage + kDecodeStages - 1 < stage_count) copy_stage(stage + kDecodeStages - 1);
+              if (stage + kStages - 1 < stage_count) copy_stage(stage + kStages - 1);
               commit_copies();
             }
-            const uint8_t* stage_bytes = warp_shared + (stage % kDecodeStages) * kDecodeStageBytes;
-            // The register kernel's w_ring words: rows g and g + 8, K [8t, 8t + 8) of the chunk.
-            const uint4 w_row_lo = *reinterpret_cast<const uint4*>(
-                stage_bytes + decode_piece_offset(group, 4 * half + quad));
-            const uint4 w_row_hi = *reinterpret_cast<const uint4*>(
-                stage_bytes + decode_piece_offset(group + 8, 4 * half + quad));
-            const uint32_t a_first[4] = {w_row_lo.x, w_row_hi.x, w_row_lo.y, w_row_hi.y};
-            const uint32_t a_second[4] = {w_row_lo.z, w_row_hi.z, w_row_lo.w, w_row_hi.w};
+            const uint8_t* stage_bytes = warp_shared + (stage % kStages) * kStageBytes;
+            // The register kernel's w_ring words: rows g and g + 8 of each row group, K [8t, 8t +
+            // 8) of the chunk.
+            uint32_t a_first[kRowGroups][4];
+            uint32_t a_second[kRowGroups][4];
+#pragma unroll
+            for (int rg = 0; rg < kRowGroups; ++rg) {
+              const uint4 w_row_lo = *reinterpret_cast<const uint4*>(
+                  stage_bytes + decode_piece_offset(16 * rg + group, 4 * half + quad));
+              const uint4 w_row_hi = *reinterpret_cast<const uint4*>(
+                  stage_bytes + decode_piece_offset(16 * rg + group + 8, 4 * half + quad));
+              a_first[rg][0] = w_row_lo.x;
+              a_first[rg][1] = w_row_hi.x;
+              a_first[rg][2] = w_row_lo.y;
+              a_first[rg][3] = w_row_hi.y;
+              a_second[rg][0] = w_row_lo.z;
+              a_second[rg][1] = w_row_hi.z;
+              a_second[rg][2] = w_row_lo.w;
+              a_second[rg][3] = w_row_hi.w;
+            }
 #pragma unroll
             for (int j = 0; j < kTokenTiles; ++j) {
               uint4 terms[kTerms];
@@ -688,13 +723,20 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
               } else {
                 split_eight(x_ring[slot][j][0], x_ring[slot][j][1], terms);
               }
-              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first, terms[t].x, terms[t].y, d);
+              for (int rg = 0; rg < kRowGroups; ++rg) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_second, terms[t].z, terms[t].w, d);
+                for (int t = kTerms - 1; t >= 0; --t) {
+                  mma_bf16(a_first[rg], terms[t].x, terms[t].y, d);
+                }
 #pragma unroll
-              for (int i = 0; i < 4; ++i) acc[j][i] += d[i];
+                for (int t = kTerms - 1; t >= 0; --t) {
+                  mma_bf16(a_second[rg], terms[t].z, terms[t].w, d);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[rg * kTokenTiles + j][i] += d[i];
+              }
             }
             if (chunk + kXSlots < chunk_count) load_x(slot, chunk + kXSlots);
           }
@@ -702,25 +744,30 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
       }
     }
     // The register kernel's reduction: 0 + P_0 + P_1 + ... in slice order.
-    __shared__ float partials[kWarps][kTokenTiles * 4][32];
-    float total[kTokenTiles][4] = {};
+    __shared__ float partials[kWarps][kRowGroups * kTokenTiles * 4][32];
+    float total[kRowGroups * kTokenTiles][4] = {};
     sum_slice_partials(partials, acc, active, first_slice == 0, slices,
                        [&](int j, const float(&sums)[4]) {
                          for (int i = 0; i < 4; ++i) total[j][i] = sums[i];
                        });
     __syncthreads();  // partials are rewritten by the next token tile
     if (active && first_slice == 0) {
-      const int64_t n = n_base + group;
 #pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) {
-        const int64_t token = tile + 8 * j + 2 * quad;
-        if (token < rows) {
-          args.out.row(token)[n] = total[j][0];
-          args.out.row(token)[n + 8] = total[j][2];
-        }
-        if (token + 1 < rows) {
-          args.out.row(token + 1)[n] = total[j][1];
-          args.out.row(token + 1)[n + 8] = total[j][3];
+      for (int rg = 0; rg < kRowGroups; ++rg) {
+        if (16 * rg >= warp_rows) break;
+        const int64_t n = n_base + 16 * rg + group;
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+          const float(&sums)[4] = total[rg * kTokenTiles + j];
+          const int64_t token = tile + 8 * j + 2 * quad;
+          if (token < rows) {
+            args.out.row(token)[n] = sums[0];
+            args.out.row(token)[n + 8] = sums[2];
+          }
+          if (token + 1 < rows) {
+            args.out.row(token + 1)[n] = sums[1];
+            args.out.row(token + 1)[n + 8] = sums[3];
+          }
         }
       }
     }
@@ -729,9 +776,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
 
 // One decode tile launch; the first of each instance allows its 96 KB of dynamic shared memory
 // (an attribute of the kernel, so one static per instance).
-template <int kTokenTiles, int kTerms, bool kPreSplit>
+template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups = 1>
 void launch_decode_tile(const Bf16MmaArgs& args, dim3 grid, cudaStream_t stream) {
-  constexpr auto kernel = bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit>;
+  constexpr auto kernel = bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups>;
   static const bool allowed = [] {
     DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kDecodeSmemBytes));
@@ -742,15 +789,66 @@ void launch_decode_tile(const Bf16MmaArgs& args, dim3 grid, cudaStream_t stream)
   DI_CUDA_LAUNCHED(bf16_decode_tile_kernel);
 }
 
+// Decode variants for weights of at least kDecodePreSplitMinBytes (the LM head) at 1-16 rows,
+// all the same bits, chosen at run time so one binary measures them:
+// DEEPINFER_BF16_DECODE_VARIANT = the sum of
+//  1: at 1-8 rows the activations come pre-split by split_activations_kernel instead of being
+//     split into bf16 terms inside the decode tile (~60 of a warp's ~90 instructions a chunk);
+//  2: the same at 9-16 rows (~120 of ~160, next to 12 MMAs; but 6 bytes per value from L2);
+//  4: at 9-16 rows each warp takes two row groups, so every activation word it loads (and
+//     splits) feeds 32 weight rows: at 16 tokens a warp otherwise reads 2 KB of activations
+//     from L1/L2 per 1 KB of weights.
+// 0 is round 2's decode tile. Smaller weights (wo_a, gate, compressor) always take 0.
+constexpr int kDefaultDecodeVariant = 1 + 4;
+constexpr int kDecodeVariants = 8;
+constexpr int64_t kDecodePreSplitMinBytes = int64_t{256} << 20;
+
+// Tests loop over the variants in one process (-1: the environment's).
+std::atomic<int> decode_variant_override{-1};
+std::atomic<int64_t> decode_pre_split_min_bytes{kDecodePreSplitMinBytes};
+
+int decode_variant() {
+  static const int by_environment = [] {
+    const char* setting = std::getenv("DEEPINFER_BF16_DECODE_VARIANT");
+    if (setting == nullptr || *setting == '\0') return kDefaultDecodeVariant;
+    const int variant = std::atoi(setting);
+    return variant >= 0 && variant < kDecodeVariants ? variant : kDefaultDecodeVariant;
+  }();
+  const int chosen = decode_variant_override.load(std::memory_order_relaxed);
+  return chosen >= 0 ? chosen : by_environment;
+}
+
+// One launch for all the groups of a grouped linear (the attention's 8 wo_a groups) unless
+// DEEPINFER_BF16_GROUPED=0 (a launch per group, as ops::linear would). Same bits: each row
+// group's warp runs the per-group call's operations, only the grid covers every group.
+constexpr bool kGroupedLaunch = true;
+std::atomic<bool> grouped_launch_allowed{true};
+
+bool grouped_launch_enabled() {
+  static const bool by_environment =
+      kGroupedLaunch && !disabled_by_environment("DEEPINFER_BF16_GROUPED");
+  return by_environment && grouped_launch_allowed.load(std::memory_order_relaxed);
+}
+
+// A grouped linear's shape for launch_bf16_mma (groups == 1: a plain one).
+struct Bf16Groups {
+  int64_t groups = 1;
+};
+
 bool bf16_mma_fits(const DeviceWeight& w, const DeviceRows<const float>& x) {
   return w.kind == WeightKind::kBF16 && w.in % kChunk == 0 && w.out % kRowsPerWarp == 0 &&
          w.row_bytes == 2 * w.in && aligned_to(w.bytes, 16) && x.stride % 4 == 0 &&
          aligned_to(x.data, 16);
 }
 
+// groups > 1: the caller checked grouped_launch_possible (decode tile, 1-16 rows, group rows a
+// multiple of 16); each group's K slices are the per-group call's.
 template <int kTerms>
-void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRows<float> out) {
-  DI_CHECK(bf16_mma_fits(w, x) && x.cols == w.in && out.cols == w.out && out.rows == x.rows,
+void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRows<float> out,
+                     Bf16Groups grouping = {}) {
+  const int64_t groups = grouping.groups;
+  DI_CHECK(bf16_mma_fits(w, x) && x.cols == w.in * groups && out.cols == w.out &&
+               out.rows == x.rows && w.out % (groups * kRowsPerWarp) == 0,
            "launch_linear_bf16_mma: unsupported weight [", w.out, ", ", w.in, "] or shapes");
   if (x.rows == 0 || w.out == 0) return;
   Bf16MmaArgs args{};
@@ -759,13 +857,23 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
   args.row_bytes = w.row_bytes;
   args.n = w.out;
   args.k = w.in;
-  args.slices = linear_bf16_mma_k_slices(w.out, w.in);
+  args.slices = linear_bf16_mma_k_slices(w.out / groups, w.in);
   args.out = out;
   args.x_split = nullptr;
   args.group_row_blocks = wide_groups_enabled() ? kWideGroupRowBlocks : 0;
+  args.group_rows = groups > 1 ? w.out / groups : 0;
+  args.group_x_cols = groups > 1 ? w.in : 0;
   const int64_t row_groups = w.out / kRowsPerWarp;
   const auto stream = current_stream();
-  const bool pre_split = kPreSplitActivations && x.rows >= kPreSplitMinRows;
+  const int variant = decode_variant();
+  const bool decode_tile = decode_tile_enabled();
+  // The variants apply where the decode tile runs, to a plain linear of a large weight.
+  const bool large_decode =
+      decode_tile && groups == 1 && x.rows <= 16 &&
+      w.out * w.row_bytes >= decode_pre_split_min_bytes.load(std::memory_order_relaxed);
+  const bool decode_pre_split = large_decode && (variant & (x.rows <= 8 ? 1 : 2)) != 0;
+  const bool two_row_groups = large_decode && x.rows > 8 && (variant & 4) != 0;
+  const bool pre_split = (kPreSplitActivations && x.rows >= kPreSplitMinRows) || decode_pre_split;
   const int64_t chunks = w.in / kChunk;
   StreamBuffer split(pre_split ? static_cast<size_t>(x.rows * chunks * 4 * kTerms) * sizeof(uint4)
                                : 0);
@@ -786,7 +894,6 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
   const int split_row_groups = kWarps / args.slices;
   // The decode instances of bf16_mma_kernel (K slices over warps), or the decode tile with the
   // same grid and bits.
-  const bool decode_tile = decode_tile_enabled();
   const auto run_decode = [&](auto register_kernel, auto launch_tile, int tokens_per_block) {
     if (!decode_tile) {
       run(register_kernel, tokens_per_block, split_row_groups);
@@ -799,10 +906,29 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
   };
   const bool wide = static_cast<int64_t>(blocks_for(row_groups, kWarps)) * blocks_for(x.rows, 32) >=
                     kWideMinBlocks;
+  // The decode tile alone (the variants: decode_tile holds), kRowGroups row groups per warp.
+  const auto run_tile = [&](auto launch_tile, int tokens_per_block, int row_groups_per_warp) {
+    launch_tile(args,
+                dim3(blocks_for(blocks_for(row_groups, row_groups_per_warp), split_row_groups),
+                     std::min(blocks_for(x.rows, tokens_per_block), 65535u)),
+                stream);
+  };
   if (x.rows <= 8) {
-    run_decode(bf16_mma_kernel<1, true, kTerms, false>, launch_decode_tile<1, kTerms, false>, 8);
+    if (decode_pre_split) {
+      run_tile(launch_decode_tile<1, kTerms, true>, 8, 1);
+    } else {
+      run_decode(bf16_mma_kernel<1, true, kTerms, false>, launch_decode_tile<1, kTerms, false>, 8);
+    }
   } else if (x.rows <= 16) {
-    run_decode(bf16_mma_kernel<2, true, kTerms, false>, launch_decode_tile<2, kTerms, false>, 16);
+    if (decode_pre_split && two_row_groups) {
+      run_tile(launch_decode_tile<2, kTerms, true, 2>, 16, 2);
+    } else if (decode_pre_split) {
+      run_tile(launch_decode_tile<2, kTerms, true>, 16, 1);
+    } else if (two_row_groups) {
+      run_tile(launch_decode_tile<2, kTerms, false, 2>, 16, 2);
+    } else {
+      run_decode(bf16_mma_kernel<2, true, kTerms, false>, launch_decode_tile<2, kTerms, false>, 16);
+    }
   } else if (!pre_split) {
     if (wide) {
       run(bf16_mma_kernel<4, false, kTerms, false>, 32, kWarps);
@@ -864,6 +990,50 @@ void linear_bf16_mma(const TensorView& x, const LinearWeight& weight, const Tens
   } else {
     launch_bf16_mma<3>(in, w, o);
   }
+}
+
+void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
+                    const TensorView& out) {
+  require(groups > 0 && weight.scale.numel() == 0 && weight.weight.rank() == 2 && x.rank() == 2 &&
+              out.rank() == 2 && weight.out_features() % groups == 0 &&
+              x.size(1) == groups * weight.in_features() && out.size(1) == weight.out_features() &&
+              out.size(0) == x.size(0),
+          "linear_grouped shapes do not match: x ", x.to_string(), ", weight ",
+          weight.weight.to_string(), ", groups ", groups, ", out ", out.to_string());
+  const int64_t group_out = weight.out_features() / groups;
+  const int64_t group_in = weight.in_features();
+  const DeviceWeight w = describe(weight);
+  const DeviceRows<const float> in = device_rows<const float>(x, "linear_grouped input");
+  const DeviceRows<float> o = device_rows<float>(out, "linear_grouped output");
+  // One launch where each group's own call would run the decode tile (1-16 rows) on this path;
+  // anything else is the per-group calls themselves.
+  if (grouped_launch_enabled() && groups > 1 && decode_tile_enabled() && in.rows <= 16 &&
+      group_out % kRowsPerWarp == 0 && bf16_mma_supports(w, in)) {
+    launch_bf16_mma<kActivationTerms>(in, w, o, Bf16Groups{groups});
+    return;
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    cuda::linear(x.narrow(1, g * group_in, group_in),
+                 LinearWeight{weight.weight.narrow(0, g * group_out, group_out), TensorView()},
+                 out.narrow(1, g * group_out, group_out));
+  }
+}
+
+void set_bf16_decode_variant(int variant) {
+  decode_variant_override.store(variant, std::memory_order_relaxed);
+}
+
+void set_bf16_decode_pre_split_min_bytes(int64_t bytes) {
+  decode_pre_split_min_bytes.store(bytes < 0 ? kDecodePreSplitMinBytes : bytes,
+                                   std::memory_order_relaxed);
+}
+
+int bf16_decode_variants() {
+  return kDecodeVariants;
+}
+
+void set_bf16_grouped_launch(bool enabled) {
+  grouped_launch_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 void set_bf16_decode_tile(bool enabled) {

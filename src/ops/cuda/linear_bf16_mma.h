@@ -52,6 +52,23 @@ void set_bf16_wide_tile(bool enabled);
 // bits; tests compare the two), true returns to the default.
 void set_bf16_wide_groups(bool enabled);
 
+// Decode variants for weights of at least 256 MB (the LM head) at 1-16 rows
+// (DEEPINFER_BF16_DECODE_VARIANT, all the same bits), the sum of: 1 pre-split activations at
+// 1-8 rows, 2 pre-split at 9-16 rows, 4 two row groups per warp at 9-16 rows; 0 is the round 2
+// decode tile, the default 5. set_bf16_decode_variant(v) takes v for the calls that follow
+// (tests loop over all bf16_decode_variants()); -1 returns to the environment's.
+void set_bf16_decode_variant(int variant);
+int bf16_decode_variants();
+
+// The weight size from which variants 1 and 2 pre-split (tests lower it to reach small shapes);
+// a negative value restores the default 256 MB.
+void set_bf16_decode_pre_split_min_bytes(int64_t bytes);
+
+// ops::linear_grouped on bf16 weights at 1-16 rows runs every group in one decode tile launch
+// unless DEEPINFER_BF16_GROUPED=0; false takes the per-group ops::linear calls for the calls
+// that follow (same bits; tests compare the two), true returns to the default.
+void set_bf16_grouped_launch(bool enabled);
+
 // How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
 int linear_bf16_mma_k_slices(int64_t n, int64_t k);
 
