@@ -799,7 +799,10 @@ void launch_decode_tile(const Bf16MmaArgs& args, dim3 grid, cudaStream_t stream)
 //     splits) feeds 32 weight rows: at 16 tokens a warp otherwise reads 2 KB of activations
 //     from L1/L2 per 1 KB of weights.
 // 0 is round 2's decode tile. Smaller weights (wo_a, gate, compressor) always take 0.
-constexpr int kDefaultDecodeVariant = 1 + 4;
+// Measured on the H200 (2026-12-01, whole 7-layer step, ms at b1 / b16): 0 4.10 / 9.61, 1 4.17 /
+// 9.61, 4 4.29 / 9.79, 5 4.18 / 9.48 -- within the run-to-run spread of one median of 5 steps, so
+// the default stays the plain decode tile.
+constexpr int kDefaultDecodeVariant = 0;
 constexpr int kDecodeVariants = 8;
 constexpr int64_t kDecodePreSplitMinBytes = int64_t{256} << 20;
 

@@ -778,9 +778,13 @@ using DecodeShape7 = DecodeShape<6, 4, 2, 2>;
 using DecodeShape8 = DecodeShape<5, 4, 2, 2>;
 using DecodeShape9 = DecodeShape<6, 4, 2, 4>;
 constexpr int kDecodeVariants = 10;
-// The variant when the environment names none (a guess before any GPU measurement): the most in
-// flight at 4 blocks per SM, and half the block starts and pipeline drains.
-constexpr int kDefaultDecodeVariant = 7;
+// The variant when the environment names none. Measured on the H200 (2026-12-01, cuda_layer_bench,
+// w1|w3 + w2 per layer at b1 / b16 / b64 / b256, ms): 0 0.083 / 0.739 / 2.016 / 3.180, 1 0.083 /
+// 0.734 / 1.961 / 3.116, 4 0.083 / 0.717 / 1.949 / 3.161, 7 0.085 / 0.730 / 1.964 / 3.187, 8 0.083
+// / 0.718 / 1.951 / 3.139; 2, 3, 5, 6, 9 slower. Within 3% of each other: more bytes in flight no
+// longer buys time, the kernel is issue bound. 4 (6 stages, no chaining) is among the fastest and
+// the simplest of them.
+constexpr int kDefaultDecodeVariant = 4;
 
 // -1: the environment's (or the default) variant; else the one a test set.
 std::atomic<int> decode_variant_override{-1};
