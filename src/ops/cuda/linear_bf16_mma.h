@@ -55,7 +55,7 @@ void set_bf16_wide_groups(bool enabled);
 // Decode variants for weights of at least 256 MB (the LM head) at 1-16 rows
 // (DEEPINFER_BF16_DECODE_VARIANT, all the same bits), the sum of: 1 pre-split activations at
 // 1-8 rows, 2 pre-split at 9-16 rows, 4 two row groups per warp at 9-16 rows; 0 is the round 2
-// decode tile, the default 5. set_bf16_decode_variant(v) takes v for the calls that follow
+// decode tile and the default. set_bf16_decode_variant(v) takes v for the calls that follow
 // (tests loop over all bf16_decode_variants()); -1 returns to the environment's.
 void set_bf16_decode_variant(int variant);
 int bf16_decode_variants();

@@ -779,12 +779,14 @@ using DecodeShape8 = DecodeShape<5, 4, 2, 2>;
 using DecodeShape9 = DecodeShape<6, 4, 2, 4>;
 constexpr int kDecodeVariants = 10;
 // The variant when the environment names none. Measured on the H200 (2026-12-01, cuda_layer_bench,
-// w1|w3 + w2 per layer at b1 / b16 / b64 / b256, ms): 0 0.083 / 0.739 / 2.016 / 3.180, 1 0.083 /
-// 0.734 / 1.961 / 3.116, 4 0.083 / 0.717 / 1.949 / 3.161, 7 0.085 / 0.730 / 1.964 / 3.187, 8 0.083
-// / 0.718 / 1.951 / 3.139; 2, 3, 5, 6, 9 slower. Within 3% of each other: more bytes in flight no
-// longer buys time, the kernel is issue bound. 4 (6 stages, no chaining) is among the fastest and
-// the simplest of them.
-constexpr int kDefaultDecodeVariant = 4;
+// w1|w3 + w2 per layer at b1 / b16 / b64 / b256, ms), with the one-round expert search: 0 0.083 /
+// 0.739 / 2.016 / 3.180, 1 0.083 / 0.734 / 1.961 / 3.116, 4 0.083 / 0.717 / 1.949 / 3.161, 7 0.085
+// / 0.730 / 1.964 / 3.187, 8 0.083 / 0.718 / 1.951 / 3.139 (2, 3, 5, 6, 9 slower); in the next
+// call variant 0 with the old walk 0.080 / 0.701 / 1.888 / 3.017 against 4 0.083 / 0.712 / 1.937 /
+// 3.138 and 7 0.088 / 0.751 / 2.054 / 3.217. More bytes in flight no longer buys time (the kernel
+// is issue bound), and the walk beats the scan: the default is variant 0 with the walk, the kernel
+// of a1989dc.
+constexpr int kDefaultDecodeVariant = 0;
 
 // -1: the environment's (or the default) variant; else the one a test set.
 std::atomic<int> decode_variant_override{-1};
@@ -804,12 +806,18 @@ int decode_variant() {
 
 // false: each block finds its expert with nth_nonempty_group's 32-groups-per-round walk (up to 12
 // dependent rounds of loads over 384 experts before the block's first weight copy).
-constexpr bool kDecodeOneRoundExpertScan = true;
+// Off: measured on the H200 (2026-12-01), the scan made the decode tile 2-5% slower than the walk
+// (kDefaultDecodeVariant's comment has the figures).
+constexpr bool kDecodeOneRoundExpertScan = false;
 
-// kDecodeOneRoundExpertScan unless DEEPINFER_MOE_DECODE_SCAN=0.
+// kDecodeOneRoundExpertScan, or what DEEPINFER_MOE_DECODE_SCAN=0|1 says.
 bool decode_one_round_scan_enabled() {
-  static const bool enabled =
-      kDecodeOneRoundExpertScan && !disabled_by_environment("DEEPINFER_MOE_DECODE_SCAN");
+  static const bool enabled = [] {
+    const char* setting = std::getenv("DEEPINFER_MOE_DECODE_SCAN");
+    if (setting != nullptr && std::string_view(setting) == "1") return true;
+    if (setting != nullptr && std::string_view(setting) == "0") return false;
+    return kDecodeOneRoundExpertScan;
+  }();
   return enabled;
 }
 
