@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <cub/block/block_scan.cuh>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8_mma.cuh"
@@ -767,17 +769,11 @@ struct DecodeShape {
 //  7: variant 4 with 2 items per block;
 //  8: variant 1 with 2 items per block;
 //  9: variant 4 with 4 items per block (a quarter of the blocks: fewer starts, a coarser tail).
-using DecodeShape0 = DecodeShape<4, 4, 2>;
-using DecodeShape1 = DecodeShape<5, 4, 2>;
-using DecodeShape2 = DecodeShape<4, 5, 2>;
-using DecodeShape3 = DecodeShape<4, 5, 1>;
-using DecodeShape4 = DecodeShape<6, 4, 2>;
-using DecodeShape5 = DecodeShape<8, 3, 2>;
-using DecodeShape6 = DecodeShape<4, 5, 1, 2>;
-using DecodeShape7 = DecodeShape<6, 4, 2, 2>;
-using DecodeShape8 = DecodeShape<5, 4, 2, 2>;
-using DecodeShape9 = DecodeShape<6, 4, 2, 4>;
-constexpr int kDecodeVariants = 10;
+using DecodeShapes = std::tuple<DecodeShape<4, 4, 2>, DecodeShape<5, 4, 2>, DecodeShape<4, 5, 2>,
+                                DecodeShape<4, 5, 1>, DecodeShape<6, 4, 2>, DecodeShape<8, 3, 2>,
+                                DecodeShape<4, 5, 1, 2>, DecodeShape<6, 4, 2, 2>,
+                                DecodeShape<5, 4, 2, 2>, DecodeShape<6, 4, 2, 4>>;
+constexpr int kDecodeVariants = std::tuple_size_v<DecodeShapes>;
 // The variant when the environment names none. Measured on the H200 (2026-12-01, cuda_layer_bench,
 // w1|w3 + w2 per layer at b1 / b16 / b64 / b256, ms), with the one-round expert search: 0 0.083 /
 // 0.739 / 2.016 / 3.180, 1 0.083 / 0.734 / 1.961 / 3.116, 4 0.083 / 0.717 / 1.949 / 3.161, 7 0.085
@@ -1216,6 +1212,17 @@ void launch_decode_tiles(dim3 grid, cudaStream_t stream, const GroupedArgs& args
       <<<grid, kWarps * 32, Shape::kBlockBytes, stream>>>(args, items, per_block, one_round_scan);
 }
 
+// launch_decode_tiles with the variant-th shape of DecodeShapes.
+template <size_t... kVariant>
+void launch_decode_variant(int variant, dim3 grid, cudaStream_t stream, const GroupedArgs& args,
+                           bool one_round_scan, std::index_sequence<kVariant...>) {
+  ((variant == static_cast<int>(kVariant)
+        ? launch_decode_tiles<std::tuple_element_t<kVariant, DecodeShapes>>(grid, stream, args,
+                                                                            one_round_scan)
+        : void()),
+   ...);
+}
+
 const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* what) {
   require(view.device().is_cuda() && view.dtype() == dtype && view.is_contiguous(), what,
           " must be a contiguous ", dtype_name(dtype), " device tensor, got ", view.to_string());
@@ -1315,38 +1322,8 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
                   static_cast<unsigned>(std::min<int64_t>(token_tiles, 65535)));
   if (!kFp8Weight && choice.decode_tiles) {
     const bool one_round_scan = decode_one_round_scan_enabled();
-    switch (decode_variant()) {
-      case 0:
-        launch_decode_tiles<DecodeShape0>(grid, stream, args, one_round_scan);
-        break;
-      case 2:
-        launch_decode_tiles<DecodeShape2>(grid, stream, args, one_round_scan);
-        break;
-      case 3:
-        launch_decode_tiles<DecodeShape3>(grid, stream, args, one_round_scan);
-        break;
-      case 4:
-        launch_decode_tiles<DecodeShape4>(grid, stream, args, one_round_scan);
-        break;
-      case 5:
-        launch_decode_tiles<DecodeShape5>(grid, stream, args, one_round_scan);
-        break;
-      case 6:
-        launch_decode_tiles<DecodeShape6>(grid, stream, args, one_round_scan);
-        break;
-      case 7:
-        launch_decode_tiles<DecodeShape7>(grid, stream, args, one_round_scan);
-        break;
-      case 8:
-        launch_decode_tiles<DecodeShape8>(grid, stream, args, one_round_scan);
-        break;
-      case 9:
-        launch_decode_tiles<DecodeShape9>(grid, stream, args, one_round_scan);
-        break;
-      default:
-        launch_decode_tiles<DecodeShape1>(grid, stream, args, one_round_scan);
-        break;
-    }
+    launch_decode_variant(decode_variant(), grid, stream, args, one_round_scan,
+                          std::make_index_sequence<kDecodeVariants>());
     DI_CUDA_LAUNCHED(decode_tile_kernel);
     return;
   }
