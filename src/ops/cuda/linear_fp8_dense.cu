@@ -82,6 +82,20 @@ __device__ __forceinline__ void mma_block(uint2 lo, uint2 hi, uint2 x, float w_s
   acc[3] += d[3] * (x_scale1 * w_scale);
 }
 
+// A decode kernel's summed MMA results: total[0], [1] are weight row n for tokens `token` and
+// token + 1, [2], [3] row n + 8; tokens past the call's rows are not stored.
+__device__ __forceinline__ void store_mma_totals(const DenseArgs& args, int64_t n, int64_t token,
+                                                 const float (&total)[4]) {
+  if (token < args.rows) {
+    args.out[token * args.out_stride + n] = total[0];
+    args.out[token * args.out_stride + n + 8] = total[2];
+  }
+  if (token + 1 < args.rows) {
+    args.out[(token + 1) * args.out_stride + n] = total[1];
+    args.out[(token + 1) * args.out_stride + n + 8] = total[3];
+  }
+}
+
 // ---- decode: K slices over the warps of a block ---------------------------------------------
 
 // Blocks of K loaded ahead per warp (registers of a ring slot: 4 weight words, 2 per token tile,
@@ -173,17 +187,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(DenseArgs args) {
     __shared__ float partials[kWarps][kTokenTiles * 4][32];
     sum_slice_partials(partials, acc, active, slice == 0, slices,
                        [&](int j, const float(&total)[4]) {
-                         // total[0], [1]: weight row g, tokens 2t and 2t + 1; [2], [3]: row g + 8.
-                         const int64_t n = n_base + group;
-                         const int64_t token = tile + 8 * j + 2 * quad;
-                         if (token < rows) {
-                           args.out[token * args.out_stride + n] = total[0];
-                           args.out[token * args.out_stride + n + 8] = total[2];
-                         }
-                         if (token + 1 < rows) {
-                           args.out[(token + 1) * args.out_stride + n] = total[1];
-                           args.out[(token + 1) * args.out_stride + n + 8] = total[3];
-                         }
+                         store_mma_totals(args, n_base + group, tile + 8 * j + 2 * quad, total);
                        });
     __syncthreads();  // partials are rewritten by the next token tile
   }
@@ -580,17 +584,7 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
     __shared__ float partials[kWarps][kTokenTiles * 4][32];
     sum_slice_partials(partials, acc, active, slice == 0, slices,
                        [&](int j, const float(&total)[4]) {
-                         // total[0], [1]: weight row g, tokens 2t and 2t + 1; [2], [3]: row g + 8.
-                         const int64_t n = n_base + group;
-                         const int64_t token = tile + 8 * j + 2 * quad;
-                         if (token < rows) {
-                           args.out[token * args.out_stride + n] = total[0];
-                           args.out[token * args.out_stride + n + 8] = total[2];
-                         }
-                         if (token + 1 < rows) {
-                           args.out[(token + 1) * args.out_stride + n] = total[1];
-                           args.out[(token + 1) * args.out_stride + n + 8] = total[3];
-                         }
+                         store_mma_totals(args, n_base + group, tile + 8 * j + 2 * quad, total);
                        });
     __syncthreads();  // partials are rewritten by the next token tile
   }
