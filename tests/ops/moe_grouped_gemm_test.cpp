@@ -150,22 +150,34 @@ TEST_F(MoeGroupedGemmTest, V41FlashExpertShapes) {
   check_against_reference(make_problem(3, 5120, 2304, {1, 4, 2}, 0, 41), "w2 5120x2304");
 }
 
-TEST_F(MoeGroupedGemmTest, RowsDoNotDependOnTheBatch) {
-  // The same rows through the prefill tile (200 rows in the call) and alone (a one-row call,
-  // the decode tile) are bit-equal.
-  const Problem p = make_problem(3, 64, 512, {70, 1, 129}, 0, 51);
-  const Tensor all = run_gpu(p, p.offsets);
-  for (int64_t row : {0, 69, 70, 71, 150, 199}) {
+// Each listed row of `all` (one call over all of p's rows) equals the same row computed alone:
+// `call_alone(offsets, row)` runs a one-row call whose offsets give the row's expert that row.
+void expect_rows_alone_equal(
+    const Problem& p, const Tensor& all, std::initializer_list<int64_t> rows,
+    const std::function<Tensor(const std::vector<int32_t>&, int64_t)>& call_alone,
+    const std::string& what) {
+  for (const int64_t row : rows) {
     const auto expert = static_cast<int64_t>(
         std::upper_bound(p.offsets.begin(), p.offsets.end(), static_cast<int32_t>(row)) -
         p.offsets.begin() - 1);
     std::vector<int32_t> single(p.experts + 1, 0);
     for (int64_t e = expert + 1; e <= p.experts; ++e) single[e] = 1;
-    const Tensor alone = run_gpu(p, single, row, 1);
+    const Tensor alone = call_alone(single, row);
     EXPECT_EQ(0, std::memcmp(all.data<float>() + row * p.n, alone.data<float>(),
                              static_cast<size_t>(p.n) * sizeof(float)))
-        << "row " << row;
+        << what << ", row " << row;
   }
+}
+
+TEST_F(MoeGroupedGemmTest, RowsDoNotDependOnTheBatch) {
+  // The same rows through the prefill tile (200 rows in the call) and alone (a one-row call,
+  // the decode tile) are bit-equal.
+  const Problem p = make_problem(3, 64, 512, {70, 1, 129}, 0, 51);
+  const Tensor all = run_gpu(p, p.offsets);
+  expect_rows_alone_equal(
+      p, all, {0, 69, 70, 71, 150, 199},
+      [&](const std::vector<int32_t>& offsets, int64_t row) { return run_gpu(p, offsets, row, 1); },
+      "prefill tile against one-row calls");
 }
 
 // ---- the prefill tile (rows >= 16 x experts, N % 128 == 0) ---------------------------------
@@ -316,18 +328,12 @@ TEST_F(MoeGroupedGemmTest, PrefillTileV41FlashExpertShapes) {
     const Tensor all = call_gpu(d, p.n, p.offsets, 0, p.x.view().size(0));
     check_sampled_rows(p, all, c.what);
     check_bits_against_decode_tile(p, d, all, c.what);
-    // A row alone (a one-row call) equals it inside the big call.
-    for (int64_t row : {int64_t{0}, int64_t{299}, int64_t{429}, int64_t{937}}) {
-      const auto expert = static_cast<int64_t>(
-          std::upper_bound(p.offsets.begin(), p.offsets.end(), static_cast<int32_t>(row)) -
-          p.offsets.begin() - 1);
-      std::vector<int32_t> single(p.experts + 1, 0);
-      for (int64_t e = expert + 1; e <= p.experts; ++e) single[e] = 1;
-      const Tensor alone = call_gpu(d, p.n, single, row, 1);
-      EXPECT_EQ(0, std::memcmp(all.data<float>() + row * p.n, alone.data<float>(),
-                               static_cast<size_t>(p.n) * sizeof(float)))
-          << c.what << ", row " << row;
-    }
+    expect_rows_alone_equal(
+        p, all, {0, 299, 429, 937},
+        [&](const std::vector<int32_t>& offsets, int64_t row) {
+          return call_gpu(d, p.n, offsets, row, 1);
+        },
+        c.what);
   }
 }
 
@@ -619,45 +625,25 @@ struct RegisterKernelForDecode {
   RegisterKernelForDecode& operator=(const RegisterKernelForDecode&) = delete;
 };
 
-// Takes one decode tile variant for its lifetime, the environment's (or the default) after, also
-// when a call throws.
-struct DecodeTileVariant {
-  DecodeTileVariant(int variant, bool force_items_per_block) {
-    cuda::set_moe_decode_tile_variant(variant, force_items_per_block);
-  }
-  ~DecodeTileVariant() { cuda::set_moe_decode_tile_variant(-1); }
-  DecodeTileVariant(const DecodeTileVariant&) = delete;
-  DecodeTileVariant& operator=(const DecodeTileVariant&) = delete;
-};
-
-// The same call through every decode tile variant (with the items per block it picks for the grid
-// and with the variant's own, forced) and through the register kernel must give the same bits in
-// every element, the unwritten (NaN sentinel) ones included.
+// The same call through the decode tile and through the register kernel must give the same bits
+// in every element, the unwritten (NaN sentinel) ones included.
 void expect_decode_tile_bits(const std::function<Tensor()>& call, const std::string& what) {
   Tensor before;
   {
     const RegisterKernelForDecode register_kernel;
     before = call();
   }
+  const Tensor tile = call();
   const int64_t count = before.numel();
-  for (int variant = 0; variant < cuda::moe_decode_tile_variants(); ++variant) {
-    for (const bool forced : {false, true}) {
-      Tensor tile;
-      {
-        const DecodeTileVariant chosen(variant, forced);
-        tile = call();
-      }
-      int64_t first_difference = -1;
-      for (int64_t i = 0; i < count && first_difference < 0; ++i) {
-        if (std::memcmp(tile.data<float>() + i, before.data<float>() + i, sizeof(float)) != 0) {
-          first_difference = i;
-        }
-      }
-      EXPECT_EQ(first_difference, -1)
-          << what << ": decode tile variant " << variant << (forced ? " (items forced)" : "")
-          << " differs from the register kernel at element " << first_difference;
+  int64_t first_difference = -1;
+  for (int64_t i = 0; i < count && first_difference < 0; ++i) {
+    if (std::memcmp(tile.data<float>() + i, before.data<float>() + i, sizeof(float)) != 0) {
+      first_difference = i;
     }
   }
+  EXPECT_EQ(first_difference, -1)
+      << what << ": the decode tile differs from the register kernel at element "
+      << first_difference;
 }
 
 TEST_F(MoeGroupedGemmTest, DecodeTileSmallShapes) {
@@ -675,13 +661,12 @@ TEST_F(MoeGroupedGemmTest, DecodeTileSmallShapes) {
       {4, 64, 1280, {17, 2, 0, 8}, 1, 221, "decode tile 4 experts 64x1280"},
       // One group of 13 rows: the token tiles spread over grid.z.
       {1, 32, 256, {13}, 0, 231, "decode tile one group 32x256"},
-      // K = 2048 (8 chunks, more than any variant's stages): the variants with 2 items per block
-      // chain a warp's passes, a hot expert's 16- and 8-token passes and the next item's; N = 80
-      // leaves warps of the second item without rows (they stop after the first).
-      {3, 80, 2048, {17, 1, 5}, 1, 233, "decode tile chained passes 80x2048"},
-      {3, 256, 2048, {17, 0, 5}, 0, 235, "decode tile chained passes 256x2048"},
-      // One group over grid.z, each z's passes chained across items.
-      {1, 128, 2048, {13}, 0, 237, "decode tile one group chained 128x2048"},
+      // K = 2048 (8 chunks, more than the pipeline's stages): a hot expert's 16- and 8-token
+      // passes each refill the pipeline; N = 80 leaves the second block's last warps without rows.
+      {3, 80, 2048, {17, 1, 5}, 1, 233, "decode tile passes 80x2048"},
+      {3, 256, 2048, {17, 0, 5}, 0, 235, "decode tile passes 256x2048"},
+      // One group over grid.z at K = 2048.
+      {1, 128, 2048, {13}, 0, 237, "decode tile one group 128x2048"},
   };
   for (const auto& c : cases) {
     const Problem p = make_problem(c.experts, c.n, c.k, c.counts, c.extra_rows, c.seed);
@@ -689,19 +674,13 @@ TEST_F(MoeGroupedGemmTest, DecodeTileSmallShapes) {
     const DeviceProblem d(p);
     const int64_t rows = p.x.view().size(0);
     expect_decode_tile_bits([&] { return call_gpu(d, p.n, p.offsets, 0, rows); }, c.what);
-    // A row alone equals it inside the call.
     const Tensor all = call_gpu(d, p.n, p.offsets, 0, rows);
-    for (int64_t row : {int64_t{0}, int64_t{p.offsets.back() - 1}}) {
-      const auto expert = static_cast<int64_t>(
-          std::upper_bound(p.offsets.begin(), p.offsets.end(), static_cast<int32_t>(row)) -
-          p.offsets.begin() - 1);
-      std::vector<int32_t> single(p.experts + 1, 0);
-      for (int64_t e = expert + 1; e <= p.experts; ++e) single[e] = 1;
-      const Tensor alone = call_gpu(d, p.n, single, row, 1);
-      EXPECT_EQ(0, std::memcmp(all.data<float>() + row * p.n, alone.data<float>(),
-                               static_cast<size_t>(p.n) * sizeof(float)))
-          << c.what << ", row " << row;
-    }
+    expect_rows_alone_equal(
+        p, all, {0, p.offsets.back() - 1},
+        [&](const std::vector<int32_t>& offsets, int64_t row) {
+          return call_gpu(d, p.n, offsets, row, 1);
+        },
+        c.what);
   }
   // Fewer rows than experts: the blocks walk only the experts with rows.
   std::vector<int32_t> sparse(40, 0);
@@ -713,9 +692,8 @@ TEST_F(MoeGroupedGemmTest, DecodeTileSmallShapes) {
   const DeviceProblem d(p);
   expect_decode_tile_bits([&] { return call_gpu(d, p.n, p.offsets, 0, p.x.view().size(0)); },
                           "decode tile sparse experts 32x768");
-  // The expert search: 70 groups (spans of 3, the last lane's partly past the end) with rows in
-  // the first, a middle and the last group; 600 groups (more than the one-round search covers:
-  // the 32-at-a-time walk).
+  // The expert search (nth_nonempty_group's 32-groups-a-round walk): 70 groups with rows in the
+  // first, a middle and the last group (the last round partly past the end); 600 groups.
   for (const int64_t experts : {int64_t{70}, int64_t{600}}) {
     std::vector<int32_t> counts(static_cast<size_t>(experts), 0);
     counts.front() = 2;

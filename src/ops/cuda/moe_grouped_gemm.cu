@@ -715,24 +715,19 @@ bool decode_tiles_enabled() {
   return by_environment && decode_tiles_allowed.load(std::memory_order_relaxed);
 }
 
-// The decode tile's shape, chosen at run time (every variant gives the same bits: they change
-// only how many chunks are in flight, the register budget and which tokens share a pass):
+// A decode tile shape (any shape gives the same bits: it changes only how many chunks are in
+// flight, the register budget and which tokens share a pass):
 //  - kStages: shared-memory slots per warp, kStages - 1 chunks (2 KB each) in flight;
 //  - kMinBlocks: __launch_bounds__' blocks per SM (registers capped to fit them);
 //  - kMaxTokenTiles: 8-token MMA tiles per pass over the weights (1: 8-token passes only, fewer
-//    registers; 2: a 16-token pass while more than 8 tokens remain);
-//  - kItemsPerBlock: grid.x items (64 weight rows of one table) each block takes, x and
-//    x + gridDim.x, ...: a warp's passes chain (the next one's first chunks are copied while this
-//    one drains), so a block's start (expert search, pointers, the first copies' latency) and
-//    its pipeline drain are paid once per kItemsPerBlock items.
+//    registers; 2: a 16-token pass while more than 8 tokens remain).
 // 32-token passes would serve hot experts in fewer passes but took the kernel from 126 to 166
 // registers (3 blocks per SM instead of 4) for every pass; decode experts rarely see 16 tokens.
-template <int kStages_, int kMinBlocks_, int kMaxTokenTiles_, int kItemsPerBlock_ = 1>
+template <int kStages_, int kMinBlocks_, int kMaxTokenTiles_>
 struct DecodeShape {
   static constexpr int kStages = kStages_;
   static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kMaxTokenTiles = kMaxTokenTiles_;
-  static constexpr int kItemsPerBlock = kItemsPerBlock_;
   static constexpr int kRowBytes = kChunk / 2;                   // one row's 8 fp4 32-blocks
   static constexpr int kPieces = kRowsPerWarp * kRowBytes / 16;  // 16-byte copies per chunk
   static constexpr int kWeightBytes = kRowsPerWarp * kRowBytes;
@@ -753,113 +748,14 @@ struct DecodeShape {
   static_assert(kMinBlocks * (kBlockBytes + 1024) <= 228 * 1024, "kMinBlocks blocks per SM");
 };
 
-// The run-time variants, DEEPINFER_MOE_DECODE_VARIANT=<index> (see decode_variant()). Registers
-// (sm_90a, no spills) and what each SM holds:
-//  0: 4 stages, 16-token passes, 4 blocks per SM (128 registers): ffeb5aa / a1989dc's kernel,
-//     3 chunks in flight per warp, 96 KB per SM;
-//  1: 5 stages, the same occupancy (127 registers, 47.6 KB per block): 128 KB in flight per SM;
-//  2: 4 stages, registers capped for 5 blocks per SM (96 registers): 120 KB in flight per SM and
-//     20 warps instead of 16 to hide each warp's per-chunk latency chain (shared-memory scale
-//     tables, ldmatrix, MMA) and to issue the ~340 instructions a 2 KB chunk costs;
-//  3: variant 2 with 8-token passes only (hot experts take twice the passes);
-//  4: 6 stages, 4 blocks per SM (55 KB per block, the SM's shared memory nearly all taken):
-//     160 KB in flight per SM;
-//  5: 8 stages, 3 blocks per SM (72 KB per block): 168 KB in flight from 12 warps;
-//  6: variant 3 with 2 items per block (half the blocks, each warp's passes chained);
-//  7: variant 4 with 2 items per block;
-//  8: variant 1 with 2 items per block;
-//  9: variant 4 with 4 items per block (a quarter of the blocks: fewer starts, a coarser tail).
-using DecodeShapes = std::tuple<DecodeShape<4, 4, 2>, DecodeShape<5, 4, 2>, DecodeShape<4, 5, 2>,
-                                DecodeShape<4, 5, 1>, DecodeShape<6, 4, 2>, DecodeShape<8, 3, 2>,
-                                DecodeShape<4, 5, 1, 2>, DecodeShape<6, 4, 2, 2>,
-                                DecodeShape<5, 4, 2, 2>, DecodeShape<6, 4, 2, 4>>;
-constexpr int kDecodeVariants = std::tuple_size_v<DecodeShapes>;
-// The variant when the environment names none. Measured on the H200 (2026-12-01, cuda_layer_bench,
-// w1|w3 + w2 per layer at b1 / b16 / b64 / b256, ms), with the one-round expert search: 0 0.083 /
-// 0.739 / 2.016 / 3.180, 1 0.083 / 0.734 / 1.961 / 3.116, 4 0.083 / 0.717 / 1.949 / 3.161, 7 0.085
-// / 0.730 / 1.964 / 3.187, 8 0.083 / 0.718 / 1.951 / 3.139 (2, 3, 5, 6, 9 slower); in the next
-// call variant 0 with the old walk 0.080 / 0.701 / 1.888 / 3.017 against 4 0.083 / 0.712 / 1.937 /
-// 3.138 and 7 0.088 / 0.751 / 2.054 / 3.217. More bytes in flight no longer buys time (the kernel
-// is issue bound), and the walk beats the scan: the default is variant 0 with the walk, the kernel
-// of a1989dc.
-constexpr int kDefaultDecodeVariant = 0;
-
-// -1: the environment's (or the default) variant; else the one a test set.
-std::atomic<int> decode_variant_override{-1};
-// Tests: the variant's items per block even on grids too small for them (see launch_decode_tiles).
-std::atomic<bool> decode_items_forced{false};
-
-int decode_variant() {
-  static const int by_environment = [] {
-    const char* setting = std::getenv("DEEPINFER_MOE_DECODE_VARIANT");
-    if (setting == nullptr || *setting == '\0') return kDefaultDecodeVariant;
-    const int chosen = std::atoi(setting);
-    return chosen >= 0 && chosen < kDecodeVariants ? chosen : kDefaultDecodeVariant;
-  }();
-  const int forced = decode_variant_override.load(std::memory_order_relaxed);
-  return forced >= 0 ? forced : by_environment;
-}
-
-// false: each block finds its expert with nth_nonempty_group's 32-groups-per-round walk (up to 12
-// dependent rounds of loads over 384 experts before the block's first weight copy).
-// Off: measured on the H200 (2026-12-01), the scan made the decode tile 2-5% slower than the walk
-// (kDefaultDecodeVariant's comment has the figures).
-constexpr bool kDecodeOneRoundExpertScan = false;
-
-// kDecodeOneRoundExpertScan, or what DEEPINFER_MOE_DECODE_SCAN=0|1 says.
-bool decode_one_round_scan_enabled() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("DEEPINFER_MOE_DECODE_SCAN");
-    if (setting != nullptr && std::string_view(setting) == "1") return true;
-    if (setting != nullptr && std::string_view(setting) == "0") return false;
-    return kDecodeOneRoundExpertScan;
-  }();
-  return enabled;
-}
-
-// nth_nonempty_group's answer in one round of loads: lane l loads the offsets of its own
-// contiguous span of groups (independent loads, one memory latency instead of one per 32
-// groups), a warp scan of the per-lane counts names the lane holding the n-th group with rows,
-// and that lane walks its span in registers. More than 32 * kScanMaxSpan groups: the walk.
-constexpr int kScanMaxSpan = 16;
-__device__ int nth_nonempty_group_one_round(const int32_t* offsets, int64_t groups, int64_t rows,
-                                            int n) {
-  if (groups > 32 * kScanMaxSpan) return nth_nonempty_group(offsets, groups, rows, n);
-  const int lane = threadIdx.x & 31;
-  const int span = static_cast<int>((groups + 31) / 32);
-  const int begin = lane * span;
-  const int last_group = static_cast<int>(groups);
-  int bounds[kScanMaxSpan + 1];
-#pragma unroll
-  for (int i = 0; i <= kScanMaxSpan; ++i) {
-    // Past the last group every bound is offsets[groups]: no group there has rows.
-    bounds[i] = i <= span ? clamp_offset(offsets[min(begin + i, last_group)], rows) : 0;
-  }
-  int mine = 0;
-#pragma unroll
-  for (int i = 0; i < kScanMaxSpan; ++i) mine += i < span && bounds[i + 1] > bounds[i] ? 1 : 0;
-  int inclusive = mine;
-#pragma unroll
-  for (int delta = 1; delta < 32; delta <<= 1) {
-    const int below = __shfl_up_sync(0xffffffffu, inclusive, delta);
-    if (lane >= delta) inclusive += below;
-  }
-  const unsigned holders = __ballot_sync(0xffffffffu, n < inclusive);
-  if (holders == 0) return -1;
-  const int holder = __ffs(holders) - 1;
-  int found = -1;
-  if (lane == holder) {
-    int skip = n - (inclusive - mine);
-#pragma unroll
-    for (int i = 0; i < kScanMaxSpan; ++i) {
-      if (i < span && bounds[i + 1] > bounds[i]) {
-        if (skip == 0 && found < 0) found = begin + i;
-        --skip;
-      }
-    }
-  }
-  return __shfl_sync(0xffffffffu, found, holder);
-}
+// The decode tile's shape: 4 stages (3 chunks in flight per warp), 16-token passes, 4 blocks per
+// SM (128 registers, 96 KB in flight per SM). Ten shapes were measured on the H200 (2026-12-01,
+// cuda_layer_bench, w1|w3 + w2 of one layer at b1 / b16 / b64 / b256): 5-8 stages, 3-5 blocks per
+// SM, 8-token passes only, 2-4 items chained per block, and a one-round expert scan instead of
+// nth_nonempty_group's walk; all were within 3% of each other and none beat this one (0.080 /
+// 0.701 / 1.888 / 3.017 ms): more bytes in flight no longer buys time, the kernel is issue bound.
+// docs/BENCHMARKS.md has the table; the variants went with this comment (git history).
+using DecodeTileShape = DecodeShape<4, 4, 2>;
 
 // 8 bytes global -> shared (a chunk's 8 scale codes of one row).
 __device__ __forceinline__ void copy_8_async(uint32_t shared, const void* global) {
@@ -885,19 +781,9 @@ struct DecodeStripe {
 // and are never stored) times the stripe's weights, all of K: one pass over the weights.
 // Chunk c lives in slot c % kDecodeStages; weight row r's 16-byte piece p of a chunk at piece
 // p ^ (r % 8), so the 8 rows of one ldmatrix matrix (the same piece) hit 8 different bank groups.
-//
-// A warp's passes chain when Shape::kItemsPerBlock > 1 (the next item's, or a hot expert's next
-// tokens over the same stripe): with prefetch_next, the
-// last kStages - 1 iterations copy the next pass's chunks [0, kStages - 1) into the slots after
-// this pass's (slot_base + chunks), so that pass starts with them in flight (`prefetched`: skip
-// the prologue) instead of draining the pipeline here and filling it again there. Needs
-// chunks >= kStages - 1 (the caller checks). The copies are the same bytes into the same layout,
-// so the bits do not change.
 template <typename Shape, int kTokenTiles>
 __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const DecodeStripe& stripe,
-                                            int tile, uint8_t* warp_shared, int slot_base,
-                                            bool prefetched, const DecodeStripe& next,
-                                            bool prefetch_next) {
+                                            int tile, uint8_t* warp_shared) {
   static_assert(kTokenTiles <= Shape::kMaxTokenTiles, "the token scale table's size");
   constexpr int kDecodeStages = Shape::kStages;
   constexpr int kDecodeRowBytes = Shape::kRowBytes;
@@ -962,12 +848,10 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
 
   float acc[kTokenTiles][4] = {};
   __syncwarp();  // every lane is done with the slots and tables of the previous pass
-  if (!prefetched) {
 #pragma unroll
-    for (int s = 0; s < kDecodeStages - 1; ++s) {
-      if (s < chunks) copy_chunk(stripe, s, (slot_base + s) % kDecodeStages);
-      commit_copies();
-    }
+  for (int s = 0; s < kDecodeStages - 1; ++s) {
+    if (s < chunks) copy_chunk(stripe, s, s);
+    commit_copies();
   }
   for (int chunk = 0; chunk < chunks; ++chunk) {
     // Issued before the wait: the load's latency hides behind it.
@@ -983,13 +867,9 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
     wait_copies<kDecodeStages - 2>();
     __syncwarp();  // chunk `chunk` is in; every lane is done with the slot `ahead` reuses
     const int ahead = chunk + kDecodeStages - 1;
-    if (ahead < chunks) {
-      copy_chunk(stripe, ahead, (slot_base + ahead) % kDecodeStages);
-    } else if (prefetch_next) {
-      copy_chunk(next, ahead - chunks, (slot_base + ahead) % kDecodeStages);
-    }
+    if (ahead < chunks) copy_chunk(stripe, ahead, ahead % kDecodeStages);
     commit_copies();
-    const uint8_t* stage = warp_shared + ((slot_base + chunk) % kDecodeStages) * kDecodeStageBytes;
+    const uint8_t* stage = warp_shared + (chunk % kDecodeStages) * kDecodeStageBytes;
     {
       // Lane l decodes row l / 2's codes [4 (l % 2), +4) and its tokens' words.
       const uint32_t codes =
@@ -1068,23 +948,18 @@ __device__ __forceinline__ void decode_pass(const GroupedArgs& args, const Decod
   }
 }
 
-// mma_gemm_kernel<false, 1>'s grid and work split (an item: 64 weight rows of one table, grid.x
-// walks items; y: expert or the y-th expert with rows, z: token tiles of one group), fp4 weights
-// only; each warp's 16 rows stream through its own shared-memory slots. With grid.z == 1 a warp
-// takes its expert's tokens 16 at a time while more than 8 are left, so one pass over the weights
-// serves them. A block takes items blockIdx.x + i gridDim.x, i < items_per_block (at most
-// Shape::kItemsPerBlock; of `items`), one expert's; a warp's passes over them chain (decode_pass).
-// Shape: a DecodeShape.
+// mma_gemm_kernel<false, 1>'s grid and work split (x: items of 64 weight rows of one table; y:
+// expert or the y-th expert with rows; z: token tiles of one group), fp4 weights only; each
+// warp's 16 rows stream through its own shared-memory slots. With grid.z == 1 a warp takes its
+// expert's tokens 16 at a time while more than 8 are left, so one pass over the weights serves
+// them. Shape: a DecodeShape.
 template <typename Shape>
 __global__ void __launch_bounds__(kWarps * 32, Shape::kMinBlocks)
-    decode_tile_kernel(GroupedArgs args, int64_t items, int items_per_block, bool one_round_scan) {
-  extern __shared__ __align__(128) uint8_t shared[];              // Shape::kBlockBytes
-  if constexpr (Shape::kItemsPerBlock == 1) items_per_block = 1;  // a constant to the compiler
+    decode_tile_kernel(GroupedArgs args) {
+  extern __shared__ __align__(128) uint8_t shared[];  // Shape::kBlockBytes
   int expert = blockIdx.y;
   if (args.offsets != nullptr && gridDim.y < args.groups) {
-    expert = one_round_scan
-                 ? nth_nonempty_group_one_round(args.offsets, args.groups, args.rows, blockIdx.y)
-                 : nth_nonempty_group(args.offsets, args.groups, args.rows, blockIdx.y);
+    expert = nth_nonempty_group(args.offsets, args.groups, args.rows, blockIdx.y);
     if (expert < 0) return;
   }
   int first = 0;
@@ -1102,89 +977,44 @@ __global__ void __launch_bounds__(kWarps * 32, Shape::kMinBlocks)
   const int64_t k_blocks = args.k / kScaleBlock;
   const int64_t w_row_bytes = args.k / 2;
   const int64_t row_blocks = (args.n + kRowsPerBlock - 1) / kRowsPerBlock;
-  // This warp's stripe of the block's i-th item; weight stays null past the items or N.
-  const auto stripe_of = [&](int i) {
-    DecodeStripe stripe;
-    stripe.first = first;
-    stripe.count = count;
-    int64_t row_block = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
-    if (row_block >= items) return stripe;
-    const DeviceWeight* experts = args.experts;
-    stripe.out = args.out;
-    if (args.second_out != nullptr && row_block >= row_blocks) {
-      row_block -= row_blocks;
-      experts = args.second_experts;
-      stripe.out = args.second_out;
-    }
-    stripe.n_base = row_block * kRowsPerBlock + warp * kRowsPerWarp;
-    if (stripe.n_base >= args.n) return stripe;
-    if (experts != nullptr) {
-      stripe.weight = experts[expert].bytes + stripe.n_base * w_row_bytes;
-      stripe.scales = experts[expert].scale + stripe.n_base * k_blocks;
-    } else {
-      const int64_t w_row = expert * args.n + stripe.n_base;
-      stripe.weight = args.weight + w_row * w_row_bytes;
-      stripe.scales = args.w_scales + w_row * k_blocks;
-    }
-    return stripe;
-  };
-  // The first of items [i, items_per_block) this warp has rows in (items_per_block: none).
-  const auto first_item_from = [&](int i) {
-    for (; i < items_per_block; ++i) {
-      int64_t row_block = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
-      if (row_block >= items) return items_per_block;
-      if (args.second_out != nullptr && row_block >= row_blocks) row_block -= row_blocks;
-      if (row_block * kRowsPerBlock + warp * kRowsPerWarp < args.n) break;
-    }
-    return i;
-  };
-  int item = first_item_from(0);
-  if (item == items_per_block) return;
-  DecodeStripe stripe = stripe_of(item);
+  DecodeStripe stripe;
+  stripe.first = first;
+  stripe.count = count;
+  int64_t row_block = blockIdx.x;
+  const DeviceWeight* experts = args.experts;
+  stripe.out = args.out;
+  if (args.second_out != nullptr && row_block >= row_blocks) {
+    row_block -= row_blocks;
+    experts = args.second_experts;
+    stripe.out = args.second_out;
+  }
+  stripe.n_base = row_block * kRowsPerBlock + warp * kRowsPerWarp;
+  if (stripe.n_base >= args.n) return;  // the block's last warps past N (no block barriers)
+  if (experts != nullptr) {
+    stripe.weight = experts[expert].bytes + stripe.n_base * w_row_bytes;
+    stripe.scales = experts[expert].scale + stripe.n_base * k_blocks;
+  } else {
+    const int64_t w_row = expert * args.n + stripe.n_base;
+    stripe.weight = args.weight + w_row * w_row_bytes;
+    stripe.scales = args.w_scales + w_row * k_blocks;
+  }
   uint8_t* warp_shared = shared + warp * Shape::kWarpBytes;
   constexpr int kWideTiles = Shape::kMaxTokenTiles;  // 1 or 2
   static_assert(kWideTiles == 1 || kWideTiles == 2, "8- or 16-token passes");
-  // A pass prefetches the next one's first chunks only when it has that many to overlap. With
-  // one item per block the chain (of a hot expert's passes only) would not pay for its registers.
-  const int chunks = static_cast<int>(args.k / kChunk);
-  const bool chain = Shape::kItemsPerBlock > 1 && chunks >= Shape::kStages - 1;
-  int tile = tile_start;
-  int slot_base = 0;
-  bool prefetched = false;
-  for (;;) {
+  for (int tile = tile_start; tile < count;) {
     const bool wide = kWideTiles == 2 && gridDim.z == 1 && count - tile > 8;
-    // The pass after this one: the stripe's next tokens, else the next item's first.
-    int next_tile = tile + (wide ? 16 : narrow_step);
-    int next_item = item;
-    if (next_tile >= count) {
-      next_item = first_item_from(item + 1);
-      next_tile = tile_start;
-    }
-    const bool has_next = next_item < items_per_block;
-    const bool prefetch = chain && has_next;
-    // Only its weight and scale rows are read (copied ahead).
-    DecodeStripe ahead = stripe;
-    if (prefetch && next_item != item) ahead = stripe_of(next_item);
     if (wide) {
-      decode_pass<Shape, kWideTiles>(args, stripe, tile, warp_shared, slot_base, prefetched, ahead,
-                                     prefetch);
+      decode_pass<Shape, kWideTiles>(args, stripe, tile, warp_shared);
     } else {
-      decode_pass<Shape, 1>(args, stripe, tile, warp_shared, slot_base, prefetched, ahead,
-                            prefetch);
+      decode_pass<Shape, 1>(args, stripe, tile, warp_shared);
     }
-    if (!has_next) break;
-    prefetched = prefetch;
-    slot_base = prefetched ? (slot_base + chunks) % Shape::kStages : 0;
-    if (next_item != item) stripe = stripe_of(next_item);
-    tile = next_tile;
-    item = next_item;
+    tile += wide ? 16 : narrow_step;
   }
 }
 
 // grid: one block per item (x), expert (y) and token tile (z), as mma_gemm_kernel's.
 template <typename Shape>
-void launch_decode_tiles(dim3 grid, cudaStream_t stream, const GroupedArgs& args,
-                         bool one_round_scan) {
+void launch_decode_tiles(dim3 grid, cudaStream_t stream, const GroupedArgs& args) {
   static const bool configured = [] {
     DI_CUDA_CHECK(cudaFuncSetAttribute(decode_tile_kernel<Shape>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1192,35 +1022,7 @@ void launch_decode_tiles(dim3 grid, cudaStream_t stream, const GroupedArgs& args
     return true;
   }();
   (void)configured;
-  // Fewer items per block only while the grid keeps at least kMinWaves full waves: small
-  // batches (a handful of experts) need every block they can get to fill the SMs.
-  constexpr int64_t kMinWaves = 4;
-  int device = 0;
-  int sms = 0;
-  DI_CUDA_CHECK(cudaGetDevice(&device));
-  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t items = grid.x;
-  const int64_t blocks_per_wave = static_cast<int64_t>(sms) * Shape::kMinBlocks;
-  int per_block = Shape::kItemsPerBlock;
-  const bool forced = decode_items_forced.load(std::memory_order_relaxed);
-  while (!forced && per_block > 1 &&
-         (items + per_block - 1) / per_block * grid.y * grid.z < kMinWaves * blocks_per_wave) {
-    per_block /= 2;
-  }
-  grid.x = static_cast<unsigned>((items + per_block - 1) / per_block);
-  decode_tile_kernel<Shape>
-      <<<grid, kWarps * 32, Shape::kBlockBytes, stream>>>(args, items, per_block, one_round_scan);
-}
-
-// launch_decode_tiles with the variant-th shape of DecodeShapes.
-template <size_t... kVariant>
-void launch_decode_variant(int variant, dim3 grid, cudaStream_t stream, const GroupedArgs& args,
-                           bool one_round_scan, std::index_sequence<kVariant...>) {
-  ((variant == static_cast<int>(kVariant)
-        ? launch_decode_tiles<std::tuple_element_t<kVariant, DecodeShapes>>(grid, stream, args,
-                                                                            one_round_scan)
-        : void()),
-   ...);
+  decode_tile_kernel<Shape><<<grid, kWarps * 32, Shape::kBlockBytes, stream>>>(args);
 }
 
 const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* what) {
@@ -1321,9 +1123,7 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
   const dim3 grid(static_cast<unsigned>(tables * row_blocks), static_cast<unsigned>(group_blocks),
                   static_cast<unsigned>(std::min<int64_t>(token_tiles, 65535)));
   if (!kFp8Weight && choice.decode_tiles) {
-    const bool one_round_scan = decode_one_round_scan_enabled();
-    launch_decode_variant(decode_variant(), grid, stream, args, one_round_scan,
-                          std::make_index_sequence<kDecodeVariants>());
+    launch_decode_tiles<DecodeTileShape>(grid, stream, args);
     DI_CUDA_LAUNCHED(decode_tile_kernel);
     return;
   }
@@ -1428,17 +1228,6 @@ void quantize_fp8_rows(DeviceRows<const float> x, CodeLayout layout, uint8_t* co
 
 void set_moe_decode_tile(bool enabled) {
   decode_tiles_allowed.store(enabled, std::memory_order_relaxed);
-}
-
-int moe_decode_tile_variants() {
-  return kDecodeVariants;
-}
-
-void set_moe_decode_tile_variant(int variant, bool force_items_per_block) {
-  DI_CHECK(variant >= -1 && variant < kDecodeVariants, "set_moe_decode_tile_variant: ", variant,
-           " is not a variant");
-  decode_variant_override.store(variant, std::memory_order_relaxed);
-  decode_items_forced.store(force_items_per_block, std::memory_order_relaxed);
 }
 
 bool grouped_fp4_supports(const DeviceWeight& w) {

@@ -42,14 +42,6 @@ void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const Tenso
 // the two), true returns to the default.
 void set_moe_decode_tile(bool enabled);
 
-// The decode tile's run-time variants (stages in flight, blocks per SM, 8- or 16-token passes;
-// moe_grouped_gemm.cu lists them), all with the same bits: DEEPINFER_MOE_DECODE_VARIANT=<index>
-// picks one for a process; set_moe_decode_tile_variant(v) for the calls that follow (tests
-// compare them), -1 returns to the environment's or the default. Variants that give a block
-// several items take fewer on grids of under 4 waves; force_items_per_block (tests) keeps them.
-int moe_decode_tile_variants();
-void set_moe_decode_tile_variant(int variant, bool force_items_per_block = false);
-
 // ops::cuda::moe_experts runs FP4 experts under the released numerics as one fused sequence
 // (rows quantized straight from x, w1 and w3 in one launch, the SwiGLU folded into w2's
 // quantizer; same bits). false takes the earlier per-projection path for the calls that follow
