@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -320,6 +321,49 @@ int64_t free_memory(Device device);
 // Waits for the work queued on `device` (the current stream) and throws Error for any
 // out-of-range index a kernel met since the last call; nothing on the host.
 void synchronize(Device device);
+
+// ---- recorded op sequences (CUDA graphs) -----------------------------------------------------
+
+// A run of ops recorded once (OpRecorder) and queued again, with the same kernels, arguments and
+// addresses, by one call. Valid while every buffer it touches stays where it was.
+class RecordedOps {
+ public:
+  virtual ~RecordedOps() = default;
+  // Queues the recorded ops on the current stream.
+  virtual void replay() = 0;
+};
+
+// A backend's recorder of the ops one thread queues (the model's decode step records the
+// stretches of a step whose kernels and arguments repeat: docs/CUDA.md, "CUDA graphs for
+// decode"). Not an op: there is no CPU version, and op_recorder() is null for such devices.
+class OpRecorder {
+ public:
+  virtual ~OpRecorder() = default;
+  // Brackets a step that may record: makes the current stream one that can be recorded (a
+  // stream of the recorder's own when this thread's is the device's legacy default stream, ordered
+  // with that stream's work both ways), until end_step.
+  virtual void begin_step() = 0;
+  virtual void end_step() noexcept = 0;
+  // From begin() to end(), the ops this thread queues on the current stream are recorded, not
+  // run; ops that would queue host data (uploads) throw instead of recording bytes a replay
+  // would read stale.
+  virtual void begin() = 0;
+  virtual std::unique_ptr<RecordedOps> end() = 0;
+  // Ends a recording that failed part way (an op threw); never throws.
+  virtual void abandon() noexcept = 0;
+};
+
+namespace detail {
+inline OpRecorder*& gpu_op_recorder() {
+  static OpRecorder* recorder = nullptr;  // set by the CUDA backend when it is linked in
+  return recorder;
+}
+}  // namespace detail
+
+// The recorder for `device`, or null where there is none (the CPU, a build without CUDA).
+inline OpRecorder* op_recorder(Device device) {
+  return device.is_cuda() ? detail::gpu_op_recorder() : nullptr;
+}
 
 }  // namespace deepinfer::ops
 

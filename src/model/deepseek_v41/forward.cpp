@@ -8,8 +8,12 @@
 // (compressor groups, engram n-grams) runs per request on its rows.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <string_view>
+#include <utility>
 
 #include "core/error.h"
 #include "model/deepseek_v41/model.h"
@@ -32,6 +36,7 @@ class Scratch {
     }
     return TensorView::contiguous(storage_.view().raw_data(), dtype, shape, allocator.device());
   }
+  size_t capacity() const { return capacity_; }
 
  private:
   Tensor storage_;
@@ -70,6 +75,17 @@ struct ForwardWorkspace {
   // Per request, per compressor layer: its completing groups' rows of the step's latents, and
   // the same rows aimed at its compressed caches (write_window_rings scatters them).
   std::vector<ops::AttentionRequest> completing_groups, cache_writes;
+  // Recorded segments of small steps (Model::set_cuda_graphs), by (segment, tokens): the first
+  // sighting runs eagerly (one-time setup calls, scratch growth), the second records. They hold
+  // the addresses of the scratch above: `generation` counts moves of a scratch the segments
+  // use, and the segments recorded under another generation are dropped.
+  struct RecordedSegment {
+    int sightings = 0;
+    std::unique_ptr<ops::RecordedOps> ops;
+  };
+  std::map<std::pair<int64_t, int64_t>, RecordedSegment> segments;
+  uint64_t generation = 0;
+  uint64_t segments_generation = 0;
 };
 
 namespace {
@@ -95,6 +111,18 @@ ops::RopeTable rope_table_for(const RopeParameters& rope, const DeepseekV41TextC
   return ops::make_rope_table(static_cast<int>(config.qk_rope_head_dim), rope.rope_theta, yarn);
 }
 
+// false: steps never record CUDA graphs, whatever DEEPINFER_CUDA_GRAPHS or set_cuda_graphs say.
+constexpr bool kCudaGraphs = true;
+
+// Off by default until measured on the H200: DEEPINFER_CUDA_GRAPHS=1 turns the graphs on.
+bool graphs_requested_by_environment() {
+  static const bool requested = [] {
+    const char* setting = std::getenv("DEEPINFER_CUDA_GRAPHS");
+    return setting != nullptr && std::string_view(setting) == "1";
+  }();
+  return requested;
+}
+
 ops::ScoreFunction score_function(const std::string& name) {
   if (name == "softmax") return ops::ScoreFunction::kSoftmax;
   if (name == "sigmoid") return ops::ScoreFunction::kSigmoid;
@@ -106,6 +134,10 @@ ops::ScoreFunction score_function(const std::string& name) {
 // of the step's score matrix when the requests' entry counts differ), the path before
 // indexer_scores_batch scored all of them in one call.
 constexpr bool kBatchedIndexerScores = true;
+
+// Steps of at most this many tokens record their repeating segments as CUDA graphs when the
+// model's graphs are on (decode; a prefill's launches are not what bounds it).
+constexpr int64_t kMaxRecordedTokens = 64;
 
 struct RequestSpan {
   RequestState* state = nullptr;
@@ -138,7 +170,8 @@ class ForwardPass {
               const std::vector<std::vector<ops::ExpertWeights>>& expert_weights, Numerics numerics,
               const EngramHasher* engram, const ops::RopeTable& rope_main,
               const ops::RopeTable& rope_compress, ForwardWorkspace& ws,
-              std::vector<RequestSpan> spans, int64_t tokens, const Model::LayerObserver& observer)
+              std::vector<RequestSpan> spans, int64_t tokens, const Model::LayerObserver& observer,
+              bool cuda_graphs)
       : c_(config),
         p_(parameters),
         expert_weights_(expert_weights),
@@ -153,20 +186,46 @@ class ForwardPass {
         hc_(config.hc_mult),
         quant_(numerics == Numerics::kReleased ? ops::ActivationQuant::kFp8PerBlock32
                                                : ops::ActivationQuant::kNone),
-        observer_(observer) {}
+        observer_(observer),
+        recorder_(cuda_graphs && tokens <= kMaxRecordedTokens
+                      ? ops::op_recorder(parameters.embed.device())
+                      : nullptr) {}
 
   // `logit_rows` null: logits of every token row; else only of those rows, in that order.
   void run(const TensorView& logits, std::span<const int32_t> const* logit_rows);
 
  private:
   TensorView take(Scratch& scratch, DType dtype, Shape shape) {
-    return scratch.take(allocator_, dtype, shape);
+    const size_t capacity = scratch.capacity();
+    TensorView view = scratch.take(allocator_, dtype, shape);
+    if (scratch.capacity() != capacity && !eager_only(scratch)) ++ws_.generation;
+    return view;
   }
+  // Scratch that only the ops between recorded segments use: its moves keep the recordings.
+  // (The indexer's scores grow every `ratio` tokens of context.)
+  bool eager_only(const Scratch& scratch) const {
+    for (const Scratch* eager :
+         {&ws_.comp_kv, &ws_.comp_gate, &ws_.gathered_kv, &ws_.gathered_gate, &ws_.latent,
+          &ws_.comp_keys, &ws_.comp_entries, &ws_.index_q, &ws_.index_w, &ws_.scores,
+          &ws_.selection, &ws_.candidates, &ws_.head_rows, &ws_.logits}) {
+      if (&scratch == eager) return true;
+    }
+    return false;
+  }
+  // Runs `body` (ops only; views it needs are taken before) as recorded segment `id` of this
+  // step's token count when the step records, else eagerly.
+  template <typename Body>
+  void segment(int64_t id, Body&& body);
   TensorView f32(Scratch& scratch, Shape shape) { return take(scratch, DType::kF32, shape); }
   void prepare_metadata();
   void engram_hashes(int64_t* ids);
   void engram_layer(int64_t layer, int64_t engram_index);
-  void attention(int64_t layer, const TensorView& x, const TensorView& out);
+  // The attention in three parts: the projections of q and the K=V row (recordable), the
+  // compressed branch, the batched attention and the ring writes (host tables per step: eager),
+  // the output projections (recordable).
+  void attention_projections(int64_t layer, const TensorView& x);
+  void attention_core(int64_t layer, const TensorView& x);
+  void attention_output(int64_t layer, const TensorView& out);
   void compressor(int64_t layer, const TensorView& x);
   // Per request with completing groups: its rows [offset, offset + count) of the step's
   // latents are its groups [start, start + count).
@@ -190,7 +249,11 @@ class ForwardPass {
   const int64_t hc_;
   const ops::ActivationQuant quant_;
   const Model::LayerObserver& observer_;
+  // Non-null when this step records its repeating segments (docs/CUDA.md, "CUDA graphs for
+  // decode").
+  ops::OpRecorder* const recorder_;
   // Views of the uploaded metadata.
+  TensorView token_ids_;                                 // i32 [N, 1], when recording
   TensorView engram_ids_;                                // i64 [engram layers, N, columns]
   TensorView positions_;                                 // i32 [N]
   std::vector<std::pair<int64_t, TensorView>> visible_;  // per index-source ratio: i32 [N]
@@ -231,9 +294,13 @@ void ForwardPass::prepare_metadata() {
       group_positions_.push_back(std::move(groups));
     }
   }
-  // i32 layout: positions [N], visible [N] per index ratio, then the group positions of each KV
-  // ratio.
+  // i32 layout: positions [N], visible [N] per index ratio, the token ids [N] when the step
+  // records (its embedding gathers rows by device ids: ops::embedding uploads its own), then the
+  // group positions of each KV ratio. Everything the recorded segments read lies before the
+  // group positions, whose length changes from step to step.
   int64_t i32_count = n_ + n_ * static_cast<int64_t>(ratios.size());
+  const int64_t ids_start = i32_count;
+  if (recorder_ != nullptr) i32_count += n_;
   std::vector<int64_t> group_starts;
   for (const GroupPositions& groups : group_positions_) {
     group_starts.push_back(i32_count);
@@ -261,11 +328,16 @@ void ForwardPass::prepare_metadata() {
       }
     }
   }
+  if (recorder_ != nullptr) std::copy_n(ws_.ids.data(), n_, host_i32 + ids_start);
 
   const TensorView staged = TensorView::contiguous(ws_.staging.data(), DType::kI64, {words});
   TensorView uploaded = staged;
   if (allocator_.device().is_cuda()) {
-    uploaded = take(ws_.metadata, DType::kI64, {words});
+    // A step completes at most one group per token and KV ratio: sized for that, the metadata
+    // (which recorded segments read) does not move between steps of one token count.
+    const int64_t most_i32 = ids_start + n_ + n_ * static_cast<int64_t>(group_positions_.size());
+    const int64_t most_words = recorder_ == nullptr ? words : engram_words + (most_i32 + 1) / 2;
+    uploaded = take(ws_.metadata, DType::kI64, {std::max(words, most_words)}).narrow(0, 0, words);
     ops::copy(staged, uploaded);
   }
   auto* base_i64 = static_cast<int64_t*>(uploaded.raw_data());
@@ -286,19 +358,77 @@ void ForwardPass::prepare_metadata() {
     group_positions_[g].positions = TensorView::contiguous(
         base_i32 + group_starts[g], DType::kI32, {group_positions_[g].offsets.back()}, device);
   }
+  if (recorder_ != nullptr) {
+    token_ids_ = TensorView::contiguous(base_i32 + ids_start, DType::kI32, {n_, 1}, device);
+  }
+}
+
+template <typename Body>
+void ForwardPass::segment(int64_t id, Body&& body) {
+  if (recorder_ == nullptr) {
+    body();
+    return;
+  }
+  if (ws_.segments_generation != ws_.generation) {
+    ws_.segments.clear();
+    ws_.segments_generation = ws_.generation;
+  }
+  ForwardWorkspace::RecordedSegment& entry = ws_.segments[{id, n_}];
+  if (entry.ops) {
+    entry.ops->replay();
+    return;
+  }
+  if (entry.sightings++ == 0) {
+    body();
+    return;
+  }
+  const uint64_t generation = ws_.generation;
+  recorder_->begin();
+  try {
+    body();
+  } catch (...) {
+    recorder_->abandon();
+    throw;
+  }
+  std::unique_ptr<ops::RecordedOps> recorded = recorder_->end();
+  // Recording runs nothing: the segment's work is the replay. Its scratch was sized by the
+  // eager first sighting of the same token count, so nothing may have moved while recording.
+  DI_CHECK(ws_.generation == generation, "a scratch buffer moved while segment ", id,
+           " was recorded");
+  recorded->replay();
+  entry.ops = std::move(recorded);
 }
 
 void ForwardPass::run(const TensorView& logits, std::span<const int32_t> const* logit_rows) {
   const float eps = static_cast<float>(c_.rms_norm_eps);
+  // The whole step (metadata upload included) on a stream that can be recorded.
+  struct StepScope {
+    ops::OpRecorder* recorder;
+    explicit StepScope(ops::OpRecorder* r) : recorder(r) {
+      if (recorder != nullptr) recorder->begin_step();
+    }
+    ~StepScope() {
+      if (recorder != nullptr) recorder->end_step();
+    }
+    StepScope(const StepScope&) = delete;
+    StepScope& operator=(const StepScope&) = delete;
+  } step_scope(recorder_);
   prepare_metadata();
   // Embedding, replicated into hc identical streams; the first pre mix is one-hot on stream 0.
   const TensorView x_view = f32(ws_.collapsed, {n_, dim_});
-  ops::embedding(p_.embed, {ws_.ids.data(), static_cast<size_t>(n_)}, x_view);
   streams_ = f32(ws_.streams, {n_, hc_, dim_});
-  for (int64_t k = 0; k < hc_; ++k) ops::copy(x_view, streams_.select(1, k));
   const TensorView pre_mix_view = f32(ws_.next_pre, {n_, hc_});
-  ops::fill(pre_mix_view, 0.0f);
-  ops::fill(pre_mix_view.narrow(1, 0, 1), 1.0f);
+  segment(0, [&] {
+    if (recorder_ != nullptr) {
+      // The same rows as ops::embedding (an exact copy of each f32 / bf16 row), from device ids.
+      ops::engram_gather(p_.embed, TensorView(), token_ids_, x_view);
+    } else {
+      ops::embedding(p_.embed, {ws_.ids.data(), static_cast<size_t>(n_)}, x_view);
+    }
+    for (int64_t k = 0; k < hc_; ++k) ops::copy(x_view, streams_.select(1, k));
+    ops::fill(pre_mix_view, 0.0f);
+    ops::fill(pre_mix_view.narrow(1, 0, 1), 1.0f);
+  });
 
   const ops::HcParams hc_params{static_cast<int>(hc_), static_cast<int>(c_.hc_sinkhorn_iters),
                                 static_cast<float>(c_.hc_eps), eps};
@@ -311,25 +441,30 @@ void ForwardPass::run(const TensorView& logits, std::span<const int32_t> const* 
   for (int64_t layer = 0; layer < c_.num_hidden_layers; ++layer) {
     const LayerParameters& lp = p_.layers[static_cast<size_t>(layer)];
     const int64_t engram_index = c_.engram_index(layer);
-    if (engram_index >= 0) engram_layer(layer, engram_index);
+    segment(1 + 2 * layer, [&] {
+      if (engram_index >= 0) engram_layer(layer, engram_index);
+      // Attention site: mixes from the streams; input collapsed with the previous site's pre.
+      ops::hc_mixes(streams_flat, lp.hc_attn_fn, lp.hc_attn_scale, lp.hc_attn_base, hc_params,
+                    pre_view, post_view, comb_view);
+      ops::hc_collapse(streams_, pre_mix_view, x_view);
+      ops::rmsnorm(x_view, lp.attn_norm, eps, x_view);
+      attention_projections(layer, x_view);
+    });
+    attention_core(layer, x_view);
+    segment(2 + 2 * layer, [&] {
+      attention_output(layer, y_view);
+      ops::hc_expand(y_view, streams_, post_view, comb_view, streams_);
+      // This site's pre mix feeds the FFN site.
+      ops::copy(pre_view, pre_mix_view);
 
-    // Attention site: mixes from the streams; input collapsed with the previous site's pre.
-    ops::hc_mixes(streams_flat, lp.hc_attn_fn, lp.hc_attn_scale, lp.hc_attn_base, hc_params,
-                  pre_view, post_view, comb_view);
-    ops::hc_collapse(streams_, pre_mix_view, x_view);
-    ops::rmsnorm(x_view, lp.attn_norm, eps, x_view);
-    attention(layer, x_view, y_view);
-    ops::hc_expand(y_view, streams_, post_view, comb_view, streams_);
-    // This site's pre mix feeds the FFN site.
-    ops::copy(pre_view, pre_mix_view);
-
-    ops::hc_mixes(streams_flat, lp.hc_ffn_fn, lp.hc_ffn_scale, lp.hc_ffn_base, hc_params, pre_view,
-                  post_view, comb_view);
-    ops::hc_collapse(streams_, pre_mix_view, x_view);
-    ops::rmsnorm(x_view, lp.ffn_norm, eps, x_view);
-    moe(layer, x_view, y_view);
-    ops::hc_expand(y_view, streams_, post_view, comb_view, streams_);
-    ops::copy(pre_view, pre_mix_view);
+      ops::hc_mixes(streams_flat, lp.hc_ffn_fn, lp.hc_ffn_scale, lp.hc_ffn_base, hc_params,
+                    pre_view, post_view, comb_view);
+      ops::hc_collapse(streams_, pre_mix_view, x_view);
+      ops::rmsnorm(x_view, lp.ffn_norm, eps, x_view);
+      moe(layer, x_view, y_view);
+      ops::hc_expand(y_view, streams_, post_view, comb_view, streams_);
+      ops::copy(pre_view, pre_mix_view);
+    });
     if (observer_) observer_(layer, streams_);
   }
   // Final collapse with the last site's pre mix, norm, head.
@@ -406,14 +541,12 @@ void ForwardPass::engram_layer(int64_t layer, int64_t engram_index) {
 
 // ---- attention --------------------------------------------------------------------------------
 
-void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView& out) {
+void ForwardPass::attention_projections(int64_t layer, const TensorView& x) {
   const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const int64_t heads = c_.num_attention_heads;
   const int64_t head_dim = c_.head_dim;
-  const int64_t ratio = c_.compress_ratio(layer);
-  const ops::RopeTable& rope = ratio > 0 ? rope_compress_ : rope_main_;
-  const TensorView& all_positions = positions_;
+  const ops::RopeTable& rope = c_.compress_ratio(layer) > 0 ? rope_compress_ : rope_main_;
 
   // Low-rank query and the shared K=V latent.
   const TensorView qr_view = f32(ws_.qr, {n_, c_.q_lora_rank});
@@ -421,12 +554,23 @@ void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView
   ops::rmsnorm(qr_view, ap.q_norm, eps, qr_view);
   const TensorView q_view = f32(ws_.q, {n_, heads, head_dim});
   ops::linear(qr_view, ap.wq_b, q_view.view({n_, heads * head_dim}), quant_);
-  ops::rope(q_view, all_positions, rope, false);
+  ops::rope(q_view, positions_, rope, false);
   const TensorView kv_view = f32(ws_.kv, {n_, head_dim});
   ops::linear(x, ap.wkv, kv_view, quant_);
   ops::rmsnorm(kv_view, ap.kv_norm, eps, kv_view);
-  ops::rope(kv_view, all_positions, rope, false);
+  ops::rope(kv_view, positions_, rope, false);
   ops::fake_quant_fp8(kv_view, 32);
+}
+
+void ForwardPass::attention_core(int64_t layer, const TensorView& x) {
+  const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
+  const int64_t heads = c_.num_attention_heads;
+  const int64_t head_dim = c_.head_dim;
+  const int64_t ratio = c_.compress_ratio(layer);
+  // The projections' results (the same scratch views they were written to).
+  const TensorView qr_view = f32(ws_.qr, {n_, c_.q_lora_rank});
+  const TensorView q_view = f32(ws_.q, {n_, heads, head_dim});
+  const TensorView kv_view = f32(ws_.kv, {n_, head_dim});
 
   // The compressed branch: the source publishes this call's complete groups into the state;
   // index sources select per query; layers in between reuse both.
@@ -468,9 +612,17 @@ void ForwardPass::attention(int64_t layer, const TensorView& x, const TensorView
   // Only now the new window rows go into the rings (earlier queries of a long chunk needed the
   // rows the ring would have overwritten).
   ops::write_window_rings(kv_view, requests);
+}
+
+void ForwardPass::attention_output(int64_t layer, const TensorView& out) {
+  const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
+  const int64_t heads = c_.num_attention_heads;
+  const int64_t head_dim = c_.head_dim;
+  const ops::RopeTable& rope = c_.compress_ratio(layer) > 0 ? rope_compress_ : rope_main_;
+  const TensorView attn_view = f32(ws_.attn_out, {n_, heads, head_dim});
 
   // Remove the query's rotation from the output, then the grouped low-rank projection.
-  ops::rope(attn_view, all_positions, rope, true);
+  ops::rope(attn_view, positions_, rope, true);
   const int64_t groups = c_.o_groups;
   const TensorView attn_flat = attn_view.view({n_, heads * head_dim});
   const TensorView grouped_view = f32(ws_.grouped, {n_, groups * c_.o_lora_rank});
@@ -730,7 +882,8 @@ Model::Model(const DeepseekV41TextConfig& config, const ModelParameters& paramet
       engram_(std::move(engram)),
       rope_main_(rope_table_for(config.rope_main, config)),
       rope_compress_(rope_table_for(config.rope_compress, config)),
-      workspace_(std::make_unique<ForwardWorkspace>()) {
+      workspace_(std::make_unique<ForwardWorkspace>()),
+      cuda_graphs_(kCudaGraphs && graphs_requested_by_environment()) {
   if (!config.engram_layer_ids.empty() && engram_ == nullptr) {
     DI_THROW("the config has engram layers ", config.engram_layer_ids.size(),
              " but no engram hasher (token map) was given");
@@ -758,6 +911,11 @@ Model::Model(const DeepseekV41TextConfig& config, const ModelParameters& paramet
 }
 
 Model::~Model() = default;
+
+void Model::set_cuda_graphs(bool enabled) {
+  cuda_graphs_ = kCudaGraphs && enabled;
+  if (!cuda_graphs_) workspace_->segments.clear();
+}
 
 void Model::forward(std::span<const ForwardRequest> requests, const TensorView& logits) {
   forward_impl(requests, nullptr, logits);
@@ -827,7 +985,7 @@ void Model::forward_impl(std::span<const ForwardRequest> requests,
   ws.candidate_mask = TensorView();
 
   ForwardPass pass(config_, parameters_, expert_weights_, numerics_, engram_.get(), rope_main_,
-                   rope_compress_, ws, spans, tokens, observer_);
+                   rope_compress_, ws, spans, tokens, observer_, cuda_graphs_);
   pass.run(logits, logit_rows);
   for (const RequestSpan& span : spans) span.state->advance(span.count);
 }

@@ -57,6 +57,13 @@ class Model {
   using LayerObserver = std::function<void(int64_t layer, const TensorView& streams)>;
   void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
 
+  // Whether decode steps (at most 64 tokens) on a GPU record the parts of a step whose kernels
+  // and arguments repeat as CUDA graphs and replay them (docs/CUDA.md, "CUDA graphs for
+  // decode"); the logits are the same bits either way. Off unless DEEPINFER_CUDA_GRAPHS=1;
+  // turning it off drops the recorded graphs.
+  void set_cuda_graphs(bool enabled);
+  bool cuda_graphs() const { return cuda_graphs_; }
+
   // Runs every request's tokens and writes their logits, request after request, into
   // `logits` [total tokens, vocab] f32; then advances each state by its token count. A
   // request with no tokens is skipped. Throws Error (and changes no state) when a state would
@@ -86,6 +93,7 @@ class Model {
   ops::RopeTable rope_compress_;
   std::vector<std::vector<ops::ExpertWeights>> expert_weights_;  // per layer, for moe_experts
   std::unique_ptr<ForwardWorkspace> workspace_;
+  bool cuda_graphs_ = false;
   LayerObserver observer_;
 };
 

@@ -12,11 +12,14 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/ops.h"
 
 namespace deepinfer::cuda {
 namespace {
 
 thread_local StreamHandle t_current_stream = nullptr;
+// True while this thread records ops into a graph (GraphRecorder::begin .. end).
+thread_local bool t_recording = false;
 
 // Host-side description of a view as `rows` rows of `row_bytes` bytes, `pitch` bytes apart.
 struct RowLayout {
@@ -130,6 +133,12 @@ bool pinned_uploads_enabled() {
 
 void upload_bytes(void* device_dst, const void* host, size_t bytes) {
   if (bytes == 0) return;
+  // A recorded copy would replay from the staging slot of the recording, which later uploads
+  // overwrite: ops with per-call host data must stay outside recorded segments.
+  if (t_recording) {
+    DI_THROW("an op uploads ", bytes, " bytes of host data inside a recorded op sequence (CUDA ",
+             "graph): it must run outside the recorded segments");
+  }
   if (!pinned_uploads_enabled() || bytes > PinnedStaging::kLargest) {
     DI_CUDA_CHECK(
         cudaMemcpyAsync(device_dst, host, bytes, cudaMemcpyHostToDevice, current_stream()));
@@ -225,6 +234,11 @@ void copy(const TensorView& src, const TensorView& dst) {
     DI_THROW("cuda::copy needs equal dtype and shape: ", src.to_string(), " -> ", dst.to_string());
   }
   if (src.numel() == 0) return;
+  if (t_recording && (src.device().is_cpu() || dst.device().is_cpu())) {
+    DI_THROW("a copy between host and device inside a recorded op sequence (CUDA graph) would ",
+             "replay from or into the host address of the recording: ", src.to_string(), " -> ",
+             dst.to_string());
+  }
   const RowLayout from = row_layout(src, "copy source");
   const RowLayout to = row_layout(dst, "copy destination");
   DI_CHECK(from.rows * from.row_bytes == to.rows * to.row_bytes, "copy layouts disagree");
@@ -326,5 +340,101 @@ StreamBuffer::StreamBuffer(size_t bytes) : stream_(current_stream()) {
 StreamBuffer::~StreamBuffer() {
   if (data_ != nullptr) cudaFreeAsync(data_, stream_);
 }
+
+namespace {
+
+// One instantiated graph; destroying it while a launch is in flight is allowed (the runtime
+// releases it when the launch completes).
+class GraphExec final : public ops::RecordedOps {
+ public:
+  explicit GraphExec(cudaGraphExec_t exec) : exec_(exec) {}
+  ~GraphExec() override { cudaGraphExecDestroy(exec_); }
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  void replay() override { DI_CUDA_CHECK(cudaGraphLaunch(exec_, current_stream())); }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+
+// Records with stream capture in relaxed mode (the ops' first calls may allocate; the model
+// runs every segment once uncaptured first, so one-time setup never happens inside a capture).
+class GraphRecorder final : public ops::OpRecorder {
+ public:
+  GraphRecorder() { ops::detail::gpu_op_recorder() = this; }
+
+  void begin_step() override {
+    StepStreams& streams = step_streams();
+    streams.previous.push_back(t_current_stream);
+    if (t_current_stream != nullptr) return;
+    // The legacy default stream cannot be captured. A blocking stream (default flags) waits for
+    // the legacy stream's earlier work and the legacy stream waits for its work, so callers that
+    // queue on the legacy stream see the step in order.
+    int device = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&device));
+    DI_CHECK(device >= 0 && device < kMaxDevices, "CUDA ordinal ", device);
+    cudaStream_t& stream = streams.blocking[static_cast<size_t>(device)];
+    if (stream == nullptr) DI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
+    t_current_stream = stream;
+  }
+
+  void end_step() noexcept override {
+    StepStreams& streams = step_streams();
+    if (streams.previous.empty()) return;
+    t_current_stream = streams.previous.back();
+    streams.previous.pop_back();
+  }
+
+  void begin() override {
+    DI_CHECK(!t_recording, "a recording is already open on this thread");
+    DI_CHECK(t_current_stream != nullptr,
+             "ops cannot be recorded on the legacy default stream (call begin_step first)");
+    DI_CUDA_CHECK(cudaStreamBeginCapture(t_current_stream, cudaStreamCaptureModeRelaxed));
+    t_recording = true;
+  }
+
+  std::unique_ptr<ops::RecordedOps> end() override {
+    DI_CHECK(t_recording, "no recording is open on this thread");
+    t_recording = false;
+    cudaGraph_t graph = nullptr;
+    DI_CUDA_CHECK(cudaStreamEndCapture(t_current_stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    DI_CUDA_CHECK(status);
+    return std::make_unique<GraphExec>(exec);
+  }
+
+  void abandon() noexcept override {
+    if (!t_recording) return;
+    t_recording = false;
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(t_current_stream, &graph) == cudaSuccess && graph != nullptr) {
+      cudaGraphDestroy(graph);
+    }
+    cudaGetLastError();  // an invalidated capture's error belongs to the op that threw
+  }
+
+ private:
+  static constexpr int kMaxDevices = 16;
+  struct StepStreams {
+    std::vector<StreamHandle> previous;
+    std::array<cudaStream_t, kMaxDevices> blocking{};
+    ~StepStreams() {
+      // Thread or process exit: the context may be gone already, so nothing here may throw.
+      for (cudaStream_t stream : blocking) {
+        if (stream != nullptr) cudaStreamDestroy(stream);
+      }
+    }
+  };
+  static StepStreams& step_streams() {
+    thread_local StepStreams streams;
+    return streams;
+  }
+};
+
+GraphRecorder graph_recorder;
+
+}  // namespace
 
 }  // namespace deepinfer::cuda
