@@ -491,14 +491,30 @@ class RegisterKernelForPrefill {
   RegisterKernelForPrefill& operator=(const RegisterKernelForPrefill&) = delete;
 };
 
-// Rows [0, rows) of r on the wide tile (the default) and on the register kernel in grouped and
-// in plain block order: the same bits (with the model's term count and both explicit ones), and
-// the listed rows equal to the same rows computed alone (the decode tile).
+// Runs its body on the wide tile (128 weight rows a block) instead of the big tile (256, where N
+// and K allow it), restoring the default afterwards.
+class WideTileForPrefill {
+ public:
+  WideTileForPrefill() { cuda::set_bf16_big_tile(false); }
+  ~WideTileForPrefill() { cuda::set_bf16_big_tile(true); }
+  WideTileForPrefill(const WideTileForPrefill&) = delete;
+  WideTileForPrefill& operator=(const WideTileForPrefill&) = delete;
+};
+
+// Rows [0, rows) of r on the default prefill tile (the big tile where N % 256 == 0 and K % 64 ==
+// 0, else the wide tile), on the wide tile and on the register kernel in grouped and in plain
+// block order: the same bits (with the model's term count and both explicit ones), and the listed
+// rows equal to the same rows computed alone (the decode tile).
 void check_prefill(const Role& r, int64_t rows, std::initializer_list<int64_t> alone_rows) {
   const std::string what = r.name + " [" + std::to_string(r.n) + " x " + std::to_string(r.k) +
                            "], " + std::to_string(rows) + " rows";
   for (int terms : {kModelOp, 2, 3}) {
     const Tensor tile = run_gpu(r, 0, rows, terms);
+    {
+      const WideTileForPrefill wide_tile;
+      EXPECT_TRUE(same_bits(tile, run_gpu(r, 0, rows, terms)))
+          << what << ", terms " << terms << ": the default tile differs from the wide tile";
+    }
     for (bool grouped_order : {true, false}) {
       Tensor register_kernel;
       {
@@ -533,6 +549,57 @@ TEST_F(LinearBf16MmaTest, WideTileSmallShapes) {
     EXPECT_LE(error, kTolerance) << c.n << " x " << c.k << ", " << c.rows << " rows";
     check_prefill(r, c.rows, {0, 33, c.rows - 1});
   }
+}
+
+// Prefill-sized calls the big tile takes (N % 256 == 0, K % 64 == 0; quick under
+// compute-sanitizer): K in 4 slices of one chunk (a slice ends after each stage's first chunk
+// too), in 2 slices of 3 and of 5 chunks (slice ends inside a stage; the running totals through
+// the output), and 512 row blocks of the 32-token block at 20 rows (tokens past the end) and of
+// the 64-token block at 33 rows. Against the CPU reference and the wide tile and register kernel.
+TEST_F(LinearBf16MmaTest, BigTileSmallShapes) {
+  struct Case {
+    int64_t n, k, rows;
+  };
+  for (const Case& c : {Case{4096, 128, 520}, Case{4096, 192, 520}, Case{8192, 320, 300},
+                        Case{65536, 64, 20}, Case{65536, 64, 33}}) {
+    const Role r = make_role("small big", c.n, c.k, c.k, 0, c.rows, 181);
+    const double error = worst_error(reference(r, 0, c.rows), run_gpu(r, 0, c.rows));
+    std::printf("small big %ld x %ld (K in %d slices), %ld rows: worst error %.3g\n",
+                static_cast<long>(c.n), static_cast<long>(c.k),
+                cuda::linear_bf16_mma_k_slices(c.n, c.k), static_cast<long>(c.rows), error);
+    EXPECT_LE(error, kTolerance) << c.n << " x " << c.k << ", " << c.rows << " rows";
+    check_prefill(r, c.rows, {0, 17, c.rows - 1});
+  }
+}
+
+// A prefill call of one wo_a group (1024 x 4096, K in 8 slices, on its column slice of the
+// attention output) at 2048 rows: the big tile's 4 x 32 blocks, the same bits as the wide tile
+// and the register kernel, rows equal to themselves alone, the first rows against the CPU.
+TEST_F(LinearBf16MmaTest, BigTileWoAPrefill) {
+  constexpr int64_t kRows = 2048;
+  const Role r = make_role("wo_a prefill", 1024, 4096, 32768, 3 * 4096, kRows, 191);
+  const Tensor got = run_gpu(r, 0, kRows);
+  const Tensor want = reference(r, 0, 4);
+  Tensor first = Tensor::empty(DType::kF32, {4, r.n});
+  std::copy(got.data<float>(), got.data<float>() + 4 * r.n, first.data<float>());
+  EXPECT_LE(worst_error(want, first), kTolerance);
+  check_prefill(r, kRows, {0, 1000, kRows - 1});
+}
+
+// The LM head at 9-32 rows (the big tile's 32-token block; at 9-16 rows in place of the decode
+// tile, which the wide-tile comparison then runs): the CPU reference at 16 and 17 rows, the
+// same bits as the paths before, rows equal to themselves alone (the decode tile).
+TEST_F(LinearBf16MmaTest, BigTileLmHeadFewRows) {
+  const Role head = make_lm_head(32, 153);
+  for (int64_t rows : {16, 17}) {
+    const double error = worst_error(reference(head, 0, rows), run_gpu(head, 0, rows));
+    std::printf("lm_head, %ld rows: worst error %.3g\n", static_cast<long>(rows), error);
+    EXPECT_LE(error, kTolerance) << rows << " rows";
+  }
+  check_prefill(head, 9, {0, 8});
+  check_prefill(head, 16, {0, 15});
+  check_prefill(head, 17, {0, 16});
+  check_prefill(head, 32, {0, 31});
 }
 
 // The LM head at 64, 100 and 256 rows (the prefill kernels from 17 rows on; 32-token tile at 64,

@@ -521,6 +521,277 @@ void launch_wide_tile(const Bf16MmaArgs& args, int64_t row_groups, int64_t rows,
   DI_CUDA_LAUNCHED(bf16_wide_tile_kernel);
 }
 
+// ---- big tile: 256 weight rows x 32 or 64 tokens, 64 x 16-32 per warp ------------------------
+//
+// The wide tile above still reads 16 bytes of shared memory per 1.5 MMAs per warp (per 32-chunk:
+// 4 weight and 12 activation 16-byte reads for 48 MMAs, plus 20 KB of cp.async writes per block),
+// so at 64-256 rows of the LM head its 8 warps spend about as long in shared-memory wavefronts
+// (~670 a chunk) as in MMAs (~660 at mma.sync's H200 rate), and with one barrier per 32-chunk all
+// warps do the two in lockstep instead of overlapping them: measured ~2000 cycles a chunk, about
+// 180 TFLOP/s of MMAs. Here each warp holds 4 row groups (64 rows) of weight fragments against 2
+// or 4 token tiles: per chunk 8 weight and 6-12 activation reads feed 48-96 MMAs (107 bytes per
+// MMA at 4 tiles instead of 171); a stage holds two chunks (one 128-byte line per weight row,
+// half the barriers, and two chunks of straight-line code the compiler can interleave); 256 rows
+// a block halve how often the activations are copied per weight byte. The slice totals
+// (0 + P_0 + P_1 + ...) go through the output itself: at each slice end a thread adds its
+// partial to what it stored at the previous one (slice 0: to 0), the same f32 additions without
+// 64 registers of totals; only the thread that computes an output ever touches it.
+//
+// Same bits as bf16_mma_kernel<4, false, kTerms, true> and the wide tile: thread (g, t) reads the
+// same 16 weight bytes per row pair and chunk (rows g and g + 8 of a row group, K [8t, 8t + 8)),
+// the same pre-split words, chains the same 2 * kTerms MMAs from zero per chunk, adds them to the
+// slice partial in ascending K and the partials in slice order. Only which warp computes which
+// output changes. Taken where N is a multiple of 256 (no rows past N) and K of 64 (whole stages).
+
+// false: prefill takes the wide tile again (the path before this one).
+constexpr bool kUseBigTile = true;
+
+// Tests switch the big tile off and on in one process to compare it with the wide tile.
+std::atomic<bool> big_tile_allowed{true};
+
+// kUseBigTile unless DEEPINFER_BF16_BIG_TILE=0 or set_bf16_big_tile(false).
+bool big_tile_enabled() {
+  static const bool by_environment =
+      kUseBigTile && !disabled_by_environment("DEEPINFER_BF16_BIG_TILE");
+  return by_environment && big_tile_allowed.load(std::memory_order_relaxed);
+}
+
+constexpr int kBigWarpRowGroups = 4;  // 64 rows per warp
+constexpr int kBigRowWarps = 4;
+constexpr int kBigTokenWarps = kWarps / kBigRowWarps;                      // 2
+constexpr int kBigRows = kBigRowWarps * kBigWarpRowGroups * kRowsPerWarp;  // 256
+constexpr int kBigStageChunks = 2;
+constexpr int kBigRowStageBytes = kBigStageChunks * kChunkBytes;  // 128: one line per weight row
+constexpr int kBigStages = 3;
+constexpr int kBigWeightBytes = kBigRows * kBigRowStageBytes;  // 32 KB a stage
+// The same 10 MB of weight rows per group of the grouped block order as the wide tile's.
+constexpr int kBigGroupRowBlocks = kWideGroupRowBlocks * kWideRows / kBigRows;
+// Token tiles per warp: 2 (32 tokens a block) up to this many rows, 4 (64) beyond, so at 33-64
+// rows one block column covers every token and each weight byte leaves L2 once.
+constexpr int64_t kBigSmallTokensUpTo = 32;
+static_assert(kBigRowStageBytes == 128, "the weight swizzle assumes 8 pieces per row");
+
+// A token's 16-byte activation words per stage: kBigStageChunks chunks of 4 quads x kTerms terms,
+// contiguous in the pre-split scratch.
+template <int kTerms>
+constexpr int kBigTokenWords = kBigStageChunks * 4 * kTerms;
+template <int kTerms, int kBlockTokens>
+constexpr int kBigStageBytes = kBigWeightBytes + kBlockTokens* kBigTokenWords<kTerms> * 16;
+template <int kTerms, int kBlockTokens>  // 168 KB with 3 terms and 64 tokens
+constexpr int kBigSmemBytes = kBigStages* kBigStageBytes<kTerms, kBlockTokens>;
+static_assert(kBigSmemBytes<3, 64> <= 227 * 1024, "stages fit the H200's shared memory");
+
+// Weight row r's 16-byte piece p (p < 4: the stage's first chunk) within a stage: odd rows swap
+// their chunks, so a quarter-warp's reads (rows 2i and 2i + 1, pieces 4h + t) cover all 32 banks.
+__device__ __forceinline__ int big_weight_offset(int row, int piece) {
+  return row * kBigRowStageBytes + ((piece ^ ((row & 1) << 2)) << 4);
+}
+
+// Token m's activation word w (chunk h = w / (4 kTerms), quad, term) within the token's stage
+// words, swizzled so a quarter-warp's reads (tokens 2i and 2i + 1, quads 0-3, one term) hit 8
+// different 16-byte bank groups: with 3 terms (24 words, 384 bytes a token) odd tokens swap their
+// chunks (192 bytes: 4 bank groups over); with 2 (16 words, 256 bytes) they swap word pairs.
+template <int kTerms>
+__device__ __forceinline__ int big_token_word(int token, int word) {
+  constexpr int kWords = kBigTokenWords<kTerms>;
+  if constexpr (kTerms == 3) {
+    return (token & 1) ? (word + kWords / 2) % kWords : word;
+  } else {
+    return word ^ (token & 1);
+  }
+}
+
+// Block: 256 weight rows (grid.x, grouped order as the wide tile) times kBlockTokens tokens
+// (grid.y, looped past 65535); warp w computes rows 64 (w % 4) + [0, 64) and the (w / 4)-th half
+// of the tokens over all of K.
+template <int kTerms, int kWarpTokenTiles>
+__global__ void __launch_bounds__(kThreads, 1) bf16_big_tile_kernel(Bf16MmaArgs args) {
+  extern __shared__ __align__(128) uint8_t big_shared[];
+  constexpr int kBlockTokens = kBigTokenWarps * 8 * kWarpTokenTiles;
+  constexpr int kTokenWords = kBigTokenWords<kTerms>;
+  constexpr int kTokenBytes = kTokenWords * 16;
+  constexpr int kStageBytes = kBigStageBytes<kTerms, kBlockTokens>;
+  constexpr int kWeightPiecesPerThread = kBigRows * (kBigRowStageBytes / 16) / kThreads;  // 8
+  constexpr int kTokenPieces = kBlockTokens * kTokenWords;
+  constexpr int kTokenPiecesPerThread = (kTokenPieces + kThreads - 1) / kThreads;
+  static_assert(kWeightPiecesPerThread * kThreads == kBigRows * (kBigRowStageBytes / 16),
+                "whole weight pieces per thread");
+  // A thread's weight pieces: rows threadIdx.x / 8 + 32 i, piece threadIdx.x % 8.
+  static_assert(kThreads % (kBigRowStageBytes / 16) == 0, "one piece column per thread");
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  int64_t row_block = blockIdx.x;
+  int64_t token_block = blockIdx.y;
+  wide_block_position(args.group_row_blocks, row_block, token_block);
+  const int64_t block_row = row_block * kBigRows;
+  const int warp_row = (warp % kBigRowWarps) * kBigWarpRowGroups * kRowsPerWarp;
+  const int warp_token = (warp / kBigRowWarps) * 8 * kWarpTokenTiles;
+  const int chunks = static_cast<int>(args.k / kChunk);
+  const int stages = chunks / kBigStageChunks;
+  const int chunks_per_slice = chunks / args.slices;
+  const int64_t rows = args.x.rows;
+  const uint32_t shared_base = shared_address(big_shared);
+
+  // The weight pieces this thread copies each stage (N % 256 == 0: every row exists).
+  const int weight_piece = threadIdx.x % (kBigRowStageBytes / 16);
+  const int weight_row = threadIdx.x / (kBigRowStageBytes / 16);
+  constexpr int kWeightRowStep = kThreads / (kBigRowStageBytes / 16);  // 32
+  const uint8_t* weight_source =
+      args.weight + (block_row + weight_row) * args.row_bytes + weight_piece * 16;
+  const int64_t weight_row_step = kWeightRowStep * args.row_bytes;
+  const uint32_t weight_target = big_weight_offset(weight_row, weight_piece);
+  static_assert(kWeightRowStep % 2 == 0, "the stepped rows keep the first row's swizzle");
+
+  for (int64_t tile = token_block * kBlockTokens; tile < rows;
+       tile += static_cast<int64_t>(gridDim.y) * kBlockTokens) {
+    // Activation scratch from the tile's first token; tokens past the end copy the last token
+    // (never stored).
+    const uint4* tile_source = args.x_split + tile * chunks * 4 * kTerms;
+    const int last_tile_token =
+        static_cast<int>(min(rows - 1 - tile, static_cast<int64_t>(kBlockTokens - 1)));
+    const auto copy_stage = [&](int stage, int slot) {
+      const uint32_t slot_address = shared_base + slot * kStageBytes;
+      const uint8_t* source = weight_source + static_cast<int64_t>(stage) * kBigRowStageBytes;
+#pragma unroll
+      for (int i = 0; i < kWeightPiecesPerThread; ++i) {
+        copy_16_async(slot_address + weight_target + i * kWeightRowStep * kBigRowStageBytes,
+                      source + i * weight_row_step);
+      }
+      const uint4* stage_source = tile_source + stage * kTokenWords;
+      // Recomputed per stage rather than kept: the registers go to the MMA operands.
+#pragma unroll
+      for (int i = 0; i < kTokenPiecesPerThread; ++i) {
+        const int piece = threadIdx.x + kThreads * i;
+        if (kTokenPieces % kThreads == 0 || piece < kTokenPieces) {
+          const int token = piece / kTokenWords;
+          const int word = piece % kTokenWords;
+          copy_16_async(slot_address + kBigWeightBytes +
+                            (token * kTokenWords + big_token_word<kTerms>(token, word)) * 16,
+                        stage_source + min(token, last_tile_token) * chunks * 4 * kTerms + word);
+        }
+      }
+    };
+    // The current slice's partials, [row group][token tile].
+    float acc[kBigWarpRowGroups][kWarpTokenTiles][4] = {};
+    // Slice s's end: the output becomes (its value at slice s - 1, or 0) + acc, acc restarts.
+    const auto end_slice = [&](int slice) {
+#pragma unroll
+      for (int r = 0; r < kBigWarpRowGroups; ++r) {
+        const int64_t n = block_row + warp_row + kRowsPerWarp * r + group;
+#pragma unroll
+        for (int j = 0; j < kWarpTokenTiles; ++j) {
+          // acc[r][j][0], [1]: weight row g, tokens 2t and 2t + 1; [2], [3]: row g + 8.
+          const int64_t token = tile + warp_token + 8 * j + 2 * quad;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int64_t m = token + (i & 1);
+            if (m < rows) {
+              float* target = args.out.row(m) + n + 8 * (i >> 1);
+              *target = (slice == 0 ? 0.0f : *target) + acc[r][j][i];
+            }
+            acc[r][j][i] = 0.0f;
+          }
+        }
+      }
+    };
+    const auto compute_stage = [&](int slot, int stage) {
+      const uint8_t* stage_bytes = big_shared + slot * kStageBytes;
+#pragma unroll 1
+      for (int half = 0; half < kBigStageChunks; ++half) {
+        // bf16_mma_kernel's w_ring words: rows g and g + 8 of each row group, K [8t, 8t + 8).
+        uint32_t a_first[kBigWarpRowGroups][4];
+        uint32_t a_second[kBigWarpRowGroups][4];
+#pragma unroll
+        for (int r = 0; r < kBigWarpRowGroups; ++r) {
+          const int row = warp_row + kRowsPerWarp * r + group;
+          const uint4 w_row_lo = *reinterpret_cast<const uint4*>(
+              stage_bytes + big_weight_offset(row, 4 * half + quad));
+          const uint4 w_row_hi = *reinterpret_cast<const uint4*>(
+              stage_bytes + big_weight_offset(row + 8, 4 * half + quad));
+          a_first[r][0] = w_row_lo.x;
+          a_first[r][1] = w_row_hi.x;
+          a_first[r][2] = w_row_lo.y;
+          a_first[r][3] = w_row_hi.y;
+          a_second[r][0] = w_row_lo.z;
+          a_second[r][1] = w_row_hi.z;
+          a_second[r][2] = w_row_lo.w;
+          a_second[r][3] = w_row_hi.w;
+        }
+#pragma unroll
+        for (int j = 0; j < kWarpTokenTiles; ++j) {
+          // Token 8j + g's pre-split words of quad t: the register kernel's x_ring words.
+          const int token = warp_token + 8 * j + group;
+          const uint8_t* token_bytes = stage_bytes + kBigWeightBytes + token * kTokenBytes;
+          uint4 terms[kTerms];
+#pragma unroll
+          for (int t = 0; t < kTerms; ++t) {
+            terms[t] = *reinterpret_cast<const uint4*>(
+                token_bytes + big_token_word<kTerms>(token, (half * 4 + quad) * kTerms + t) * 16);
+          }
+#pragma unroll
+          for (int r = 0; r < kBigWarpRowGroups; ++r) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first[r], terms[t].x, terms[t].y, d);
+#pragma unroll
+            for (int t = kTerms - 1; t >= 0; --t) {
+              mma_bf16(a_second[r], terms[t].z, terms[t].w, d);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][j][i] += d[i];
+          }
+        }
+        const int chunk = stage * kBigStageChunks + half;
+        if ((chunk + 1) % chunks_per_slice == 0) end_slice(chunk / chunks_per_slice);
+      }
+    };
+    run_stage_pipeline<kBigStages>(
+        stages, true, copy_stage, [](int) { return 0u; }, [](uint32_t, int) {}, compute_stage);
+    __syncthreads();  // every warp is done with the slots before the next token tile's copies
+  }
+}
+
+// One big tile launch; the first of each instance allows its dynamic shared memory.
+template <int kTerms, int kWarpTokenTiles>
+void launch_big_tile(Bf16MmaArgs args, int64_t rows, cudaStream_t stream) {
+  constexpr auto kernel = bf16_big_tile_kernel<kTerms, kWarpTokenTiles>;
+  constexpr int kBlockTokens = kBigTokenWarps * 8 * kWarpTokenTiles;
+  constexpr int kSmemBytes = kBigSmemBytes<kTerms, kBlockTokens>;
+  static const bool allowed = [] {
+    DI_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)allowed;
+  if (args.group_row_blocks > 0) args.group_row_blocks = kBigGroupRowBlocks;
+  const dim3 grid(static_cast<unsigned>(args.n / kBigRows),
+                  std::min(blocks_for(rows, kBlockTokens), 65535u));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
+  DI_CUDA_LAUNCHED(bf16_big_tile_kernel);
+}
+
+// 9-16 rows of weights of at least this size (the LM head) take the big tile instead of the
+// decode tile unless DEEPINFER_BF16_BIG_TILE_DECODE=0 (or the big tile is off). At 16 rows the
+// decode tile ran the LM head at 0.69 ms against a 0.29 ms HBM floor (it splits each activation
+// into terms in every warp: ~120 instructions a chunk next to 12 MMAs); the big tile's 32-token
+// block spends 0.13 PFLOP of MMAs (~0.23 ms at mma.sync's rate) and reads each weight byte once.
+// Same bits: the big tile and the decode tile both run the register kernel's operations.
+constexpr bool kBigTileDecode = true;
+constexpr int64_t kBigDecodeMinBytes = int64_t{256} << 20;
+
+bool big_tile_decode_enabled() {
+  static const bool by_environment =
+      kBigTileDecode && !disabled_by_environment("DEEPINFER_BF16_BIG_TILE_DECODE");
+  return by_environment;
+}
+
+// Whether the big tile can take this call: whole 256-row blocks and 64-wide stages.
+bool big_tile_fits(const Bf16MmaArgs& args) {
+  return big_tile_enabled() && args.n % kBigRows == 0 && args.k % (kBigStageChunks * kChunk) == 0;
+}
+
 // ---- decode tile: the weight rows through shared memory ---------------------------------------
 //
 // bf16_mma_kernel's decode instances take their weights straight into a register ring: per chunk
@@ -876,7 +1147,13 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
       w.out * w.row_bytes >= decode_pre_split_min_bytes.load(std::memory_order_relaxed);
   const bool decode_pre_split = large_decode && (variant & (x.rows <= 8 ? 1 : 2)) != 0;
   const bool two_row_groups = large_decode && x.rows > 8 && (variant & 4) != 0;
-  const bool pre_split = (kPreSplitActivations && x.rows >= kPreSplitMinRows) || decode_pre_split;
+  // 9-16 rows of a weight as large as the LM head on the big tile (its 32-token block: every
+  // weight byte read once, half the MMAs on tokens past the end, still under the HBM time).
+  const bool big_decode = groups == 1 && x.rows > 8 && x.rows <= 16 &&
+                          w.out * w.row_bytes >= kBigDecodeMinBytes && big_tile_fits(args) &&
+                          big_tile_decode_enabled();
+  const bool pre_split =
+      (kPreSplitActivations && x.rows >= kPreSplitMinRows) || decode_pre_split || big_decode;
   const int64_t chunks = w.in / kChunk;
   StreamBuffer split(pre_split ? static_cast<size_t>(x.rows * chunks * 4 * kTerms) * sizeof(uint4)
                                : 0);
@@ -916,7 +1193,9 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
                      std::min(blocks_for(x.rows, tokens_per_block), 65535u)),
                 stream);
   };
-  if (x.rows <= 8) {
+  if (big_decode) {
+    launch_big_tile<kTerms, 2>(args, x.rows, stream);
+  } else if (x.rows <= 8) {
     if (decode_pre_split) {
       run_tile(launch_decode_tile<1, kTerms, true>, 8, 1);
     } else {
@@ -941,6 +1220,12 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
   } else if (wide) {
     if (!wide_tile_enabled()) {
       run(bf16_mma_kernel<4, false, kTerms, true>, 32, kWarps);
+    } else if (big_tile_fits(args)) {
+      if (x.rows <= kBigSmallTokensUpTo) {
+        launch_big_tile<kTerms, 2>(args, x.rows, stream);
+      } else {
+        launch_big_tile<kTerms, 4>(args, x.rows, stream);
+      }
     } else if (x.rows >= kWideLargeTokensFrom) {
       launch_wide_tile<kTerms, 64>(args, row_groups, x.rows, stream);
     } else {
@@ -1045,6 +1330,10 @@ void set_bf16_decode_tile(bool enabled) {
 
 void set_bf16_wide_tile(bool enabled) {
   wide_tile_allowed.store(enabled, std::memory_order_relaxed);
+}
+
+void set_bf16_big_tile(bool enabled) {
+  big_tile_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 void set_bf16_wide_groups(bool enabled) {

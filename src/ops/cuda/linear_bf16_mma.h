@@ -46,6 +46,11 @@ void set_bf16_decode_tile(bool enabled);
 // it for the calls that follow (same bits; tests compare the two), true returns to the default.
 void set_bf16_wide_tile(bool enabled);
 
+// Prefill calls of weights with N % 256 == 0 and K % 64 == 0 take the big tile (256 weight rows,
+// 64 x 16-32 per warp) instead of the wide tile unless DEEPINFER_BF16_BIG_TILE=0; false takes the
+// wide tile for the calls that follow (same bits; tests compare the two), true the default.
+void set_bf16_big_tile(bool enabled);
+
 // Prefill calls (all K slices in one warp) order their blocks in groups of row blocks, each group
 // running all its token blocks back to back (weights served from L2), unless
 // DEEPINFER_BF16_WIDE_GROUPS=0; false takes the plain grid order for the calls that follow (same
