@@ -5,7 +5,12 @@
 // the HBM read bandwidth measured in the same run. The head-group column is the one-block kernel
 // (DEEPINFER_ATTENTION_SPLIT=0); the split-KV column (decode only: DEEPINFER_ATTENTION_SPLIT=1)
 // is its split path, which must give the same bits; the op itself takes the split path when the
-// one-block kernel would launch fewer than 2 blocks per SM.
+// one-block kernel would launch fewer than 2 blocks per SM. Those two columns are the FMA
+// kernels (DEEPINFER_ATTENTION_MMA=0); "mma" and "mma-split" are the tensor-core kernels that
+// replace them (the op's default), the same two forms, which must give each other's bits too.
+// The KV rows are bf16-exact, as the model's are (FP8 window rows, FP4 compressed rows): the
+// tensor-core kernels' one-term key path; "mma-f32kv" times the op's choice once more with the
+// KV rows refilled as plain f32 values (their three-term path).
 //
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
@@ -16,9 +21,12 @@
 // (t - 128, t] of the call's rows and min(512, t / 4) compressed entries (the rest -1). "Bytes"
 // counts the distinct KV rows a call must read plus q and out; GB/s is bytes over time, next to
 // the read roofline. Before timing, both kernels' outputs are compared (worst difference over
-// the output's scale; exit 2 past 2e-5), the two paths' (the same bits or exit 3) and the
-// split-KV path's against the one-block kernel's (the same bits or exit 4). GB/s and "of HBM"
-// are the faster head-group variant's.
+// the output's scale; exit 2 past 2e-5; "differ" is per-head vs FMA head-group, "mma-differ" FMA
+// vs tensor-core head-group), the two paths' (the same bits or exit 3) and the split-KV paths'
+// against their one-block kernels' (the same bits or exit 4). "speedup" is the faster FMA
+// head-group form over the faster tensor-core form; GB/s and "of HBM" are the faster
+// tensor-core form's.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,20 +68,26 @@ __device__ __forceinline__ uint64_t mix(uint64_t x) {
   return x ^ (x >> 33);
 }
 
-// Uniform [-scale, scale) floats.
-__global__ void fill_kernel(float* data, int64_t count, uint64_t seed, float scale) {
+// Uniform [-scale, scale) floats; `bf16_exact`: rounded to bf16 (as the model's KV rows are).
+__global__ void fill_kernel(float* data, int64_t count, uint64_t seed, float scale,
+                            bool bf16_exact) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += stride) {
     const uint64_t h = mix(seed * 0x100000001B3ull + static_cast<uint64_t>(i));
-    data[i] = (static_cast<float>(h >> 40) * 0x1p-23f - 1.0f) * scale;
+    const float value = (static_cast<float>(h >> 40) * 0x1p-23f - 1.0f) * scale;
+    data[i] = bf16_exact ? __bfloat162float(__float2bfloat16_rn(value)) : value;
   }
 }
 
-Tensor device_f32(Shape shape, uint64_t seed, float scale) {
-  Tensor t = Tensor::empty(DType::kF32, shape, rt::device_allocator());
-  fill_kernel<<<2048, 256>>>(t.data<float>(), t.numel(), seed, scale);
+void fill(Tensor& t, uint64_t seed, float scale, bool bf16_exact) {
+  fill_kernel<<<2048, 256>>>(t.data<float>(), t.numel(), seed, scale, bf16_exact);
   DI_CUDA_CHECK(cudaGetLastError());
+}
+
+Tensor device_f32(Shape shape, uint64_t seed, float scale, bool bf16_exact = false) {
+  Tensor t = Tensor::empty(DType::kF32, shape, rt::device_allocator());
+  fill(t, seed, scale, bf16_exact);
   return t;
 }
 
@@ -137,9 +151,9 @@ AttentionCase decode_case(int64_t batch) {
   c.name = "decode b" + std::to_string(batch);
   c.tokens = batch;
   c.q = device_f32({batch, kHeads, kHeadDim}, 1, 1.0f);
-  c.new_kv = device_f32({batch, kHeadDim}, 6, 0.5f);
-  c.rings = device_f32({batch * kRingCapacity, kHeadDim}, 2, 0.5f);
-  c.compressed = device_f32({batch * kCompressedPerSequence, kHeadDim}, 3, 0.5f);
+  c.new_kv = device_f32({batch, kHeadDim}, 6, 0.5f, true);
+  c.rings = device_f32({batch * kRingCapacity, kHeadDim}, 2, 0.5f, true);
+  c.compressed = device_f32({batch * kCompressedPerSequence, kHeadDim}, 3, 0.5f, true);
   c.sink = device_f32({kHeads}, 4, 2.0f);
   std::vector<int32_t> indices;
   std::mt19937 rng(5);
@@ -177,9 +191,9 @@ AttentionCase prefill_case() {
   c.name = "prefill " + std::to_string(tokens);
   c.tokens = tokens;
   c.q = device_f32({tokens, kHeads, kHeadDim}, 11, 1.0f);
-  c.new_kv = device_f32({tokens, kHeadDim}, 12, 0.5f);
-  c.rings = device_f32({kRingCapacity, kHeadDim}, 16, 0.5f);
-  c.compressed = device_f32({compressed_rows, kHeadDim}, 13, 0.5f);
+  c.new_kv = device_f32({tokens, kHeadDim}, 12, 0.5f, true);
+  c.rings = device_f32({kRingCapacity, kHeadDim}, 16, 0.5f, true);
+  c.compressed = device_f32({compressed_rows, kHeadDim}, 13, 0.5f, true);
   c.sink = device_f32({kHeads}, 14, 2.0f);
   std::vector<int32_t> indices;
   std::mt19937 rng(15);
@@ -208,18 +222,21 @@ AttentionCase prefill_case() {
 }
 
 // The kernel (head groups or per head), the path (batched, or the per-request loop: window
-// rows gathered with copies, one single-matrix call per request) and for head groups the split
-// setting ("0": one-block kernel, "1": split-KV, nullptr: the op's choice).
+// rows gathered with copies, one single-matrix call per request), for head groups the split
+// setting ("0": one-block kernel, "1": split-KV, nullptr: the op's choice) and whether they run
+// on the tensor cores (false: the FMA kernels, DEEPINFER_ATTENTION_MMA=0).
 void call(const AttentionCase& c, bool head_groups, bool batched = true,
-          const char* split = nullptr) {
+          const char* split = nullptr, bool mma = true) {
   if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
   if (!batched) setenv("DEEPINFER_ATTENTION_BATCHED", "0", 1);
   if (split != nullptr) setenv("DEEPINFER_ATTENTION_SPLIT", split, 1);
+  if (!mma) setenv("DEEPINFER_ATTENTION_MMA", "0", 1);
   ops::cuda::sink_attention_batch(c.q, c.new_kv, c.requests, kWindow, c.sink,
                                   1.0f / std::sqrt(static_cast<float>(kHeadDim)), c.out);
   unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
   unsetenv("DEEPINFER_ATTENTION_BATCHED");
   unsetenv("DEEPINFER_ATTENTION_SPLIT");
+  unsetenv("DEEPINFER_ATTENTION_MMA");
 }
 
 // Worst |b - a| over max |a| of two outputs; infinite when either is not finite.
@@ -241,8 +258,10 @@ double outputs_differ(const Tensor& a_out, const Tensor& b_out) {
 struct Row {
   std::string name;
   double old_ms = 0, new_ms = 0, split_ms = 0, per_request_ms = 0, bytes = 0, difference = 0;
+  double mma_ms = 0, mma_split_ms = 0, mma_difference = 0;  // the tensor-core kernels
+  double mma_f32_ms = 0;     // the op's choice with f32 KV rows (the three-term key path)
   bool has_split = false;    // a split-KV timing (decode cases)
-  bool split_equal = false;  // split-KV and one-block kernel: the same bits
+  bool split_equal = false;  // split-KV and one-block kernel: the same bits (FMA and MMA each)
   bool paths_equal = false;  // batched and per-request paths: the same bits
 };
 
@@ -251,21 +270,27 @@ bool same_bits(const Tensor& a, const Tensor& b) {
                      static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
 }
 
-// The two kernels' difference, whether the split-KV path gives the one-block kernel's bits, and
-// whether the batched and per-request paths agree bit for bit.
+// The kernels' differences (per-head vs FMA head-group, FMA vs tensor-core head-group), whether
+// each split-KV path gives its one-block kernel's bits, and whether the batched and per-request
+// paths (both the op's default kernels) agree bit for bit.
 void compare_outputs(const AttentionCase& c, Row& row) {
   call(c, false);
   const Tensor per_head = rt::to_host(c.out.view());
-  call(c, true, true, "0");
+  call(c, true, true, "0", false);
   const Tensor head_group = rt::to_host(c.out.view());
+  call(c, true, true, "0");
+  const Tensor mma = rt::to_host(c.out.view());
   call(c, true, false);
   const Tensor per_request = rt::to_host(c.out.view());
   row.difference = outputs_differ(per_head, head_group);
-  row.paths_equal = same_bits(head_group, per_request);
+  row.mma_difference = outputs_differ(head_group, mma);
+  row.paths_equal = same_bits(mma, per_request);
   row.split_equal = true;
   if (row.has_split) {
-    call(c, true, true, "1");
+    call(c, true, true, "1", false);
     row.split_equal = same_bits(head_group, rt::to_host(c.out.view()));
+    call(c, true, true, "1");
+    row.split_equal = row.split_equal && same_bits(mma, rt::to_host(c.out.view()));
   }
   rt::synchronize();
 }
@@ -283,13 +308,13 @@ int run(int argc, char** argv) {
   const double read_gbps = measure_hbm_read_gbps(size_t{2} << 30);  // far past the L2
   std::printf("attention bench on %s (%d SMs): HBM read %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, read_gbps);
-  std::printf("%-14s %10s %10s %10s %8s %10s %9s %9s %9s %6s %11s %s\n", "case", "per-head",
-              "head-grp", "split-KV", "speedup", "MB", "GB/s", "of HBM", "differ", "split",
-              "per-request", "bits");
+  std::printf("%-14s %10s %10s %10s %10s %10s %10s %8s %10s %9s %9s %9s %10s %6s %11s %s\n", "case",
+              "per-head", "head-grp", "split-KV", "mma", "mma-split", "mma-f32kv", "speedup", "MB",
+              "GB/s", "of HBM", "differ", "mma-differ", "split", "per-request", "bits");
   std::vector<Row> rows;
   std::vector<int64_t> batches = {1, 16, 64, 256};
   for (size_t i = 0; i <= batches.size(); ++i) {
-    const AttentionCase c = i < batches.size() ? decode_case(batches[i]) : prefill_case();
+    AttentionCase c = i < batches.size() ? decode_case(batches[i]) : prefill_case();
     Row row;
     row.name = c.name;
     row.bytes = c.bytes;
@@ -297,18 +322,34 @@ int run(int argc, char** argv) {
     row.has_split = i < batches.size();
     compare_outputs(c, row);
     row.old_ms = time_ms([&] { call(c, false); });
-    row.new_ms = time_ms([&] { call(c, true, true, "0"); });
-    if (row.has_split) row.split_ms = time_ms([&] { call(c, true, true, "1"); });
+    row.new_ms = time_ms([&] { call(c, true, true, "0", false); });
+    if (row.has_split) row.split_ms = time_ms([&] { call(c, true, true, "1", false); });
+    row.mma_ms = time_ms([&] { call(c, true, true, "0"); });
+    if (row.has_split) row.mma_split_ms = time_ms([&] { call(c, true, true, "1"); });
     row.per_request_ms = time_ms([&] { call(c, true, false); });
-    const double best_ms = row.has_split ? std::min(row.new_ms, row.split_ms) : row.new_ms;
+    // Last: the KV rows as plain f32 values (not bf16-exact; the FMA kernels' time does not
+    // depend on them).
+    fill(c.new_kv, 106, 0.5f, false);
+    fill(c.rings, 102, 0.5f, false);
+    fill(c.compressed, 103, 0.5f, false);
+    row.mma_f32_ms = time_ms([&] { call(c, true); });
+    const double fma_best_ms = row.has_split ? std::min(row.new_ms, row.split_ms) : row.new_ms;
+    const double best_ms = row.has_split ? std::min(row.mma_ms, row.mma_split_ms) : row.mma_ms;
     const double gbps = c.bytes / (best_ms * 1e6);
     char split_column[32] = "         -";
-    if (row.has_split) std::snprintf(split_column, sizeof(split_column), "%8.3fms", row.split_ms);
-    std::printf("%-14s %8.3fms %8.3fms %10s %7.2fx %10.1f %9.0f %8.1f%% %9.2g %6s %9.3fms %s\n",
-                row.name.c_str(), row.old_ms, row.new_ms, split_column, row.old_ms / best_ms,
-                c.bytes / 1e6, gbps, 100.0 * gbps / read_gbps, row.difference,
-                !row.has_split ? "-" : (row.split_equal ? "same" : "DIFF"), row.per_request_ms,
-                row.paths_equal ? "same" : "DIFFERENT");
+    char mma_split_column[32] = "         -";
+    if (row.has_split) {
+      std::snprintf(split_column, sizeof(split_column), "%8.3fms", row.split_ms);
+      std::snprintf(mma_split_column, sizeof(mma_split_column), "%8.3fms", row.mma_split_ms);
+    }
+    std::printf(
+        "%-14s %8.3fms %8.3fms %10s %8.3fms %10s %8.3fms %7.2fx %10.1f %9.0f %8.1f%% %9.2g %10.2g "
+        "%6s %9.3fms %s\n",
+        row.name.c_str(), row.old_ms, row.new_ms, split_column, row.mma_ms, mma_split_column,
+        row.mma_f32_ms, fma_best_ms / best_ms, c.bytes / 1e6, gbps, 100.0 * gbps / read_gbps,
+        row.difference, row.mma_difference,
+        !row.has_split ? "-" : (row.split_equal ? "same" : "DIFF"), row.per_request_ms,
+        row.paths_equal ? "same" : "DIFFERENT");
     rows.push_back(row);
   }
   if (FILE* f = std::fopen(json_path.c_str(), "w")) {
@@ -317,13 +358,15 @@ int run(int argc, char** argv) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "%s{\"case\": \"%s\", \"per_head_ms\": %.5f, \"head_group_ms\": %.5f, "
-                   "\"split_kv_ms\": %s, \"split_bit_equal\": %s, "
+                   "\"split_kv_ms\": %s, \"mma_ms\": %.5f, \"mma_split_kv_ms\": %s, "
+                   "\"mma_f32_kv_ms\": %.5f, \"split_bit_equal\": %s, "
                    "\"per_request_path_ms\": %.5f, \"bytes\": %.0f, \"kernel_difference\": %.3g, "
-                   "\"paths_bit_equal\": %s}",
+                   "\"mma_difference\": %.3g, \"paths_bit_equal\": %s}",
                    i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms,
-                   r.has_split ? std::to_string(r.split_ms).c_str() : "null",
+                   r.has_split ? std::to_string(r.split_ms).c_str() : "null", r.mma_ms,
+                   r.has_split ? std::to_string(r.mma_split_ms).c_str() : "null", r.mma_f32_ms,
                    r.has_split ? (r.split_equal ? "true" : "false") : "null", r.per_request_ms,
-                   r.bytes, r.difference, r.paths_equal ? "true" : "false");
+                   r.bytes, r.difference, r.mma_difference, r.paths_equal ? "true" : "false");
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);
@@ -331,9 +374,9 @@ int run(int argc, char** argv) {
   }
   // The kernels must agree within the op's tolerance against the reference (1e-5 each way).
   for (const Row& r : rows) {
-    if (!(r.difference <= 2e-5)) {
-      std::fprintf(stderr, "cuda_attention_bench: %s: kernels differ by %.3g\n", r.name.c_str(),
-                   r.difference);
+    if (!(r.difference <= 2e-5) || !(r.mma_difference <= 2e-5)) {
+      std::fprintf(stderr, "cuda_attention_bench: %s: kernels differ by %.3g (FMA vs MMA %.3g)\n",
+                   r.name.c_str(), r.difference, r.mma_difference);
       return 2;
     }
     if (!r.paths_equal) {

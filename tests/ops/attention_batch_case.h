@@ -3,11 +3,13 @@
 // slot reads a wrong value), its own compressed rows and selection; and the reference the
 // batched op must equal bit for bit on the CPU: per request, the window rows gathered into one
 // matrix (the forward's path before the batched op) and the single-matrix sink_attention.
+// Key rows can be made bf16-exact, as the model's are (round_keys_to_bf16).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -86,6 +88,41 @@ inline AttentionBatch make_batch(std::vector<RequestSpec> specs, std::vector<int
     b.host.selected.push_back(std::move(selected));
   }
   return b;
+}
+
+// x rounded to the nearest bf16 (ties to even), as an f32.
+inline float round_to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;  // finite values only
+  std::memcpy(&x, &bits, sizeof(bits));
+  return x;
+}
+
+// Which key values are bf16-exact: none (f32 rows, the op's general case), all (the model's FP8
+// window and FP4 compressed rows are), or a mix: the first half of every row's columns, and the
+// second half of even rows only, so some operand blocks of a tile are exact and others not.
+enum class KeyValues { kF32, kBf16, kMixed };
+
+// Rounds an [rows, cols] f32 tensor's values to bf16 as `values` says.
+inline void round_keys_to_bf16(Tensor& rows, KeyValues values) {
+  if (values == KeyValues::kF32 || rows.numel() == 0) return;
+  const int64_t cols = rows.view().size(1);
+  float* data = rows.data<float>();
+  for (int64_t r = 0; r < rows.view().size(0); ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      if (values == KeyValues::kBf16 || c < cols / 2 || r % 2 == 0) {
+        data[r * cols + c] = round_to_bf16(data[r * cols + c]);
+      }
+    }
+  }
+}
+
+// Every key row of the batch (rings, new rows, compressed rows) rounded as `values` says.
+inline void round_batch_keys(AttentionBatch& b, KeyValues values) {
+  round_keys_to_bf16(b.host.new_kv, values);
+  for (Tensor& ring : b.host.rings) round_keys_to_bf16(ring, values);
+  for (Tensor& compressed : b.host.compressed) round_keys_to_bf16(compressed, values);
 }
 
 // The same tensors through `copy` (e.g. to the device).

@@ -9,6 +9,11 @@
 // The split-KV path (DEEPINFER_ATTENTION_SPLIT=1 forces it, =0 the one-block head-group kernel)
 // bit-equal to the one-block kernel on every head-group case, both within the tolerance, so the
 // choice between them by token count keeps each token's bits.
+// The head-group kernels run on the tensor cores by default; DEEPINFER_ATTENTION_MMA=0 takes the
+// FMA kernels. Every head-group check runs both, each in its one-block and split forms (each pair
+// the same bits), against the CPU within the same tolerance; the Mma* cases add key rows that are
+// bf16-exact (the model's: the one-term key path) or a mix of exact and f32 blocks, the split
+// path at decode shapes, and a token alone against the same token in a batch of 256.
 // Every GPU output starts as NaN, so an element never written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -17,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -62,10 +68,14 @@ struct Case {
   float scale = 1.0f;
 };
 
+using attention_cases::KeyValues;
+
 // Token i's window ends at window_length + i (a sliding window as in prefill); some tokens get
-// a short or empty window, some no compressed entry at all, some a few -1 entries.
+// a short or empty window, some no compressed entry at all, some a few -1 entries. `keys`: which
+// key values are bf16-exact.
 Case make_case(int64_t tokens, int64_t heads, int64_t head_dim, int64_t window_length,
-               int64_t selected, int64_t compressed_rows, uint32_t seed) {
+               int64_t selected, int64_t compressed_rows, uint32_t seed,
+               KeyValues keys = KeyValues::kF32) {
   Case c;
   c.tokens = tokens;
   c.heads = heads;
@@ -94,6 +104,8 @@ Case make_case(int64_t tokens, int64_t heads, int64_t head_dim, int64_t window_l
   c.range = host_i32({tokens, 2}, ranges);
   c.index = host_i32({tokens, selected}, indices);
   c.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  attention_cases::round_keys_to_bf16(c.window, keys);
+  attention_cases::round_keys_to_bf16(c.compressed, keys);
   return c;
 }
 
@@ -123,11 +135,13 @@ struct DeviceCase {
 
 // Tokens [first, first + count) of the case on the GPU; `head_groups` false takes the per-head
 // kernel; `split` "1" / "0" forces the split-KV path / the one-block kernel (nullptr: the op
-// chooses). Waits and reports kernel errors (throws) before copying back.
+// chooses); `mma` false takes the FMA head-group kernels. Waits and reports kernel errors
+// (throws) before copying back.
 Tensor run_gpu(const Case& c, const DeviceCase& d, int64_t first, int64_t count,
-               bool head_groups = true, const char* split = nullptr) {
+               bool head_groups = true, const char* split = nullptr, bool mma = true) {
   if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
   if (split != nullptr) setenv("DEEPINFER_ATTENTION_SPLIT", split, 1);
+  if (!mma) setenv("DEEPINFER_ATTENTION_MMA", "0", 1);
   Tensor out = Tensor::empty(DType::kF32, {count, c.heads, c.head_dim}, rt::device_allocator());
   rt::fill_bytes(out.view(), 0xFF);
   const TensorView index =
@@ -137,6 +151,7 @@ Tensor run_gpu(const Case& c, const DeviceCase& d, int64_t first, int64_t count,
                        out);
   unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
   unsetenv("DEEPINFER_ATTENTION_SPLIT");
+  unsetenv("DEEPINFER_ATTENTION_MMA");
   rt::synchronize();
   return rt::to_host(out.view());
 }
@@ -187,23 +202,29 @@ class AttentionGpuTest : public ::testing::Test {
   void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
 
-// Each kernel against the reference: the one-block head-group kernel, the split-KV path (the
-// same bits as the one-block kernel) and the per-head kernel.
+// Each kernel against the reference: the one-block head-group kernel and its split-KV path (the
+// same bits), on the tensor cores and with FMAs, and the per-head kernel.
 void check_against_reference(const Case& c, const std::string& what) {
   const Tensor want = reference(c);
   const DeviceCase d(c);
   const Tensor one_block = run_gpu(c, d, 0, c.tokens, true, "0");
   const Tensor split = run_gpu(c, d, 0, c.tokens, true, "1");
+  const Tensor fma_one_block = run_gpu(c, d, 0, c.tokens, true, "0", false);
+  const Tensor fma_split = run_gpu(c, d, 0, c.tokens, true, "1", false);
   const Tensor per_head = run_gpu(c, d, 0, c.tokens, false);
   for (const auto& [got, kernel] :
-       {std::pair{&one_block, "head-group"}, std::pair{&split, "split-KV"},
+       {std::pair{&one_block, "tensor-core head-group"}, std::pair{&split, "tensor-core split-KV"},
+        std::pair{&fma_one_block, "FMA head-group"}, std::pair{&fma_split, "FMA split-KV"},
         std::pair{&per_head, "per-head"}}) {
     const double error = worst_error(want, *got);
     std::printf("%s, %s kernel: worst error %.3g of the output's scale\n", what.c_str(), kernel,
                 error);
     EXPECT_LE(error, kTolerance) << what << ", " << kernel;
   }
-  EXPECT_TRUE(same_bits(one_block, split)) << what << ": split-KV and one-block bits differ";
+  EXPECT_TRUE(same_bits(one_block, split))
+      << what << ": tensor-core split-KV and one-block bits differ";
+  EXPECT_TRUE(same_bits(fma_one_block, fma_split))
+      << what << ": FMA split-KV and one-block bits differ";
 }
 
 // Decode at V4.1-Flash: 64 heads x 512, window 128, 512 selected of 2048 compressed rows.
@@ -246,13 +267,39 @@ TEST_F(AttentionGpuTest, SmallShapes) {
   check_against_reference(make_case(3, 16, 512, 40, 0, 0, 73), "16 heads, a token without keys");
 }
 
+// The tensor-core kernels' key paths at small shapes (for the sanitizers): bf16-exact key rows
+// (one term) and a mix of exact and f32 operand blocks in one tile (both paths, warp by warp).
+TEST_F(AttentionGpuTest, MmaSmallShapes) {
+  for (const auto& [keys, name] :
+       {std::pair{KeyValues::kBf16, "bf16 keys"}, std::pair{KeyValues::kMixed, "mixed keys"}}) {
+    const std::string what = std::string(name) + ", ";
+    check_against_reference(make_case(3, 16, 512, 40, 40, 50, 151, keys), what + "3 tokens");
+    check_against_reference(make_case(4, 16, 512, 100, 70, 80, 152, keys), what + "3 chunks");
+    check_against_reference(make_case(2, 32, 512, 3, 7, 9, 153, keys), what + "32 heads");
+  }
+}
+
+// V4.1-Flash shapes with the model's kind of key rows (bf16-exact) and the mix, decode and
+// prefill, against the CPU.
+TEST_F(AttentionGpuTest, MmaRealShapesBf16Keys) {
+  for (const auto& [keys, name] :
+       {std::pair{KeyValues::kBf16, "bf16 keys"}, std::pair{KeyValues::kMixed, "mixed keys"}}) {
+    const std::string what = std::string("v41 ") + name + ", ";
+    check_against_reference(make_case(9, 64, 512, 128, 512, 2048, 161, keys), what + "decode");
+    check_against_reference(make_case(150, 64, 512, 128, 64, 300, 162, keys), what + "prefill");
+  }
+}
+
 // A compressed index past the table is recorded (synchronize throws) and skipped: the output is
 // the reference's with that entry dropped. A bad window range is recorded too and its token's
 // output is NaN, the other tokens' as before.
 TEST_F(AttentionGpuTest, BadIndicesAreReported) {
-  for (const char* split : {"0", "1", "per-head"}) {
+  for (const char* split : {"0", "1", "0 fma", "1 fma", "per-head"}) {
     const bool head_groups = std::string(split) != "per-head";
-    const ScopedSetting split_setting("DEEPINFER_ATTENTION_SPLIT", head_groups ? split : nullptr);
+    const bool fma = std::string(split).ends_with("fma");
+    const ScopedSetting split_setting("DEEPINFER_ATTENTION_SPLIT",
+                                      head_groups ? (split[0] == '1' ? "1" : "0") : nullptr);
+    const ScopedSetting mma_setting("DEEPINFER_ATTENTION_MMA", fma ? "0" : nullptr);
     Case c = make_case(3, 16, 512, 40, 40, 50, 81);
     Case bad = make_case(3, 16, 512, 40, 40, 50, 81);
     bad.index.data<int32_t>()[1 * 40 + 6] = 50;  // token 1, entry 6: one past the table
@@ -345,22 +392,31 @@ AttentionBatch small_batch(int64_t heads) {
                                      heads, 512, 40, 111);
 }
 
-// The one-block head-group kernel, the split-KV path and the per-head kernel against the CPU;
-// the split path bit-equal to the one-block kernel, and the op's own choice equal to both.
+// The one-block head-group kernel and its split-KV path, on the tensor cores and with FMAs, and
+// the per-head kernel against the CPU; each split path bit-equal to its one-block kernel, and the
+// op's own choice equal to the tensor-core pair.
 void check_batch_against_cpu(const AttentionBatch& b, const std::string& what) {
   const Tensor want = cpu_batch(b);
   const Tensor one_block = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
   const Tensor split = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "1"}});
+  const Tensor fma_one_block =
+      run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}, {"DEEPINFER_ATTENTION_MMA", "0"}});
+  const Tensor fma_split =
+      run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "1"}, {"DEEPINFER_ATTENTION_MMA", "0"}});
   const Tensor per_head = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_HEAD_GROUPS", "0"}});
   for (const auto& [got, kernel] :
-       {std::pair{&one_block, "head-group"}, std::pair{&split, "split-KV"},
+       {std::pair{&one_block, "tensor-core head-group"}, std::pair{&split, "tensor-core split-KV"},
+        std::pair{&fma_one_block, "FMA head-group"}, std::pair{&fma_split, "FMA split-KV"},
         std::pair{&per_head, "per-head"}}) {
     const double error = worst_error(want, *got);
     std::printf("batched %s, %s kernel: worst error %.3g of the output's scale\n", what.c_str(),
                 kernel, error);
     EXPECT_LE(error, kTolerance) << what << ", " << kernel;
   }
-  EXPECT_TRUE(same_bits(one_block, split)) << what << ": split-KV and one-block bits differ";
+  EXPECT_TRUE(same_bits(one_block, split))
+      << what << ": tensor-core split-KV and one-block bits differ";
+  EXPECT_TRUE(same_bits(fma_one_block, fma_split))
+      << what << ": FMA split-KV and one-block bits differ";
   EXPECT_TRUE(same_bits(one_block, run_gpu_batch(b))) << what << ": the op's choice differs";
 }
 
@@ -372,6 +428,64 @@ TEST_F(AttentionGpuTest, BatchMatchesTheCpu) {
 TEST_F(AttentionGpuTest, BatchSmallShapes) {
   check_batch_against_cpu(small_batch(16), "16 heads, 3 requests");
   check_batch_against_cpu(small_batch(24), "24 heads, 3 requests");
+  AttentionBatch exact = small_batch(16);
+  attention_cases::round_batch_keys(exact, KeyValues::kBf16);
+  check_batch_against_cpu(exact, "16 heads, 3 requests, bf16 keys");
+}
+
+// Decode batches of 1, 16 and 64 one-token requests at V4.1-Flash shapes (64 heads x 512,
+// window 128, 512 selected): the tensor-core split path bit-equal to its one-block kernel, both
+// within the tolerance of the CPU, with f32 and with bf16-exact key rows.
+AttentionBatch decode_batch(int64_t batch, KeyValues keys, uint32_t seed) {
+  std::vector<attention_cases::RequestSpec> specs;
+  std::vector<int> row_order;
+  for (int64_t r = 0; r < batch; ++r) {
+    specs.push_back({1000 + 3 * r, 1, 136, 512});  // rings wrapping at different slots
+    row_order.push_back(static_cast<int>((r * 7) % batch));
+  }
+  if (batch % 7 == 0) std::iota(row_order.begin(), row_order.end(), 0);
+  AttentionBatch b = attention_cases::make_batch(specs, row_order, 64, 512, 128, seed);
+  attention_cases::round_batch_keys(b, keys);
+  return b;
+}
+
+TEST_F(AttentionGpuTest, MmaSplitEqualsOneBlockDecode) {
+  for (const int64_t batch : {int64_t{1}, int64_t{16}, int64_t{64}}) {
+    for (const auto& [keys, name] :
+         {std::pair{KeyValues::kF32, "f32 keys"}, std::pair{KeyValues::kBf16, "bf16 keys"}}) {
+      const AttentionBatch b = decode_batch(batch, keys, 171 + static_cast<uint32_t>(batch));
+      const std::string what = "v41 decode b" + std::to_string(batch) + ", " + name;
+      const Tensor want = cpu_batch(b);
+      const Tensor one_block = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
+      const Tensor split = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "1"}});
+      for (const auto& [got, kernel] : {std::pair{&one_block, "tensor-core head-group"},
+                                        std::pair{&split, "tensor-core split-KV"}}) {
+        const double error = worst_error(want, *got);
+        std::printf("%s, %s kernel: worst error %.3g of the output's scale\n", what.c_str(), kernel,
+                    error);
+        EXPECT_LE(error, kTolerance) << what << ", " << kernel;
+      }
+      EXPECT_TRUE(same_bits(one_block, split)) << what << ": split-KV and one-block bits differ";
+    }
+  }
+}
+
+// A token alone (the op takes the split path) gives the bits it has in a batch of 256 one-token
+// requests (the one-block kernel: 1024 head-group blocks), on the tensor cores, with f32 and with
+// bf16-exact key rows; the lone tokens also against the CPU.
+TEST_F(AttentionGpuTest, MmaTokenAloneEqualsBatchOf256) {
+  for (const auto& [keys, name] :
+       {std::pair{KeyValues::kF32, "f32 keys"}, std::pair{KeyValues::kBf16, "bf16 keys"}}) {
+    const AttentionBatch b = decode_batch(256, keys, 181);
+    const Tensor all = run_gpu_batch(b);
+    for (const size_t r : {size_t{0}, size_t{1}, size_t{100}, size_t{201}, size_t{255}}) {
+      const AttentionBatch one = attention_cases::only_request(b, r);
+      const Tensor alone = run_gpu_batch(one);
+      EXPECT_TRUE(equal_rows(all, b.offsets[r], alone, 0))
+          << name << ": request " << r << " alone differs from the batch of 256";
+      EXPECT_LE(worst_error(cpu_batch(one), alone), kTolerance) << name << ": request " << r;
+    }
+  }
 }
 
 // The same keys in the same order as the per-request path (gathered rows, single-matrix form):

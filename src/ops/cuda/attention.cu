@@ -8,6 +8,9 @@
 //  - the per-head kernel (every other shape): one block per (token, head), a warp per key.
 // Which one runs depends on the shapes and alignment only, never on the token count, and each
 // token's arithmetic is fixed by its own inputs (batch invariant).
+// The head-group kernel's products run on the tensor cores by default (sink_attention_mma_kernel
+// and its split form, "tensor-core head-group kernels" below); DEEPINFER_ATTENTION_MMA=0 keeps
+// the FMA head-group kernels described here.
 // The head-group kernel's work is also run as a split-KV path when a call has few tokens (decode:
 // tokens x 4 blocks would leave most SMs idle): one block per (token, 16 heads, chunk of 64 keys)
 // and a combine kernel. It gives the one-block kernel's bits exactly (see kChunkKeys), so
@@ -27,6 +30,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/fp8_mma.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -650,6 +654,525 @@ __global__ void __launch_bounds__(kGroupThreads) sink_attention_combine_kernel(A
       make_float2(total.x * inv, total.y * inv);
 }
 
+// ---- tensor-core head-group kernels -----------------------------------------------------------
+//
+// The head-group kernels' products on the tensor cores (mma.sync m16n8k16 bf16 -> f32): the 16
+// heads of a block are the MMA's M. Scores S = Q K^T take the tile's keys as N and head_dim as K;
+// the weighted sum O = P V takes head_dim as N and the tile's keys as K.
+//
+// Exact products from bf16 terms: an f32 value x is cut into hi = bf16(x), then bf16 of each
+// exact remainder; three terms hold x exactly (8 + 8 + 8 significand bits), so every product of
+// terms is exact and only the MMA's f32 accumulation rounds. Queries and probabilities always take
+// three terms. Key rows (K = V) that are bf16-exact take one: in V4.1-Flash every cached row is
+// (window rows e4m3 x a power of two: 4 significand bits; compressed rows e2m1 x an e4m3 scale:
+// at most 6), and every pair with a second or third key term would add an exact zero. Rows that
+// are not (the op takes any f32) take three terms and the pairs (i, j) with i + j <= 2: the pairs
+// left out (term i is at most 2^-8i of its value) add at most about 2^-23 |q k| per product, the
+// size of f32 rounding. A warp votes per operand block
+// (8 keys x 32 columns for the scores, 16 keys x 32 columns for the sums) whether every value is
+// bf16-exact, so the choice is a function of the token's own keys alone.
+//
+// Batch invariance, and the split path = the one-block kernel: the chunk code
+// (accumulate_chunk_mma) is one function of the token's keys [begin, end); both MMA kernels run it
+// per 64-key chunk and merge the chunks with the FMA kernels' merge (merge_chunk_scales,
+// merge_chunk_sum), the split path through the FMA path's combine kernel (ChunkState's layout is
+// the same). The MMA kernels' bits differ from the FMA kernels' (another summation order), never
+// between the two MMA forms or with the call's token count.
+//
+// Work per 32-key tile (8 warps): warp w owns head_dim columns [64 w, 64 w + 64) in both products.
+// Scores: the warp's 16 x 32 partial dot products over its 64 columns (its query terms stay in
+// registers for the whole block), added over the 8 warps in warp order through shared memory.
+// Weighted sum: the warp's 16 heads x 64 columns of the chunk's sum, from all 32 keys of the tile.
+
+// false: every head-group call takes the FMA kernels above again (the path before the tensor-core
+// kernels). DEEPINFER_ATTENTION_MMA=0 does the same at run time (read at every call, so one
+// process can compare both).
+constexpr bool kUseAttentionMma = true;
+
+constexpr int kMmaTerms = 3;  // bf16 terms of a query or probability value: exact
+constexpr int kMmaWarpColumns = kGroupHeadDim / kGroupWarps;
+constexpr int kMmaUpperHeads = 8;  // an MMA fragment's rows g and g + 8
+// 512 floats are 2048 bytes, a whole number of 128-byte bank cycles: eight lanes reading one
+// column of eight rows would meet in one bank. Four floats more move each row 4 banks on.
+constexpr int kMmaKeyRowFloats = kGroupHeadDim + 4;
+// Score and probability rows: 8 banks apart, so a fragment's 8 rows x 4 lanes' float2 do not meet.
+constexpr int kMmaScoreRowFloats = kGroupKeys + 8;
+static_assert(kMmaWarpColumns == 64, "a warp's columns are two 32-column chunks");
+static_assert(kGroupHeads == 16 && kGroupKeys == 32, "one MMA's M; two 16-key K steps per tile");
+static_assert(kMmaKeyRowFloats * sizeof(float) % 16 == 0, "cp.async rows of 16-byte pieces");
+
+struct MmaShared {
+  float keys[kGroupKeys][kMmaKeyRowFloats];  // the tile's rows; absent keys are zeros
+  // Per warp: the scores' sums over its 64 columns.
+  float partial_scores[kGroupWarps][kGroupHeads][kMmaScoreRowFloats];
+  float probs[kGroupHeads][kMmaScoreRowFloats];  // exp(score - chunk max)
+  // Each lane's smallest query term, A registers of MMA m of chunk c: read in the score step only,
+  // so the weighted sum's registers need not hold it.
+  uint4 query_smallest[kGroupWarps][2][2][32];
+  float chunk_max[kGroupHeads];  // the current chunk's state, from -inf and 0
+  float chunk_denominator[kGroupHeads];
+  float rescale[kGroupHeads];    // exp(previous max - new max) of the last tile
+  float total_max[kGroupHeads];  // the merged chunks and the sink (one-block kernel)
+  float total_denominator[kGroupHeads];
+  float keep[kGroupHeads];  // the last merge's factors for the total and for the chunk
+  float add[kGroupHeads];
+  const float* key_rows[kGroupKeys];
+  TokenKeys token_keys;
+};
+constexpr size_t kMmaSharedBytes = sizeof(MmaShared);
+// Two blocks per SM (__launch_bounds__ below): an H200 SM has 228 KiB, 1 KiB of it per block
+// reserved.
+static_assert(kMmaSharedBytes <= 113 * 1024, "two blocks of the MMA kernels per SM");
+
+// Two floats -> bf16x2 (round to nearest even), `low` in bits 0-15 (the MMA's lower K element).
+__device__ __forceinline__ uint32_t attention_bf16_pair(float low, float high) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+  return packed;
+}
+
+// low and high as kTerms bf16x2 words, largest first: word t holds bf16 of what the words before
+// it left over (each remainder exact in f32).
+template <int kTerms>
+__device__ __forceinline__ void attention_split_pair(float low, float high,
+                                                     uint32_t (&terms)[kTerms]) {
+#pragma unroll
+  for (int t = 0; t < kTerms; ++t) {
+    terms[t] = attention_bf16_pair(low, high);
+    low = __fsub_rn(low, __uint_as_float(terms[t] << 16));
+    high = __fsub_rn(high, __uint_as_float(terms[t] & 0xFFFF0000u));
+  }
+}
+
+__device__ __forceinline__ bool bf16_exact(float4 v) {
+  return ((__float_as_uint(v.x) | __float_as_uint(v.y) | __float_as_uint(v.z) |
+           __float_as_uint(v.w)) &
+          0xFFFFu) == 0;
+}
+
+__device__ __forceinline__ float float4_component(float4 v, int index) {
+  return index == 0 ? v.x : (index == 1 ? v.y : (index == 2 ? v.z : v.w));
+}
+
+// d += A (16 x 16) . B (16 x 8), bf16 in, f32 accumulate.
+__device__ __forceinline__ void attention_mma(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                              float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += the products of A's kMmaTerms terms and B's kKeyTerms terms whose term orders add up to at
+// most 2, chained into d from the smallest pairs to the largest.
+template <int kKeyTerms>
+__device__ __forceinline__ void mma_term_pairs(const uint32_t (&a)[kMmaTerms][4],
+                                               const uint32_t (&b)[kKeyTerms][2], float (&d)[4]) {
+#pragma unroll
+  for (int order = kMmaTerms - 1; order >= 0; --order) {
+#pragma unroll
+    for (int j = 0; j < kKeyTerms; ++j) {
+      const int i = order - j;
+      if (i >= 0) attention_mma(a[i], b[j][0], b[j][1], d);
+    }
+  }
+}
+
+// One score MMA pair's B terms: 4 consecutive columns of one key row, (0, 1) and (2, 3).
+template <int kKeyTerms>
+__device__ __forceinline__ void key_terms(float4 columns, uint32_t (&b)[kKeyTerms][2]) {
+  uint32_t first[kKeyTerms];
+  uint32_t second[kKeyTerms];
+  attention_split_pair(columns.x, columns.y, first);
+  attention_split_pair(columns.z, columns.w, second);
+#pragma unroll
+  for (int t = 0; t < kKeyTerms; ++t) {
+    b[t][0] = first[t];
+    b[t][1] = second[t];
+  }
+}
+
+// A warp's query terms but the smallest, kept in registers for the whole block: [32-column chunk
+// c][MMA m of the chunk][term][A register]; the smallest go to shared.query_smallest. Within a
+// chunk lane quad q holds columns [8q, 8q + 8): MMA 0 takes [8q, 8q + 4), MMA 1 [8q + 4, 8q + 8)
+// (any K order works when A and B agree; this one reads 16 bytes at a time).
+using QueryTerms = uint32_t[2][2][kMmaTerms - 1][4];
+
+// Each thread reads back only the query_smallest entries it wrote: no barrier needed.
+__device__ __forceinline__ void load_query_terms(const AttentionArgs& args, MmaShared& shared,
+                                                 int64_t t, int64_t first_head, QueryTerms& terms) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const float* lower = args.q.row(t) + (first_head + (lane >> 2)) * kGroupHeadDim +
+                       warp * kMmaWarpColumns + 8 * (lane & 3);
+  const float* upper = lower + kMmaUpperHeads * kGroupHeadDim;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const float4 row = *reinterpret_cast<const float4*>(lower + 32 * c + 4 * m);
+      const float4 row8 = *reinterpret_cast<const float4*>(upper + 32 * c + 4 * m);
+      uint32_t words[4][kMmaTerms];
+      attention_split_pair(row.x, row.y, words[0]);
+      attention_split_pair(row8.x, row8.y, words[1]);
+      attention_split_pair(row.z, row.w, words[2]);
+      attention_split_pair(row8.z, row8.w, words[3]);
+#pragma unroll
+      for (int term = 0; term < kMmaTerms - 1; ++term) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) terms[c][m][term][r] = words[r][term];
+      }
+      constexpr int kSmallest = kMmaTerms - 1;
+      shared.query_smallest[warp][c][m][lane] = make_uint4(
+          words[0][kSmallest], words[1][kSmallest], words[2][kSmallest], words[3][kSmallest]);
+    }
+  }
+}
+
+// The chunk sum's MMAs of one 16-key step for one group of four 8-column tiles: `values[k]` holds
+// keys 2 quad, 2 quad + 1, 2 quad + 8, 2 quad + 9 of the step at columns 4 group + [0, 4), and
+// tile e takes column e of each (so this lane's output is 8 consecutive columns: see
+// accumulate_chunk_mma). Each tile's products start from zero and are added to acc once.
+template <int kKeyTerms>
+__device__ __forceinline__ void weighted_sum_mmas(const uint32_t (&probs)[kMmaTerms][4],
+                                                  const float4 (&values)[4], float (&acc)[4][4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    uint32_t first[kKeyTerms];
+    uint32_t second[kKeyTerms];
+    attention_split_pair(float4_component(values[0], e), float4_component(values[1], e), first);
+    attention_split_pair(float4_component(values[2], e), float4_component(values[3], e), second);
+    uint32_t b[kKeyTerms][2];
+#pragma unroll
+    for (int t = 0; t < kKeyTerms; ++t) {
+      b[t][0] = first[t];
+      b[t][1] = second[t];
+    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_term_pairs(probs, b, d);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[e][i] = __fadd_rn(acc[e][i], d[i]);
+  }
+}
+
+// Keys [begin, end) of the token (end - begin <= kChunkKeys) from a fresh state, as
+// accumulate_chunk: on return chunk_max / chunk_denominator (shared, final after a __syncthreads)
+// and `acc` hold the chunk's state. acc[c][e][i] is head `group` (i < 2) or group + 8 (i >= 2),
+// column 64 warp + 32 c + 8 quad + 4 (i % 2) + e (group = lane / 4, quad = lane % 4). Starts and
+// ends without a barrier of its own: the caller's shared reads of the previous chunk must be done.
+__device__ __forceinline__ void accumulate_chunk_mma(const AttentionArgs& args, MmaShared& shared,
+                                                     int64_t begin, int64_t end,
+                                                     const QueryTerms& query,
+                                                     float (&acc)[2][4][4]) {
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  const int64_t window_count = shared.token_keys.window_count;
+  if (tid < kGroupHeads) {
+    shared.chunk_max[tid] = -INFINITY;
+    shared.chunk_denominator[tid] = 0.0f;
+  }
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[c][e][i] = 0.0f;
+    }
+  }
+
+  for (int64_t tile = begin; tile < end; tile += kGroupKeys) {
+    if (tid < kGroupKeys) {
+      const int64_t slot = tile + tid;
+      const float* key = nullptr;
+      if (slot < window_count) {
+        key = shared.token_keys.window_row(slot);
+      } else if (slot < end) {
+        key = shared.token_keys.compressed_row(slot - window_count, args.error);
+      }
+      shared.key_rows[tid] = key;
+    }
+    __syncthreads();  // key_rows written; the last tile's weighted sum is done with `keys`
+
+    // The tile straight into shared memory, every copy in flight at once.
+    for (int i = tid; i < kGroupKeys * kRowQuads; i += kGroupThreads) {
+      const int row = i / kRowQuads;
+      const int column = (i % kRowQuads) * 4;
+      float* to = &shared.keys[row][column];
+      const float* from = shared.key_rows[row];
+      if (from != nullptr) {
+        copy_16_async(shared_address(to), from + column);
+      } else {
+        *reinterpret_cast<float4*>(to) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+    commit_copies();
+    wait_copies<0>();
+    __syncthreads();
+
+    // Partial scores over this warp's columns: 8-key tile j, keys 8 j + group of the B operand.
+    uint32_t a[2][2][kMmaTerms][4];  // all query terms (copies of registers: no instructions)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int term = 0; term < kMmaTerms - 1; ++term) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[c][m][term][r] = query[c][m][term][r];
+        }
+        const uint4 smallest = shared.query_smallest[warp][c][m][lane];
+        a[c][m][kMmaTerms - 1][0] = smallest.x;
+        a[c][m][kMmaTerms - 1][1] = smallest.y;
+        a[c][m][kMmaTerms - 1][2] = smallest.z;
+        a[c][m][kMmaTerms - 1][3] = smallest.w;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kGroupKeys / 8; ++j) {
+      const float* key = &shared.keys[8 * j + group][warp * kMmaWarpColumns + 8 * quad];
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float4 first = *reinterpret_cast<const float4*>(key + 32 * c);
+        const float4 second = *reinterpret_cast<const float4*>(key + 32 * c + 4);
+        if (__all_sync(0xffffffffu, bf16_exact(first) && bf16_exact(second))) {
+          uint32_t b[1][2];
+          key_terms(first, b);
+          mma_term_pairs(a[c][0], b, d);
+          key_terms(second, b);
+          mma_term_pairs(a[c][1], b, d);
+        } else {
+          uint32_t b[kMmaTerms][2];
+          key_terms(first, b);
+          mma_term_pairs(a[c][0], b, d);
+          key_terms(second, b);
+          mma_term_pairs(a[c][1], b, d);
+        }
+      }
+      // d: heads group and group + 8, keys 8 j + 2 quad and + 1.
+      *reinterpret_cast<float2*>(&shared.partial_scores[warp][group][8 * j + 2 * quad]) =
+          make_float2(d[0], d[1]);
+      *reinterpret_cast<float2*>(
+          &shared.partial_scores[warp][group + kMmaUpperHeads][8 * j + 2 * quad]) =
+          make_float2(d[2], d[3]);
+    }
+    __syncthreads();
+
+    // The softmax step of accumulate_chunk: warp w updates heads 2w and 2w + 1, a lane per key.
+    {
+      const bool present = shared.key_rows[lane] != nullptr;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int head = 2 * warp + i;
+        float dot = shared.partial_scores[0][head][lane];
+#pragma unroll
+        for (int w = 1; w < kGroupWarps; ++w) {
+          dot = __fadd_rn(dot, shared.partial_scores[w][head][lane]);
+        }
+        const float score = present ? __fmul_rn(dot, args.scale) : -INFINITY;
+        const float previous_max = shared.chunk_max[head];
+        const float new_max = fmaxf(previous_max, deepinfer::cuda::warp_max(score));
+        const float p = present ? expf(score - new_max) : 0.0f;
+        const float tile_sum = deepinfer::cuda::warp_sum(p);
+        shared.probs[head][lane] = p;
+        __syncwarp();  // every lane has read chunk_max[head]
+        if (lane == 0) {
+          // A fresh chunk's max is -inf: exp(-inf - -inf) would be NaN; its sum is 0 anyway.
+          const float rescale = previous_max == -INFINITY ? 0.0f : expf(previous_max - new_max);
+          shared.rescale[head] = rescale;
+          shared.chunk_denominator[head] =
+              __fadd_rn(__fmul_rn(shared.chunk_denominator[head], rescale), tile_sum);
+          shared.chunk_max[head] = new_max;
+        }
+      }
+    }
+    __syncthreads();
+
+    {
+      const float rescale = shared.rescale[group];
+      const float rescale8 = shared.rescale[group + kMmaUpperHeads];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc[c][e][0] = __fmul_rn(acc[c][e][0], rescale);
+          acc[c][e][1] = __fmul_rn(acc[c][e][1], rescale);
+          acc[c][e][2] = __fmul_rn(acc[c][e][2], rescale8);
+          acc[c][e][3] = __fmul_rn(acc[c][e][3], rescale8);
+        }
+      }
+      // Two 16-key steps; in step s lane quad's K slots are keys 16 s + 2 quad, + 1, + 8, + 9.
+      // Not unrolled: the two steps' operands at once would spill (the query terms, the sums).
+#pragma unroll 1
+      for (int s = 0; s < 2; ++s) {
+        const int key = 16 * s + 2 * quad;
+        uint32_t probs[kMmaTerms][4];
+        {
+          uint32_t words[4][kMmaTerms];
+          // A registers: heads group / group + 8 x keys (key, + 1), then (key + 8, + 9).
+          const float2 low = *reinterpret_cast<const float2*>(&shared.probs[group][key]);
+          const float2 low8 =
+              *reinterpret_cast<const float2*>(&shared.probs[group + kMmaUpperHeads][key]);
+          const float2 high = *reinterpret_cast<const float2*>(&shared.probs[group][key + 8]);
+          const float2 high8 =
+              *reinterpret_cast<const float2*>(&shared.probs[group + kMmaUpperHeads][key + 8]);
+          attention_split_pair(low.x, low.y, words[0]);
+          attention_split_pair(low8.x, low8.y, words[1]);
+          attention_split_pair(high.x, high.y, words[2]);
+          attention_split_pair(high8.x, high8.y, words[3]);
+#pragma unroll
+          for (int term = 0; term < kMmaTerms; ++term) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) probs[term][r] = words[r][term];
+          }
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float* value = &shared.keys[key][warp * kMmaWarpColumns + 32 * c + 4 * group];
+          const float4 values[4] = {*reinterpret_cast<const float4*>(value),
+                                    *reinterpret_cast<const float4*>(value + kMmaKeyRowFloats),
+                                    *reinterpret_cast<const float4*>(value + 8 * kMmaKeyRowFloats),
+                                    *reinterpret_cast<const float4*>(value + 9 * kMmaKeyRowFloats)};
+          if (__all_sync(0xffffffffu, bf16_exact(values[0]) && bf16_exact(values[1]) &&
+                                          bf16_exact(values[2]) && bf16_exact(values[3]))) {
+            weighted_sum_mmas<1>(probs, values, acc[c]);
+          } else {
+            weighted_sum_mmas<kMmaTerms>(probs, values, acc[c]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The one-block tensor-core kernel: one block per (token, 16 heads) walks all of the token's
+// chunks, merging each as sink_attention_head_group_kernel does.
+__global__ void __launch_bounds__(kGroupThreads, 2) sink_attention_mma_kernel(AttentionArgs args) {
+  extern __shared__ float4 shared_quads[];
+  MmaShared& shared = *reinterpret_cast<MmaShared*>(shared_quads);
+  const int64_t groups = args.heads / kGroupHeads;
+  const int64_t t = blockIdx.x / groups;
+  const int64_t first_head = (blockIdx.x % groups) * kGroupHeads;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int group = lane >> 2;
+
+  if (tid == 0) resolve_token_keys(args, t, shared.token_keys);
+  if (tid < kGroupHeads) {
+    shared.total_max[tid] = args.sinks[first_head + tid];
+    shared.total_denominator[tid] = 1.0f;  // exp(sink - total_max)
+  }
+  QueryTerms query;
+  load_query_terms(args, shared, t, first_head, query);
+  __syncthreads();  // token_keys written
+  const bool bad_range = shared.token_keys.bad_range != 0;
+  const int64_t total_keys = shared.token_keys.total();
+
+  // The merged sums wait in this thread's own elements of the output row between chunks, as in
+  // the FMA kernel (registers would spill: the query terms and the chunk's sums fill them).
+  float* const y_row = args.out.row(t) + (first_head + group) * kGroupHeadDim +
+                       (tid >> 5) * kMmaWarpColumns + 8 * (lane & 3);
+  // Head group + 8 h, columns 32 c + 4 half + [0, 4) of this thread's.
+  const auto y = [&](int h, int c, int half) {
+    return reinterpret_cast<float4*>(y_row + h * kMmaUpperHeads * kGroupHeadDim + 32 * c +
+                                     4 * half);
+  };
+  for (int64_t begin = 0; begin < total_keys; begin += kChunkKeys) {
+    float acc[2][4][4];
+    accumulate_chunk_mma(args, shared, begin, min(total_keys, begin + kChunkKeys), query, acc);
+    __syncthreads();  // the chunk's max and denominator are final
+    if (tid < kGroupHeads) {
+      merge_chunk_scales(shared.total_max[tid], shared.total_denominator[tid],
+                         shared.chunk_max[tid], shared.chunk_denominator[tid], shared.keep[tid],
+                         shared.add[tid]);
+    }
+    __syncthreads();  // keep and add written
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float keep = shared.keep[group + h * kMmaUpperHeads];
+      const float add = shared.add[group + h * kMmaUpperHeads];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float4 total = begin == 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : *y(h, c, half);
+          const int i = 2 * h + half;
+          // The combine kernel's per-element merge, in pairs of elements as it reads them.
+          const float2 low = merge_chunk_sum(make_float2(total.x, total.y),
+                                             make_float2(acc[c][0][i], acc[c][1][i]), keep, add);
+          const float2 high = merge_chunk_sum(make_float2(total.z, total.w),
+                                              make_float2(acc[c][2][i], acc[c][3][i]), keep, add);
+          *y(h, c, half) = make_float4(low.x, low.y, high.x, high.y);
+        }
+      }
+    }
+  }
+  __syncthreads();  // the denominators of a token without keys were written by other threads
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv = bad_range ? __int_as_float(0x7fc00000)
+                                : 1.0f / shared.total_denominator[group + h * kMmaUpperHeads];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float4 total = total_keys == 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : *y(h, c, half);
+        *y(h, c, half) = make_float4(total.x * inv, total.y * inv, total.z * inv, total.w * inv);
+      }
+    }
+  }
+}
+
+// The split path's first kernel on the tensor cores: one block per (token, 16 heads, chunk), the
+// chunk's state to args.chunk_states as sink_attention_chunk_kernel leaves it (the combine kernel
+// then merges the chunks).
+__global__ void __launch_bounds__(kGroupThreads, 2)
+    sink_attention_mma_chunk_kernel(AttentionArgs args) {
+  extern __shared__ float4 shared_quads[];
+  MmaShared& shared = *reinterpret_cast<MmaShared*>(shared_quads);
+  const int64_t groups = args.heads / kGroupHeads;
+  const int64_t chunk = blockIdx.x % args.max_chunks;
+  const int64_t token_group = blockIdx.x / args.max_chunks;
+  const int64_t t = token_group / groups;
+  const int64_t first_head = (token_group % groups) * kGroupHeads;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int group = lane >> 2;
+
+  if (tid == 0) resolve_token_keys(args, t, shared.token_keys);
+  __syncthreads();  // token_keys written
+  const int64_t total_keys = shared.token_keys.total();
+  const int64_t begin = chunk * kChunkKeys;
+  if (begin >= total_keys) return;  // the whole block: total_keys is the same for every thread
+  QueryTerms query;
+  load_query_terms(args, shared, t, first_head, query);
+  float acc[2][4][4];
+  accumulate_chunk_mma(args, shared, begin, min(total_keys, begin + kChunkKeys), query, acc);
+  __syncthreads();  // the chunk's max and denominator are final
+  ChunkState& state = args.chunk_states[blockIdx.x];
+  if (tid < kGroupHeads) {
+    state.max[tid] = shared.chunk_max[tid];
+    state.denominator[tid] = shared.chunk_denominator[tid];
+  }
+  const int column = (tid >> 5) * kMmaWarpColumns + 8 * (lane & 3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* sum = reinterpret_cast<float*>(state.sum[group + h * kMmaUpperHeads]) + column;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 2 * h + half;
+        *reinterpret_cast<float4*>(sum + 32 * c + 4 * half) =
+            make_float4(acc[c][0][i], acc[c][1][i], acc[c][2][i], acc[c][3][i]);
+      }
+    }
+  }
+}
+
 bool aligned_rows(const void* data, int64_t stride_elements) {
   return aligned_to(data, 16) && stride_elements % 4 == 0;
 }
@@ -716,9 +1239,21 @@ void set_group_shared_bytes() {
       DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kGroupSharedBytes)));
     }
+    for (const void* kernel : {reinterpret_cast<const void*>(sink_attention_mma_kernel),
+                               reinterpret_cast<const void*>(sink_attention_mma_chunk_kernel)}) {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kMmaSharedBytes)));
+    }
     return true;
   }();
   (void)configured;
+}
+
+// Whether head-group calls take the tensor-core kernels (kUseAttentionMma unless
+// DEEPINFER_ATTENTION_MMA=0; read at every call, as the other switches here, so one process can
+// run both).
+bool attention_mma_chosen() {
+  return kUseAttentionMma && !disabled_by_environment("DEEPINFER_ATTENTION_MMA");
 }
 
 // `max_keys`: no token of the call has more keys (window and selected entries together).
@@ -729,17 +1264,30 @@ void launch_attention(AttentionArgs args, int64_t tokens, bool key_rows_aligned,
     const int64_t blocks = tokens * (args.heads / kGroupHeads);
     DI_CHECK(blocks <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
     const int64_t max_chunks = (max_keys + kChunkKeys - 1) / kChunkKeys;
+    const bool mma = attention_mma_chosen();
     if (split_keys_chosen(blocks, max_chunks)) {
       deepinfer::cuda::StreamBuffer scratch(static_cast<size_t>(blocks * max_chunks) *
                                             sizeof(ChunkState));
       args.chunk_states = scratch.as<ChunkState>();
       args.max_chunks = max_chunks;
-      sink_attention_chunk_kernel<<<static_cast<unsigned>(blocks * max_chunks), kGroupThreads,
-                                    kGroupSharedBytes, current_stream()>>>(args);
-      DI_CUDA_LAUNCHED(sink_attention_chunk_kernel);
+      if (mma) {
+        sink_attention_mma_chunk_kernel<<<static_cast<unsigned>(blocks * max_chunks), kGroupThreads,
+                                          kMmaSharedBytes, current_stream()>>>(args);
+        DI_CUDA_LAUNCHED(sink_attention_mma_chunk_kernel);
+      } else {
+        sink_attention_chunk_kernel<<<static_cast<unsigned>(blocks * max_chunks), kGroupThreads,
+                                      kGroupSharedBytes, current_stream()>>>(args);
+        DI_CUDA_LAUNCHED(sink_attention_chunk_kernel);
+      }
       sink_attention_combine_kernel<<<static_cast<unsigned>(tokens * args.heads), kGroupThreads, 0,
                                       current_stream()>>>(args);
       DI_CUDA_LAUNCHED(sink_attention_combine_kernel);
+      return;
+    }
+    if (mma) {
+      sink_attention_mma_kernel<<<static_cast<unsigned>(blocks), kGroupThreads, kMmaSharedBytes,
+                                  current_stream()>>>(args);
+      DI_CUDA_LAUNCHED(sink_attention_mma_kernel);
       return;
     }
     sink_attention_head_group_kernel<<<static_cast<unsigned>(blocks), kGroupThreads,
