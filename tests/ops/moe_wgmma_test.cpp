@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "gpu_support.h"
 #include "ops/cpu/numerics.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 #include "ops/cuda/moe_prefill_wgmma.h"
@@ -377,6 +378,64 @@ TEST_F(MoeWgmmaTest, PrefillWgmmaV41FlashExpertShapes) {
     const DeviceProblem d(p);
     const Tensor all = check_wgmma_against_mma_sync(p, d, c.what);
     check_rows_alone(p, d, all, {0, 299, 300, 428, 557, 558, 655, 687, 937}, c.what);
+  }
+}
+
+// ops::cuda::moe_experts with the V4.1 flow (w1 and w3 over one quantization: the hook's two
+// weight tables; w2 over the SwiGLU's codes): 40 tokens x top-2 over 4 experts (80 rows, the
+// prefill regime), wgmma tile against mma.sync tile bit for bit, fused and per-projection paths.
+TEST_F(MoeWgmmaTest, PrefillWgmmaFusedMoeExpertsSmallShapes) {
+  if (!wgmma_available()) GTEST_SKIP() << "wgmma needs an sm_90 device";
+  constexpr int64_t kExperts = 4, kDim = 256, kInter = 512, kTopK = 2, kTokens = 40;
+  std::vector<Tensor> storage;
+  storage.reserve(6 * kExperts);
+  std::vector<ExpertWeights> experts(kExperts);
+  uint32_t seed = 600;
+  const auto make = [&](int64_t out, int64_t in, LinearWeight& device) {
+    const Tensor w = random_bytes(DType::kF4E2M1x2, {out, in}, ++seed, 0, 255);
+    const Tensor sc = random_bytes(DType::kF8E8M0, {out, in / 32}, ++seed, 117, 121);
+    const Tensor& dw = storage.emplace_back(rt::to_device(w.view()));
+    const Tensor& dsc = storage.emplace_back(rt::to_device(sc.view()));
+    device = LinearWeight{dw.view(), dsc.view()};
+  };
+  for (int64_t e = 0; e < kExperts; ++e) {
+    make(kInter, kDim, experts[e].w1);
+    make(kInter, kDim, experts[e].w3);
+    make(kDim, kInter, experts[e].w2);
+  }
+  Tensor chosen = Tensor::empty(DType::kI32, {kTokens, kTopK});
+  std::mt19937 rng(610);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    const auto first = static_cast<int32_t>(rng() % kExperts);
+    chosen.data<int32_t>()[t * kTopK] = first;
+    chosen.data<int32_t>()[t * kTopK + 1] =
+        static_cast<int32_t>((first + 1 + rng() % (kExperts - 1)) % kExperts);
+  }
+  Tensor weights = Tensor::empty(DType::kF32, {kTokens, kTopK});
+  Tensor x = Tensor::empty(DType::kF32, {kTokens, kDim});
+  const std::vector<float> weight_values = testing::random_values(kTokens * kTopK, 611);
+  const std::vector<float> x_values = testing::random_values(kTokens * kDim, 612);
+  std::copy(weight_values.begin(), weight_values.end(), weights.data<float>());
+  std::copy(x_values.begin(), x_values.end(), x.data<float>());
+  const Tensor dx = rt::to_device(x.view());
+  const Tensor dc = rt::to_device(chosen.view());
+  const Tensor dwt = rt::to_device(weights.view());
+  const auto run = [&](bool wgmma, bool fused) {
+    cuda::set_moe_wgmma(wgmma);
+    cuda::set_moe_experts_fused_path(fused);
+    Tensor out = Tensor::empty(DType::kF32, {kTokens, kDim}, rt::device_allocator());
+    rt::fill_bytes(out.view(), 0xFF);
+    cuda::moe_experts(dx.view(), dc.view(), dwt.view(), experts, 10.0f,
+                      ActivationQuant::kFp8PerBlock32, out.view());
+    rt::synchronize();
+    cuda::set_moe_experts_fused_path(true);
+    return rt::to_host(out.view());
+  };
+  for (const bool fused : {true, false}) {
+    const Tensor old_tile = run(false, fused);
+    const Tensor new_tile = run(true, fused);
+    expect_same_bits(old_tile, new_tile, kDim,
+                     fused ? "moe_experts fused path" : "moe_experts per-projection path");
   }
 }
 
