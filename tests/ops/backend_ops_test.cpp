@@ -11,11 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention_batch_case.h"
@@ -1054,6 +1056,250 @@ TEST_F(BackendOpsTest, MoeExpertsReportsABadExpertIdAtSynchronize) {
                    ActivationQuant::kNone, out);
   EXPECT_THROW(rt::synchronize(), Error);
   rt::synchronize();  // reported once
+}
+
+// ---- the small ops' fast paths: the same bits as the kernels they replace -------------------
+//
+// Each fast path has a switch (DEEPINFER_<NAME>=0: the previous kernel). These cases run both
+// on the same inputs at 1, 16 and 256 rows and require equal bits (the fast paths keep the old
+// reduction orders). *SmallShapes: a few narrow shapes (the compute-sanitizer runs); *RealShapes:
+// V4.1-Flash widths.
+
+// Environment switches set for a scope, unset however the scope ends.
+class ScopedSwitches {
+ public:
+  explicit ScopedSwitches(std::vector<const char*> names) : names_(std::move(names)) {
+    for (const char* name : names_) setenv(name, "0", 1);
+  }
+  ~ScopedSwitches() {
+    for (const char* name : names_) unsetenv(name);
+  }
+  ScopedSwitches(const ScopedSwitches&) = delete;
+  ScopedSwitches& operator=(const ScopedSwitches&) = delete;
+
+ private:
+  std::vector<const char*> names_;
+};
+
+// Device outputs as one vector (Tensor moves only; an initializer list would copy).
+template <typename... Outputs>
+std::vector<Tensor> outputs_of(Outputs&&... outputs) {
+  std::vector<Tensor> all;
+  (all.push_back(std::move(outputs)), ...);
+  return all;
+}
+
+// Runs `op` (writing device outputs, returned) with every path on, then with each set of
+// switches off, and requires the same bytes from all of them.
+void expect_same_bits_with_switches(const std::function<std::vector<Tensor>()>& op,
+                                    const std::vector<std::vector<const char*>>& switch_sets,
+                                    const std::string& what) {
+  std::vector<Tensor> fast;
+  for (const Tensor& t : op()) fast.push_back(rt::to_host(t));
+  for (const auto& set : switch_sets) {
+    std::vector<Tensor> old;
+    {
+      ScopedSwitches off(set);
+      old = op();
+    }
+    ASSERT_EQ(fast.size(), old.size()) << what;
+    std::string names;
+    for (const char* name : set) names += std::string(" ") + name + "=0";
+    for (size_t i = 0; i < fast.size(); ++i) {
+      expect_equal(fast[i], old[i], what + " output " + std::to_string(i) + " vs" + names);
+    }
+  }
+}
+
+constexpr int64_t kSwitchRowCounts[] = {1, 16, 256};
+
+void rmsnorm_fast_vs_old(int64_t cols, const std::string& what) {
+  for (const int64_t rows : kSwitchRowCounts) {
+    Tensor dx = gpu(host_f32({rows, cols}, 300 + static_cast<uint32_t>(cols), 3.0f));
+    for (int kind = 0; kind < 3; ++kind) {
+      Tensor weight = kind == 0 ? Tensor() : kind == 1 ? host_f32({cols}, 4) : host_bf16({cols}, 4);
+      Tensor dweight = weight.numel() ? gpu(weight) : Tensor();
+      expect_same_bits_with_switches(
+          [&] {
+            Tensor out = gpu_output(DType::kF32, {rows, cols});
+            cuda::rmsnorm(dx, dweight.view(), 1e-6f, out);
+            Tensor in_place = rt::to_device(rt::to_host(dx));
+            cuda::rmsnorm(in_place, dweight.view(), 1e-6f, in_place);  // out aliases x
+            return outputs_of(out, in_place);
+          },
+          {{"DEEPINFER_RMSNORM_REGISTERS"}},
+          what + " rmsnorm " + std::to_string(rows) + "x" + std::to_string(cols) + " weight " +
+              std::to_string(kind));
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, RmsnormRegistersMatchOldBitsSmallShapes) {
+  for (const int64_t cols : {1, 7, 64, 300, 1000, 4100}) rmsnorm_fast_vs_old(cols, "small");
+}
+
+TEST_F(BackendOpsTest, RmsnormRegistersMatchOldBitsRealShapes) {
+  // hidden, q_lora, head_dim, index head_dim; hc * hidden takes the old kernel (wider than 8192).
+  for (const int64_t cols : {5120, 1280, 512, 128, 8192, 20480}) rmsnorm_fast_vs_old(cols, "real");
+}
+
+void hc_mixes_fast_vs_old(int hc, int64_t hidden, int sinkhorn_iters, const std::string& what) {
+  const int64_t mixes = static_cast<int64_t>(2 + hc) * hc;
+  Tensor fn = gpu(host_f32({mixes, hc * hidden}, 61, 0.02f));
+  Tensor scale = gpu(host_f32({3}, 62));
+  Tensor base = gpu(host_f32({mixes}, 63));
+  const HcParams params{hc, sinkhorn_iters, 1e-6f, 1e-6f};
+  for (const int64_t rows : kSwitchRowCounts) {
+    Tensor dx = gpu(host_f32({rows, hc, hidden}, 60));
+    expect_same_bits_with_switches(
+        [&] {
+          Tensor pre = gpu_output(DType::kF32, {rows, hc});
+          Tensor post = gpu_output(DType::kF32, {rows, hc});
+          Tensor comb = gpu_output(DType::kF32, {rows, hc, hc});
+          cuda::hc_mixes(dx, fn, scale, base, params, pre, post, comb);
+          return outputs_of(pre, post, comb);
+        },
+        {{"DEEPINFER_HC_PRELOAD"},
+         {"DEEPINFER_HC_WARP_FINISH"},
+         {"DEEPINFER_HC_PRELOAD", "DEEPINFER_HC_WARP_FINISH"}},
+        what + " hc_mixes hc " + std::to_string(hc) + " rows " + std::to_string(rows) + " hidden " +
+            std::to_string(hidden));
+  }
+}
+
+TEST_F(BackendOpsTest, HcMixesFastPathsMatchOldBitsSmallShapes) {
+  hc_mixes_fast_vs_old(4, 64, 20, "small");
+  hc_mixes_fast_vs_old(4, 300, 3, "small");  // a partial last slice
+  hc_mixes_fast_vs_old(2, 520, 1, "small");
+  hc_mixes_fast_vs_old(6, 64, 5, "small");  // 49 mixes and squares: the block finish
+}
+
+TEST_F(BackendOpsTest, HcMixesFastPathsMatchOldBitsRealShapes) {
+  hc_mixes_fast_vs_old(4, 5120, 20, "real");
+}
+
+void topk_fast_vs_old(int64_t cols, int k, const std::string& what) {
+  for (const int64_t rows : kSwitchRowCounts) {
+    // Row r sees a varying prefix: all, a third, none, fewer than k, 7.
+    std::vector<int32_t> visible(static_cast<size_t>(rows));
+    const int32_t pattern[] = {static_cast<int32_t>(cols), static_cast<int32_t>(cols / 3), 0,
+                               std::max(0, k / 2), 7};
+    for (int64_t r = 0; r < rows; ++r) visible[static_cast<size_t>(r)] = pattern[r % 5];
+    Tensor dscores = gpu(selection_scores(rows, cols, 51 + static_cast<uint32_t>(cols), visible));
+    expect_same_bits_with_switches(
+        [&] {
+          Tensor idx = gpu_output(DType::kI32, {rows, k});
+          cuda::topk_indices(dscores, k, idx);
+          return outputs_of(idx);
+        },
+        {{"DEEPINFER_TOPK_SHARED"}},
+        what + " topk_indices " + std::to_string(rows) + "x" + std::to_string(cols) +
+            " k=" + std::to_string(k));
+  }
+}
+
+TEST_F(BackendOpsTest, TopkIndicesSharedMatchesOldSmallShapes) {
+  for (const int64_t cols : {1, 9, 300, 1001}) {
+    for (const int k : {1, 5, 64}) topk_fast_vs_old(cols, k, "small");
+  }
+}
+
+TEST_F(BackendOpsTest, TopkIndicesSharedMatchesOldRealShapes) {
+  // index_topk 512 of the 2048 and 8192 candidates; 16384 is the largest shared row.
+  for (const int64_t cols : {2048, 8192, 16384}) {
+    for (const int k : {512, 1}) topk_fast_vs_old(cols, k, "real");
+  }
+}
+
+void route_fast_vs_old(int64_t hidden, int64_t experts, int top_k, const std::string& what) {
+  Tensor gate = gpu(host_bf16({experts, hidden}, 71, 0.03f));
+  Tensor bias = gpu(host_f32({experts}, 72, 0.1f));
+  for (const int64_t rows : kSwitchRowCounts) {
+    Tensor dx = gpu(host_f32({rows, hidden}, 70));
+    for (ScoreFunction f :
+         {ScoreFunction::kSqrtSoftplus, ScoreFunction::kSigmoid, ScoreFunction::kSoftmax}) {
+      for (bool with_bias : {true, false}) {
+        RouterParams params;
+        params.score_function = f;
+        params.top_k = top_k;
+        params.routed_scale = 1.5f;
+        expect_same_bits_with_switches(
+            [&] {
+              Tensor weights = gpu_output(DType::kF32, {rows, top_k});
+              Tensor chosen = gpu_output(DType::kI32, {rows, top_k});
+              cuda::route(dx, gate, with_bias ? bias.view() : TensorView(), params, weights,
+                          chosen);
+              return outputs_of(weights, chosen);
+            },
+            {{"DEEPINFER_ROUTE_WARP_SELECT"}},
+            what + " route " + std::to_string(rows) + " rows, " + std::to_string(experts) +
+                " experts, f=" + std::to_string(static_cast<int>(f)) +
+                (with_bias ? " biased" : ""));
+      }
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, RouteWarpSelectMatchesOldBitsSmallShapes) {
+  route_fast_vs_old(64, 16, 3, "small");
+  route_fast_vs_old(64, 40, 1, "small");
+  route_fast_vs_old(32, 300, 8, "small");
+}
+
+TEST_F(BackendOpsTest, RouteWarpSelectMatchesOldBitsRealShapes) {
+  route_fast_vs_old(5120, 384, 6, "real");
+}
+
+// moe_experts end to end (the combine is its last kernel), with top_k + 2 experts.
+void combine_fast_vs_old(int64_t dim, int64_t inter, int top_k, bool fp4, const std::string& what) {
+  const int64_t experts = top_k + 2;
+  std::vector<Tensor> storage;
+  std::vector<ExpertWeights> device_experts(static_cast<size_t>(experts));
+  const auto make = [&](int64_t out, int64_t in, uint32_t seed, LinearWeight& device) {
+    if (fp4) {
+      storage.push_back(gpu(host_bytes(DType::kF4E2M1x2, {out, in}, seed)));
+      storage.push_back(gpu(host_bytes(DType::kF8E8M0, {out, in / 32}, seed + 1, 117, 121)));
+      device = LinearWeight{storage[storage.size() - 2].view(), storage.back().view()};
+    } else {
+      storage.push_back(gpu(host_f32({out, in}, seed, 0.05f)));
+      device = LinearWeight{storage.back().view(), TensorView()};
+    }
+  };
+  storage.reserve(static_cast<size_t>(experts) * 6);
+  for (int64_t e = 0; e < experts; ++e) {
+    const uint32_t seed = 400 + 10 * static_cast<uint32_t>(e);
+    ExpertWeights& d = device_experts[static_cast<size_t>(e)];
+    make(inter, dim, seed, d.w1);
+    make(inter, dim, seed + 3, d.w3);
+    make(dim, inter, seed + 6, d.w2);
+  }
+  for (const int64_t tokens : kSwitchRowCounts) {
+    Tensor chosen, weights;
+    random_routing(tokens, experts, top_k, 150, chosen, weights);
+    Tensor dx = gpu(host_f32({tokens, dim}, 151));
+    Tensor dchosen = gpu(chosen), dweights = gpu(weights);
+    for (ActivationQuant quant : {ActivationQuant::kNone, ActivationQuant::kFp8PerBlock32}) {
+      expect_same_bits_with_switches(
+          [&] {
+            Tensor out = gpu_output(DType::kF32, {tokens, dim});
+            ops::moe_experts(dx, dchosen, dweights, device_experts, 10.0f, quant, out);
+            return outputs_of(out);
+          },
+          {{"DEEPINFER_MOE_COMBINE_COLUMNS"}},
+          what + " moe combine " + std::to_string(tokens) + " tokens, dim " + std::to_string(dim) +
+              (fp4 ? " fp4" : " f32") + (quant == ActivationQuant::kNone ? "" : " fp8-act"));
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, MoeCombineColumnsMatchOldBitsSmallShapes) {
+  combine_fast_vs_old(64, 32, 3, false, "small");
+  combine_fast_vs_old(34, 32, 2, false, "small");    // dim % 4 != 0: the old kernel both times
+  combine_fast_vs_old(1000, 64, 9, false, "small");  // 9 slots: the old kernel
+}
+
+TEST_F(BackendOpsTest, MoeCombineColumnsMatchOldBitsRealShapes) {
+  combine_fast_vs_old(5120, 2304, 6, true, "real");  // V4.1: hidden, moe_intermediate, top-6
 }
 
 }  // namespace

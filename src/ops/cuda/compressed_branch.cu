@@ -453,6 +453,161 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = kept + static_cast<int>(threadIdx.x); i < k; i += kThreads) y[i] = -1;
 }
 
+// topk_indices_kernel's selection (the same indices: the top k are a set fixed by the row, and
+// they are written in ascending index) from a copy of the row in shared memory. The old kernel
+// reads the row from global memory six times, a load at a time per thread; thread 0 walks up to
+// 255 histogram bins per radix digit; and the ranks take two block scans and barriers per 256
+// entries (64 at 8192 candidates). Here: one pass of loads all in flight; the digit from one
+// block scan of the histogram; warp-aggregated histogram counts (the first digit of scores of
+// one sign and scale falls in a few bins); and the ranks from ballots over each warp's
+// contiguous segment of the row, the warps' totals added once.
+constexpr int kSelectWarps = kThreads / 32;
+constexpr int64_t kMaxSharedSelectColumns = 16384;  // 64 KB of row
+static_assert(kThreads == 256, "one thread per histogram bin");
+
+__global__ void __launch_bounds__(kThreads)
+    topk_indices_shared_kernel(DeviceRows<const float> scores, int k, bool float4_rows,
+                               DeviceRows<int32_t> out) {
+  extern __shared__ float row[];  // [scores.cols]
+  __shared__ typename BlockScan::TempStorage scan;
+  __shared__ int histogram[256];
+  __shared__ int warp_counts[kSelectWarps];
+  __shared__ int valid_count;
+  __shared__ uint32_t chosen_prefix;
+  __shared__ int chosen_remaining;
+  const unsigned all = 0xffffffffu;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int n = static_cast<int>(scores.cols);
+  const float* source = scores.row(blockIdx.x);
+  if (threadIdx.x == 0) valid_count = 0;
+  int local_valid = 0;
+  if (float4_rows) {
+    const float4* quads = reinterpret_cast<const float4*>(source);
+#pragma unroll 8
+    for (int q = threadIdx.x; q < n / 4; q += kThreads) {
+      const float4 v = quads[q];
+      reinterpret_cast<float4*>(row)[q] = v;
+      local_valid +=
+          (v.x != -INFINITY) + (v.y != -INFINITY) + (v.z != -INFINITY) + (v.w != -INFINITY);
+    }
+  } else {
+#pragma unroll 8
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      const float v = source[j];
+      row[j] = v;
+      local_valid += v != -INFINITY;
+    }
+  }
+  local_valid = __reduce_add_sync(all, local_valid);
+  __syncthreads();  // valid_count is 0
+  if (lane == 0) atomicAdd(&valid_count, local_valid);
+  __syncthreads();
+  const int valid = valid_count;
+
+  // threshold 0 keeps every valid entry: -inf's key is the smallest a valid one can beat.
+  uint32_t threshold = 0;
+  int take_at_threshold = 0;
+  if (valid > k) {
+    uint32_t prefix = 0;
+    uint32_t mask = 0;
+    int remaining = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      histogram[threadIdx.x] = 0;
+      __syncthreads();
+      for (int base = 0; base < n; base += kThreads) {
+        const int j = base + static_cast<int>(threadIdx.x);
+        const float v = j < n ? row[j] : -INFINITY;
+        const uint32_t key = order_key(v);
+        const bool counted = v != -INFINITY && (key & mask) == prefix;
+        const unsigned counting = __ballot_sync(all, counted);
+        if (counted) {
+          const uint32_t digit = (key >> shift) & 0xFF;
+          const unsigned same_digit = __match_any_sync(counting, digit);
+          if (lane == __ffs(same_digit) - 1) atomicAdd(&histogram[digit], __popc(same_digit));
+        }
+      }
+      __syncthreads();
+      // The largest digit whose bin, with every bin above it, holds `remaining` entries (0 when
+      // none does): thread t holds digit 255 - t, so an exclusive scan gives the count above.
+      const int digit = 255 - static_cast<int>(threadIdx.x);
+      const int here = histogram[digit];
+      int above = 0;
+      BlockScan(scan).ExclusiveSum(here, above);
+      if (above < remaining && (digit == 0 || above + here >= remaining)) {
+        chosen_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
+        chosen_remaining = remaining - above;
+      }
+      __syncthreads();
+      prefix = chosen_prefix;
+      remaining = chosen_remaining;
+      mask |= 0xFFu << shift;
+      __syncthreads();  // before the histogram and chosen_* are written again
+    }
+    threshold = prefix;
+    take_at_threshold = remaining;
+  }
+
+  // Warp w ranks the entries of [w * segment, (w + 1) * segment) in index order.
+  const int segment = (n + kSelectWarps * 32 - 1) / (kSelectWarps * 32) * 32;
+  const int begin = warp * segment;
+  const int end = min(n, begin + segment);
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const bool ties_possible = valid > k;
+  struct Entry {
+    bool valid;
+    uint32_t key;
+  };
+  const auto entry = [&](int j) {
+    const float v = j < end ? row[j] : -INFINITY;
+    return Entry{v != -INFINITY, v != -INFINITY ? order_key(v) : 0u};
+  };
+  // The warp's ties, then each warp's ties before it.
+  int count = 0;
+  for (int base = begin; base < end; base += 32) {
+    const Entry x = entry(base + lane);
+    count += __popc(__ballot_sync(all, x.valid && x.key == threshold && ties_possible));
+  }
+  if (lane == 0) warp_counts[warp] = count;
+  __syncthreads();
+  int ties_before = 0;
+  for (int w = 0; w < warp; ++w) ties_before += warp_counts[w];
+  __syncthreads();
+  // Kept entries: above the threshold, or among the first take_at_threshold ties.
+  const auto kept_ballot = [&](const Entry& x, int& ties_seen) {
+    const unsigned ties = __ballot_sync(all, x.valid && x.key == threshold && ties_possible);
+    const bool tie = (ties >> lane) & 1u;
+    const int tie_rank = ties_seen + __popc(ties & lanes_below);
+    ties_seen += __popc(ties);
+    return __ballot_sync(all,
+                         x.valid && (x.key > threshold || (tie && tie_rank < take_at_threshold)));
+  };
+  count = 0;
+  int ties_seen = ties_before;
+  for (int base = begin; base < end; base += 32) {
+    count += __popc(kept_ballot(entry(base + lane), ties_seen));
+  }
+  if (lane == 0) warp_counts[warp] = count;
+  __syncthreads();
+  int kept_before = 0;
+  int kept_total = 0;
+  for (int w = 0; w < kSelectWarps; ++w) {
+    if (w < warp) kept_before += warp_counts[w];
+    kept_total += warp_counts[w];
+  }
+  int32_t* y = out.row(blockIdx.x);
+  ties_seen = ties_before;
+  for (int base = begin; base < end; base += 32) {
+    const unsigned kept = kept_ballot(entry(base + lane), ties_seen);
+    if ((kept >> lane) & 1u) y[kept_before + __popc(kept & lanes_below)] = base + lane;
+    kept_before += __popc(kept);
+  }
+  for (int i = kept_total + static_cast<int>(threadIdx.x); i < k; i += kThreads) y[i] = -1;
+}
+
+// false (or DEEPINFER_TOPK_SHARED=0): topk_indices_kernel.
+constexpr bool kSharedTopK = true;
+
 // Block score = max entry; the block of the newest visible entry is pinned in with +inf.
 __global__ void block_scores_kernel(DeviceRows<const float> scores, const int32_t* visible,
                                     int block_size, int64_t blocks, float* block_scores) {
@@ -684,6 +839,21 @@ void topk_indices(const TensorView& scores, int k, const TensorView& idx_out) {
   const auto o = device_rows<int32_t>(idx_out, "top-k indices");
   DI_CHECK(o.rows == s.rows && o.cols == k && k >= 0, "topk_indices output ", idx_out.to_string());
   if (s.rows == 0 || k == 0) return;
+  // Read per call (not cached) so a test can compare both paths in one process.
+  if (kSharedTopK && !disabled_by_environment("DEEPINFER_TOPK_SHARED") &&
+      s.cols <= kMaxSharedSelectColumns) {
+    const size_t row_bytes = static_cast<size_t>(s.cols) * sizeof(float);
+    const bool float4_rows = s.cols % 4 == 0 && s.stride % 4 == 0 && aligned_to(s.data, 16);
+    if (row_bytes > 32 * 1024) {  // with the static storage, past the default 48 KB
+      DI_CUDA_CHECK(cudaFuncSetAttribute(topk_indices_shared_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(row_bytes)));
+    }
+    topk_indices_shared_kernel<<<static_cast<unsigned>(s.rows), kThreads, row_bytes,
+                                 current_stream()>>>(s, k, float4_rows, o);
+    DI_CUDA_LAUNCHED(topk_indices_shared_kernel);
+    return;
+  }
   topk_indices_kernel<<<static_cast<unsigned>(s.rows), kThreads, 0, current_stream()>>>(s, k, o);
   DI_CUDA_LAUNCHED(topk_indices_kernel);
 }

@@ -55,6 +55,72 @@ __global__ void rmsnorm_kernel(DeviceRows<const float> x, ParameterVector weight
   for (int64_t d = threadIdx.x; d < x.cols; d += blockDim.x) y[d] = a[d] * inv * weight[d];
 }
 
+// The same block reduction as rmsnorm_kernel (thread t sums the squares of columns t, t + 256, ...
+// in column order, then block_sum over the 256 threads), so the bits are the same; but every
+// load of the row and the weight is issued before the first add, and the row stays in registers
+// for the output. The loop above, with its run-time trip count, waits for one group of loads
+// after another: at decode the row is one block, and that chain of memory latencies is its time.
+template <int kPerThread>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_registers_kernel(DeviceRows<const float> x, ParameterVector weight, float eps,
+                             DeviceRows<float> out) {
+  __shared__ float scratch[32];
+  const float* a = x.row(blockIdx.x);
+  float values[kPerThread];
+  float weights[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t d = threadIdx.x + static_cast<int64_t>(i) * kThreads;
+    values[i] = d < x.cols ? a[d] : 0.0f;
+    weights[i] = d < x.cols ? weight[d] : 0.0f;
+  }
+  float partial = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    if (threadIdx.x + static_cast<int64_t>(i) * kThreads < x.cols) partial += values[i] * values[i];
+  }
+  const float mean_square =
+      deepinfer::cuda::block_sum(partial, scratch) / static_cast<float>(x.cols);
+  const float inv = 1.0f / sqrtf(mean_square + eps);
+  float* y = out.row(blockIdx.x);
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t d = threadIdx.x + static_cast<int64_t>(i) * kThreads;
+    if (d < x.cols) y[d] = values[i] * inv * weights[i];
+  }
+}
+
+// false (or DEEPINFER_RMSNORM_REGISTERS=0): rmsnorm_kernel for every width.
+constexpr bool kRmsnormRegisters = true;
+
+// Launches rmsnorm_registers_kernel with the smallest instance that holds a row; false for rows
+// wider than the largest (8192 columns), which take rmsnorm_kernel.
+bool launch_rmsnorm_registers(DeviceRows<const float> in, ParameterVector w, float eps,
+                              DeviceRows<float> o) {
+  // Read per call (not cached) so a test can compare both paths in one process.
+  if (!kRmsnormRegisters || disabled_by_environment("DEEPINFER_RMSNORM_REGISTERS")) return false;
+  const int64_t per_thread = (in.cols + kThreads - 1) / kThreads;
+  const dim3 grid(static_cast<unsigned>(in.rows));
+  const auto stream = current_stream();
+  if (per_thread <= 2) {
+    rmsnorm_registers_kernel<2><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+  } else if (per_thread <= 4) {
+    rmsnorm_registers_kernel<4><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+  } else if (per_thread <= 8) {
+    rmsnorm_registers_kernel<8><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+  } else if (per_thread <= 16) {
+    rmsnorm_registers_kernel<16><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+  } else if (per_thread <= 20) {  // hidden 5120
+    rmsnorm_registers_kernel<20><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+  } else if (per_thread <= 32) {
+    rmsnorm_registers_kernel<32><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+  } else {
+    return false;
+  }
+  DI_CUDA_LAUNCHED(rmsnorm_registers_kernel);
+  return true;
+}
+
 // One thread per (row, pair, kRopeHeads heads); every head of the row turns by the same angle
 // (a decode row's 64 heads in one thread's loop were a chain of dependent loads and stores).
 constexpr int64_t kRopeHeads = 8;
@@ -158,6 +224,7 @@ void rmsnorm(const TensorView& x, const TensorView& weight, float eps, const Ten
            out.to_string());
   const ParameterVector w = parameter_vector(weight, in.cols, "rmsnorm weight");
   if (in.rows == 0) return;
+  if (launch_rmsnorm_registers(in, w, eps, o)) return;
   rmsnorm_kernel<<<static_cast<unsigned>(in.rows), kThreads, 0, current_stream()>>>(in, w, eps, o);
   DI_CUDA_LAUNCHED(rmsnorm_kernel);
 }

@@ -204,6 +204,149 @@ __global__ void __launch_bounds__(kFinishThreads)
   hc_mix_finish(args, m, sums);
 }
 
+// hc_mix_partials_kernel's sums with the loads in flight together and the mixes spread over
+// more blocks. blockIdx.x = mix group g of `groups`: warp w takes the mixes g * 8 + w,
+// (g + groups) * 8 + w, ... (groups = 1: hc_mix_partials_kernel's assignment); the row squares
+// are group 0's. A lane's eight float4s of fn are loaded into registers before the block waits
+// for its rows, then summed in the same order, so every partial has the same bits. The old
+// kernel's run-time loop waits for one float4 of fn at a time: at decode each of its 20 blocks
+// sat through 24 memory latencies in a row.
+constexpr int kQuadsPerLane = kSliceCols / 128;
+
+__global__ void __launch_bounds__(kThreads)
+    hc_mix_partials_preload_kernel(MixArgs args, int slices, int groups, float* partials) {
+  __shared__ float4 rows[kSliceRows][kSliceCols / 4];
+  const int group = blockIdx.x;
+  const int slice = blockIdx.y;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.z) * kSliceRows;
+  const int row_count =
+      static_cast<int>(deepinfer::cuda::min64(kSliceRows, args.x.rows - first_row));
+  const int64_t first_col = static_cast<int64_t>(slice) * kSliceCols;
+  const int quads =
+      static_cast<int>(deepinfer::cuda::min64(kSliceCols, args.x.cols - first_col) / 4);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int mix_count = (2 + args.hc) * args.hc;
+  const int stride = mix_count + 1;
+  const int first_mix = group * kMixWarps + warp;
+  const int mix_step = groups * kMixWarps;
+  float4 weights[kQuadsPerLane];
+  const auto load_weights = [&](int mix) {
+    const float4* f = reinterpret_cast<const float4*>(args.fn.row(mix) + first_col);
+#pragma unroll
+    for (int s = 0; s < kQuadsPerLane; ++s) {
+      const int quad = lane + 32 * s;
+      if (quad < quads) weights[s] = __ldg(f + quad);
+    }
+  };
+  if (first_mix < mix_count) load_weights(first_mix);  // in flight while the rows arrive
+  for (int i = threadIdx.x; i < row_count * quads; i += kThreads) {
+    const int r = i / quads;
+    const int quad = i % quads;
+    rows[r][quad] = reinterpret_cast<const float4*>(args.x.row(first_row + r) + first_col)[quad];
+  }
+  __syncthreads();
+  for (int mix = first_mix; mix < mix_count; mix += mix_step) {
+    if (mix != first_mix) load_weights(mix);
+    float sums[kSliceRows] = {};
+#pragma unroll
+    for (int s = 0; s < kQuadsPerLane; ++s) {
+      const int quad = lane + 32 * s;
+      if (quad < quads) {
+#pragma unroll
+        for (int r = 0; r < kSliceRows; ++r) sums[r] += dot4(rows[r][quad], weights[s]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kSliceRows; ++r) {
+      const float total = fold_warp(sums[r]);
+      if (lane == 0 && r < row_count)
+        partials[((first_row + r) * slices + slice) * stride + mix] = total;
+    }
+  }
+  if (group == 0 && warp < row_count) {
+    float squares = 0.0f;
+    for (int quad = lane; quad < quads; quad += 32)
+      squares += dot4(rows[warp][quad], rows[warp][quad]);
+    squares = fold_warp(squares);
+    if (lane == 0) partials[((first_row + warp) * slices + slice) * stride + mix_count] = squares;
+  }
+}
+
+// hc_mix_finish_kernel by one warp per row, for hc <= 4 (the mixes and the squares, 25 at hc 4,
+// fit the lanes): lane i adds mix i's slice partials in slice order (all loads issued first),
+// and lane j * hc + k owns comb[j, k], reading the others' elements by shuffles in the same index
+// order as hc_mix_finish reads shared memory, so every value goes through the same operations.
+// The block version spends two barriers on each of the Sinkhorn projection's 40 normalizations;
+// the warp needs none.
+constexpr int kFinishRowsPerBlock = 4;
+constexpr int kMaxWarpSlices = 32;  // rows of up to 32768 columns
+
+__global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
+    hc_mix_finish_warp_kernel(MixArgs args, int slices, const float* partials) {
+  const int64_t m = static_cast<int64_t>(blockIdx.x) * kFinishRowsPerBlock + threadIdx.x / 32;
+  if (m >= args.x.rows) return;  // a whole warp leaves together
+  const unsigned all = 0xffffffffu;
+  const int lane = threadIdx.x % 32;
+  const int hc = args.hc;
+  const int mix_count = (2 + hc) * hc;
+  const int stride = mix_count + 1;
+  const float* row = partials + m * slices * stride;
+  float slice_sums[kMaxWarpSlices];
+#pragma unroll
+  for (int slice = 0; slice < kMaxWarpSlices; ++slice) {
+    slice_sums[slice] = slice < slices && lane < stride ? row[slice * stride + lane] : 0.0f;
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int slice = 0; slice < kMaxWarpSlices; ++slice) {
+    if (slice < slices) sum += slice_sums[slice];
+  }
+  const float squares = __shfl_sync(all, sum, mix_count);
+  const float inv = 1.0f / sqrtf(squares / static_cast<float>(args.x.cols) + args.norm_eps);
+  const float mix = sum * inv;  // lane i < mix_count: mix i
+
+  const float* sc = args.scale;
+  const float* bs = args.base;
+  const float eps = args.hc_eps;
+  const int e = lane;
+  const bool owner = e < hc * hc;
+  const int j = owner ? e / hc : 0;
+  const int k = owner ? e % hc : 0;
+  const float post_mix = __shfl_sync(all, mix, (hc + e) % 32);
+  const float comb_mix = __shfl_sync(all, mix, (2 * hc + e) % 32);
+  if (e < hc) {
+    args.pre.row(m)[e] = deepinfer::cuda::sigmoidf(mix * sc[0] + bs[e]) + eps;
+    args.post.row(m)[e] = 2.0f * deepinfer::cuda::sigmoidf(post_mix * sc[1] + bs[hc + e]);
+  }
+  float value = owner ? comb_mix * sc[2] + bs[2 * hc + e] : 0.0f;
+  // Row softmax plus eps.
+  float max_logit = -INFINITY;
+  for (int i = 0; i < hc; ++i) max_logit = fmaxf(max_logit, __shfl_sync(all, value, j * hc + i));
+  if (owner) value = expf(value - max_logit);
+  float total = 0.0f;
+  for (int i = 0; i < hc; ++i) total += __shfl_sync(all, value, j * hc + i);
+  if (owner) value = value / total + eps;
+  // One column normalization, then (iters - 1) times rows and columns: the reference's order.
+  const int column_passes = args.sinkhorn_iters > 1 ? args.sinkhorn_iters : 1;
+  for (int iteration = 0; iteration < column_passes; ++iteration) {
+    if (iteration > 0) {
+      total = 0.0f;
+      for (int i = 0; i < hc; ++i) total += __shfl_sync(all, value, j * hc + i);
+      value /= total + eps;
+    }
+    total = 0.0f;
+    for (int i = 0; i < hc; ++i) total += __shfl_sync(all, value, i * hc + k);
+    value /= total + eps;
+  }
+  if (owner) args.comb.row(m)[e] = value;
+}
+
+// false (or DEEPINFER_HC_PRELOAD=0): hc_mix_partials_kernel.
+constexpr bool kPreloadPartials = true;
+// false (or DEEPINFER_HC_WARP_FINISH=0): hc_mix_finish_kernel.
+constexpr bool kWarpFinish = true;
+
 // false (or DEEPINFER_HC_SPLIT=0): one block per row does every mix (hc_mixes_kernel).
 constexpr bool kSplitMixes = true;
 
@@ -290,9 +433,35 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
   DI_CHECK(row_blocks <= 65535, "hc_mixes: ", args.x.rows, " rows exceed one launch");
   deepinfer::cuda::StreamBuffer partials(
       static_cast<size_t>(args.x.rows * slices * (mix_count + 1)) * sizeof(float));
-  hc_mix_partials_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(row_blocks)),
-                           kThreads, 0, current_stream()>>>(args, slices, partials.as<float>());
-  DI_CUDA_LAUNCHED(hc_mix_partials_kernel);
+  // Both switches are read per call (not cached) so a test can compare the paths in one process.
+  if (kPreloadPartials && !disabled_by_environment("DEEPINFER_HC_PRELOAD")) {
+    // Few rows: one mix per warp (3 groups at hc 4), enough blocks to read fn at the machine's
+    // width. Many rows: one group, each block's rows reusing its fn slice for every mix.
+    // The choice moves work between blocks only, never a partial's bits.
+    constexpr int64_t kWideGrid = 4 * 132;  // four blocks per SM of an H200
+    const int64_t one_group_blocks = slices * row_blocks;
+    const int groups = one_group_blocks < kWideGrid
+                           ? static_cast<int>((mix_count + kMixWarps - 1) / kMixWarps)
+                           : 1;
+    hc_mix_partials_preload_kernel<<<dim3(static_cast<unsigned>(groups),
+                                          static_cast<unsigned>(slices),
+                                          static_cast<unsigned>(row_blocks)),
+                                     kThreads, 0, current_stream()>>>(args, slices, groups,
+                                                                      partials.as<float>());
+    DI_CUDA_LAUNCHED(hc_mix_partials_preload_kernel);
+  } else {
+    hc_mix_partials_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(row_blocks)),
+                             kThreads, 0, current_stream()>>>(args, slices, partials.as<float>());
+    DI_CUDA_LAUNCHED(hc_mix_partials_kernel);
+  }
+  if (kWarpFinish && !disabled_by_environment("DEEPINFER_HC_WARP_FINISH") && mix_count + 1 <= 32 &&
+      slices <= kMaxWarpSlices) {
+    hc_mix_finish_warp_kernel<<<blocks_for(args.x.rows, kFinishRowsPerBlock),
+                                kFinishRowsPerBlock * 32, 0, current_stream()>>>(
+        args, slices, partials.as<float>());
+    DI_CUDA_LAUNCHED(hc_mix_finish_warp_kernel);
+    return;
+  }
   hc_mix_finish_kernel<<<static_cast<unsigned>(args.x.rows), kFinishThreads, 0, current_stream()>>>(
       args, slices, partials.as<float>());
   DI_CUDA_LAUNCHED(hc_mix_finish_kernel);

@@ -29,18 +29,11 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float w, int j) {
   return v > w || (v == w && i < j);
 }
 
-// One block per row: scores and biased scores in shared memory, then top_k rounds of a
-// block-wide argmax (top_k is small: 6 of 384 in V4.1).
-__global__ void __launch_bounds__(kThreads) route_kernel(RouteArgs args) {
-  extern __shared__ float shared[];  // scores[E], biased[E]
-  __shared__ float scratch[32];
-  __shared__ float best_values[32];
-  __shared__ int best_indices[32];
-  __shared__ int picked[kMaxTopK];
-  const int64_t m = blockIdx.x;
+// Row m's scores and biased scores into shared memory, by the whole block (256 threads: the
+// softmax's block reductions are in that order). Ends with a barrier.
+__device__ __forceinline__ void route_scores(const RouteArgs& args, int64_t m, float* scores,
+                                             float* biased, float* scratch) {
   const int64_t experts = args.experts;
-  float* scores = shared;
-  float* biased = shared + experts;
   const float* row = args.logits + m * experts;
   for (int64_t i = threadIdx.x; i < experts; i += blockDim.x) scores[i] = row[i] / args.temperature;
   if (args.score_function == ScoreFunction::kSoftmax) {
@@ -67,6 +60,35 @@ __global__ void __launch_bounds__(kThreads) route_kernel(RouteArgs args) {
     biased[i] = scores[i] + (args.bias != nullptr ? args.bias[i] : 0.0f);
   }
   __syncthreads();
+}
+
+// Row m's weights (the picked experts' unbiased scores, renormalized and scaled) and experts,
+// by one thread.
+__device__ __forceinline__ void write_route(const RouteArgs& args, int64_t m, const float* scores,
+                                            const int* picked) {
+  float sum = 0.0f;
+  for (int i = 0; i < args.top_k; ++i) sum += scores[picked[i]];
+  for (int i = 0; i < args.top_k; ++i) {
+    float weight = scores[picked[i]];
+    if (args.normalize && args.top_k > 1) weight /= sum + 1e-20f;
+    args.weights.row(m)[i] = weight * args.routed_scale;
+    args.chosen.row(m)[i] = picked[i];
+  }
+}
+
+// One block per row: scores and biased scores in shared memory, then top_k rounds of a
+// block-wide argmax (top_k is small: 6 of 384 in V4.1).
+__global__ void __launch_bounds__(kThreads) route_kernel(RouteArgs args) {
+  extern __shared__ float shared[];  // scores[E], biased[E]
+  __shared__ float scratch[32];
+  __shared__ float best_values[32];
+  __shared__ int best_indices[32];
+  __shared__ int picked[kMaxTopK];
+  const int64_t m = blockIdx.x;
+  const int64_t experts = args.experts;
+  float* scores = shared;
+  float* biased = shared + experts;
+  route_scores(args, m, scores, biased, scratch);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   for (int round = 0; round < args.top_k; ++round) {
@@ -105,15 +127,64 @@ __global__ void __launch_bounds__(kThreads) route_kernel(RouteArgs args) {
     __syncthreads();
   }
   if (threadIdx.x != 0) return;
-  float sum = 0.0f;
-  for (int i = 0; i < args.top_k; ++i) sum += scores[picked[i]];
-  for (int i = 0; i < args.top_k; ++i) {
-    float weight = scores[picked[i]];
-    if (args.normalize && args.top_k > 1) weight /= sum + 1e-20f;
-    args.weights.row(m)[i] = weight * args.routed_scale;
-    args.chosen.row(m)[i] = picked[i];
-  }
+  write_route(args, m, scores, picked);
 }
+
+// route_kernel with the selection in one warp: lane l holds the biased scores of experts l,
+// l + 32, ... in registers, and each of the top_k rounds is a scan of those plus one warp
+// argmax, with no barrier (route_kernel's rounds cost two barriers and thread 0 merging the 8
+// warps' winners serially). The order (larger value, then lower index) is total for values that
+// are not NaN, so the argmax is the same expert whichever way it is reduced, and so are the
+// weights (write_route, the same code). The scores are route_kernel's, by the whole block.
+constexpr int kMaxLaneExperts = 16;  // up to 512 experts
+
+__global__ void __launch_bounds__(kThreads) route_warp_select_kernel(RouteArgs args) {
+  extern __shared__ float shared[];  // scores[E], biased[E]
+  __shared__ float scratch[32];
+  __shared__ int picked[kMaxTopK];
+  const int64_t m = blockIdx.x;
+  const int experts = static_cast<int>(args.experts);
+  float* scores = shared;
+  float* biased = shared + experts;
+  route_scores(args, m, scores, biased, scratch);
+  if (threadIdx.x >= 32) return;
+  const int lane = static_cast<int>(threadIdx.x);
+  float values[kMaxLaneExperts];
+  unsigned taken = 0;  // bit s: expert lane + 32 * s is picked or absent
+#pragma unroll
+  for (int s = 0; s < kMaxLaneExperts; ++s) {
+    const int i = lane + 32 * s;
+    values[s] = i < experts ? biased[i] : -INFINITY;
+    if (i >= experts) taken |= 1u << s;
+  }
+  for (int round = 0; round < args.top_k; ++round) {
+    float best = -INFINITY;
+    int best_index = INT_MAX;
+#pragma unroll
+    for (int s = 0; s < kMaxLaneExperts; ++s) {
+      const int i = lane + 32 * s;
+      if (!((taken >> s) & 1u) && ranks_before(values[s], i, best, best_index)) {
+        best = values[s];
+        best_index = i;
+      }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+      if (ranks_before(other, other_index, best, best_index)) {
+        best = other;
+        best_index = other_index;
+      }
+    }
+    if (best_index != INT_MAX && best_index % 32 == lane) taken |= 1u << (best_index / 32);
+    if (lane == 0) picked[round] = best_index;
+  }
+  __syncwarp();
+  if (lane == 0) write_route(args, m, scores, picked);
+}
+
+// false (or DEEPINFER_ROUTE_WARP_SELECT=0): route_kernel.
+constexpr bool kRouteWarpSelect = true;
 
 __global__ void swiglu_kernel(DeviceRows<const float> gate, DeviceRows<const float> up, float limit,
                               const float* row_weight, DeviceRows<float> out) {
@@ -164,6 +235,14 @@ void route(const TensorView& x, const TensorView& gate, const TensorView& bias,
   args.routed_scale = params.routed_scale;
   const size_t shared_bytes = static_cast<size_t>(2 * args.experts) * sizeof(float);
   DI_CHECK(shared_bytes <= 48 * 1024, "route: ", args.experts, " experts exceed shared memory");
+  // Read per call (not cached) so a test can compare both paths in one process.
+  if (kRouteWarpSelect && !disabled_by_environment("DEEPINFER_ROUTE_WARP_SELECT") &&
+      args.experts <= 32 * kMaxLaneExperts) {
+    route_warp_select_kernel<<<static_cast<unsigned>(in.rows), kThreads, shared_bytes,
+                               current_stream()>>>(args);
+    DI_CUDA_LAUNCHED(route_warp_select_kernel);
+    return;
+  }
   route_kernel<<<static_cast<unsigned>(in.rows), kThreads, shared_bytes, current_stream()>>>(args);
   DI_CUDA_LAUNCHED(route_kernel);
 }

@@ -162,6 +162,96 @@ __global__ void combine_kernel(const float* results, int64_t dim, const int32_t*
   }
 }
 
+// combine_kernel's sums, element for element (the same __fadd_rn chain from 0 in ascending expert
+// id), spread over more of the machine: a block takes one token's columns
+// [blockIdx.x * quads_per_block * 4, ...) as float4s, and every slot's load is issued before the
+// first add. combine_kernel gives a decode token one block whose 256 threads walk 20 columns
+// each, waiting on the six loads of one column before those of the next.
+constexpr int kCombineThreads = 128;
+constexpr int kCombineSlots = 8;  // slots held in registers; more take combine_kernel
+
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_columns_kernel(const float* results, int64_t dim, const int32_t* experts,
+                           int64_t expert_stride, const int32_t* slot_position, int k,
+                           int64_t quads_per_block, DeviceRows<float> out) {
+  __shared__ int64_t row_start[kCombineSlots];
+  const int64_t t = blockIdx.y;
+  // Slot s goes to its place in ascending expert id, equal ids in slot order: the place
+  // combine_kernel's (stable) insertion sort gives it, found by every slot at once.
+  bool broken = false;
+  if (threadIdx.x < k) {
+    const int s = static_cast<int>(threadIdx.x);
+    const int32_t* chosen = experts + t * expert_stride;
+    const int32_t mine = chosen[s];
+    const int32_t position = slot_position[t * k + s];
+    int place = 0;
+    for (int o = 0; o < k; ++o) {
+      const int32_t other = chosen[o];
+      place += other < mine || (other == mine && o < s);
+    }
+    row_start[place] = static_cast<int64_t>(position) * dim;
+    broken = position < 0;
+  }
+  broken = __syncthreads_or(broken);
+  const int64_t quads = dim / 4;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * quads_per_block;
+  const int64_t end = deepinfer::cuda::min64(quads, first + quads_per_block);
+  float4* y = reinterpret_cast<float4*>(out.row(t));
+  for (int64_t q = first + threadIdx.x; q < end; q += kCombineThreads) {
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (broken) {
+      const float nan = __int_as_float(0x7fc00000);
+      sum = make_float4(nan, nan, nan, nan);
+    } else {
+      float4 slots[kCombineSlots];
+#pragma unroll
+      for (int s = 0; s < kCombineSlots; ++s) {
+        if (s < k) slots[s] = reinterpret_cast<const float4*>(results + row_start[s])[q];
+      }
+#pragma unroll
+      for (int s = 0; s < kCombineSlots; ++s) {
+        if (s < k) {
+          sum.x = __fadd_rn(sum.x, slots[s].x);
+          sum.y = __fadd_rn(sum.y, slots[s].y);
+          sum.z = __fadd_rn(sum.z, slots[s].z);
+          sum.w = __fadd_rn(sum.w, slots[s].w);
+        }
+      }
+    }
+    y[q] = sum;
+  }
+}
+
+// false (or DEEPINFER_MOE_COMBINE_COLUMNS=0): combine_kernel, one block per token.
+constexpr bool kCombineColumns = true;
+
+void launch_combine(const float* results, int64_t dim, const int32_t* experts,
+                    int64_t expert_stride, const int32_t* slot_position, int k,
+                    DeviceRows<float> y) {
+  // Read per call (not cached) so a test can compare both paths in one process.
+  const bool columns = kCombineColumns && !disabled_by_environment("DEEPINFER_MOE_COMBINE_COLUMNS");
+  // (tokens are gridDim.y, at most 65535)
+  if (columns && k <= kCombineSlots && dim % 4 == 0 && y.stride % 4 == 0 &&
+      aligned_to(y.data, 16) && aligned_to(results, 16) && y.rows <= 65535) {
+    // One float4 a thread for a few tokens (the whole machine on one token's columns); several
+    // for many tokens, so that a prefill's blocks do not each repeat the slot ordering for 512
+    // columns only.
+    const int64_t quads = dim / 4;
+    const int64_t quads_per_block =
+        y.rows <= 32 ? kCombineThreads : deepinfer::cuda::min64(quads, 4 * kCombineThreads);
+    const int64_t column_blocks = (quads + quads_per_block - 1) / quads_per_block;
+    combine_columns_kernel<<<dim3(static_cast<unsigned>(column_blocks),
+                                  static_cast<unsigned>(y.rows)),
+                             kCombineThreads, 0, current_stream()>>>(
+        results, dim, experts, expert_stride, slot_position, k, quads_per_block, y);
+    DI_CUDA_LAUNCHED(combine_columns_kernel);
+    return;
+  }
+  combine_kernel<<<static_cast<unsigned>(y.rows), kThreads, 0, current_stream()>>>(
+      results, dim, experts, expert_stride, slot_position, k, y);
+  DI_CUDA_LAUNCHED(combine_kernel);
+}
+
 // Describes one role of every expert and checks they share a shape.
 void describe_role(std::span<const ExpertWeights> experts, const LinearWeight ExpertWeights::*role,
                    int64_t out, int64_t in, const char* name, std::vector<DeviceWeight>& table) {
@@ -398,9 +488,7 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
     grouped_gemm(down_in, host_table[2 * static_cast<size_t>(expert_count)], results_rows, groups);
   }
 
-  combine_kernel<<<static_cast<unsigned>(n), kThreads, 0, current_stream()>>>(
-      results, dim, chosen.data, chosen.stride, slot_position, static_cast<int>(k), y);
-  DI_CUDA_LAUNCHED(combine_kernel);
+  launch_combine(results, dim, chosen.data, chosen.stride, slot_position, static_cast<int>(k), y);
 }
 
 }  // namespace deepinfer::ops::cuda
