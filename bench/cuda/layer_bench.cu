@@ -66,6 +66,7 @@ constexpr int64_t kQLora = 1280;
 constexpr int64_t kOGroups = 8;
 constexpr int64_t kOLora = 1024;
 constexpr int64_t kExperts = 384;
+constexpr int64_t kVocab = 129280;
 constexpr int64_t kMoeInter = 2304;
 constexpr int kTopK = 6;
 constexpr int64_t kIndexHeads = 32;
@@ -381,6 +382,12 @@ struct Role {
   int64_t in, out;
   bool fp8;        // FP8 e4m3 32x32 block-scaled (else BF16)
   int groups = 1;  // wo_a: 8 groups, each [out, in] on its own column slice of the input
+  // Batches above this are skipped (the LM head runs on decode batches only: prefill takes the
+  // last token's logits).
+  int64_t max_batch = INT64_MAX;
+  // Measured only when this environment variable is 1 (the LM head is no per-layer GEMM, so
+  // report.py's per-layer sums must not see it by default).
+  const char* only_with = nullptr;
 };
 
 const std::vector<Role> kRoles = {
@@ -394,6 +401,7 @@ const std::vector<Role> kRoles = {
     {"shared w2", kMoeInter, kHidden, true},
     {"indexer wq_b", kQLora, kIndexHeads* kIndexDim, true},
     {"compressor wkv|wgate", kHidden, 2 * kHeadDim, false},
+    {"LM head", kHidden, kVocab, false, 1, 256, "LAYER_BENCH_LM_HEAD"},
 };
 
 // Enough copies of a weight that one round of calls reads more than the L2 holds.
@@ -410,6 +418,10 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
   const char* fp8_before_env = std::getenv("LAYER_BENCH_FP8_BEFORE");
   const bool skip_fp8_before = fp8_before_env != nullptr && std::string(fp8_before_env) == "0";
   for (const Role& role : kRoles) {
+    if (role.only_with != nullptr) {
+      const char* wanted = std::getenv(role.only_with);
+      if (wanted == nullptr || std::string(wanted) != "1") continue;
+    }
     const int64_t in = role.in, out = role.out, groups = role.groups;
     const double weight_elems = static_cast<double>(groups * out * in);
     // Ours: the storage format (fp8 + ue8m0 32x32 scales, or bf16).
@@ -435,6 +447,7 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
     }
     const double peak = role.fp8 ? roof.fp8_tflops : roof.bf16_tflops;
     for (int64_t m : kBatches) {
+      if (m > role.max_batch) continue;
       const double flops = 2.0 * m * weight_elems;
       Tensor x = device_tensor(DType::kF32, {m, groups * in}, Fill::kF32, 7);
       Tensor y = Tensor::empty(DType::kF32, {m, groups * out}, rt::device_allocator());

@@ -554,14 +554,17 @@ TEST_F(LinearBf16MmaTest, WideTileSmallShapes) {
 // Prefill-sized calls the big tile takes (N % 256 == 0, K % 64 == 0; quick under
 // compute-sanitizer): K in 4 slices of one chunk (a slice ends after each stage's first chunk
 // too), in 2 slices of 3 and of 5 chunks (slice ends inside a stage; the running totals through
-// the output), and 512 row blocks of the 32-token block at 20 rows (tokens past the end) and of
-// the 64-token block at 33 rows. Against the CPU reference and the wide tile and register kernel.
+// the output), 512 row blocks of the 32-token block at 20 rows (tokens past the end) and of the
+// 64-token block at 33 rows, and too few blocks for the prefill kernels (K in 8 slices of 2
+// chunks on grid.z, 32- and 64-token blocks; before, the decode tile). Against the CPU reference
+// and the paths before.
 TEST_F(LinearBf16MmaTest, BigTileSmallShapes) {
   struct Case {
     int64_t n, k, rows;
   };
-  for (const Case& c : {Case{4096, 128, 520}, Case{4096, 192, 520}, Case{8192, 320, 300},
-                        Case{65536, 64, 20}, Case{65536, 64, 33}}) {
+  for (const Case& c :
+       {Case{4096, 128, 520}, Case{4096, 192, 520}, Case{8192, 320, 300}, Case{65536, 64, 20},
+        Case{65536, 64, 33}, Case{1024, 512, 40}, Case{1024, 512, 200}, Case{256, 512, 70}}) {
     const Role r = make_role("small big", c.n, c.k, c.k, 0, c.rows, 181);
     const double error = worst_error(reference(r, 0, c.rows), run_gpu(r, 0, c.rows));
     std::printf("small big %ld x %ld (K in %d slices), %ld rows: worst error %.3g\n",
@@ -574,7 +577,8 @@ TEST_F(LinearBf16MmaTest, BigTileSmallShapes) {
 
 // A prefill call of one wo_a group (1024 x 4096, K in 8 slices, on its column slice of the
 // attention output) at 2048 rows: the big tile's 4 x 32 blocks, the same bits as the wide tile
-// and the register kernel, rows equal to themselves alone, the first rows against the CPU.
+// and the register kernel, rows equal to themselves alone, the first rows against the CPU; then
+// 17, 64 and 256 rows (the slices on grid.z) against the CPU and the decode tile.
 TEST_F(LinearBf16MmaTest, BigTileWoAPrefill) {
   constexpr int64_t kRows = 2048;
   const Role r = make_role("wo_a prefill", 1024, 4096, 32768, 3 * 4096, kRows, 191);
@@ -584,6 +588,12 @@ TEST_F(LinearBf16MmaTest, BigTileWoAPrefill) {
   std::copy(got.data<float>(), got.data<float>() + 4 * r.n, first.data<float>());
   EXPECT_LE(worst_error(want, first), kTolerance);
   check_prefill(r, kRows, {0, 1000, kRows - 1});
+  // Decode batches past 16 rows: the big tile with K slices on grid.z (the decode tile before).
+  for (int64_t rows : {17, 64, 256}) {
+    const Tensor part = run_gpu(r, 0, rows);
+    EXPECT_LE(worst_error(reference(r, 0, rows), part), kTolerance) << rows << " rows";
+    check_prefill(r, rows, {0, rows - 1});
+  }
 }
 
 // The LM head at 9-32 rows (the big tile's 32-token block; at 9-16 rows in place of the decode

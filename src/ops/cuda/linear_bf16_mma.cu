@@ -116,6 +116,9 @@ struct Bf16MmaArgs {
   // group_rows) meet x's columns from g * group_x_cols on (k of them). 0: one plain linear.
   int64_t group_rows;
   int64_t group_x_cols;
+  // Big tile with the K slices on grid.z only: slice s's partial of output (m, n) at
+  // [(s * rows + m) * n_total + n], summed in slice order by sum_slices_kernel.
+  float* slice_partials;
 };
 
 // Prefill's grid is (row blocks, token blocks) and the GPU starts blocks in x-fastest order, so
@@ -603,8 +606,9 @@ __device__ __forceinline__ int big_token_word(int token, int word) {
 
 // Block: 256 weight rows (grid.x, grouped order as the wide tile) times kBlockTokens tokens
 // (grid.y, looped past 65535); warp w computes rows 64 (w % 4) + [0, 64) and the (w / 4)-th half
-// of the tokens over all of K.
-template <int kTerms, int kWarpTokenTiles>
+// of the tokens over all of K, or with kGridSlices over K slice blockIdx.z only, its partial
+// stored for sum_slices_kernel.
+template <int kTerms, int kWarpTokenTiles, bool kGridSlices>
 __global__ void __launch_bounds__(kThreads, 1) bf16_big_tile_kernel(Bf16MmaArgs args) {
   extern __shared__ __align__(128) uint8_t big_shared[];
   constexpr int kBlockTokens = kBigTokenWarps * 8 * kWarpTokenTiles;
@@ -629,8 +633,11 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_big_tile_kernel(Bf16MmaArgs 
   const int warp_row = (warp % kBigRowWarps) * kBigWarpRowGroups * kRowsPerWarp;
   const int warp_token = (warp / kBigRowWarps) * 8 * kWarpTokenTiles;
   const int chunks = static_cast<int>(args.k / kChunk);
-  const int stages = chunks / kBigStageChunks;
   const int chunks_per_slice = chunks / args.slices;
+  // kGridSlices: this block's slice (whole stages: the launch checks chunks_per_slice is even).
+  const int first_stage =
+      kGridSlices ? static_cast<int>(blockIdx.z) * (chunks_per_slice / kBigStageChunks) : 0;
+  const int stages = (kGridSlices ? chunks_per_slice : chunks) / kBigStageChunks;
   const int64_t rows = args.x.rows;
   const uint32_t shared_base = shared_address(big_shared);
 
@@ -653,13 +660,14 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_big_tile_kernel(Bf16MmaArgs 
         static_cast<int>(min(rows - 1 - tile, static_cast<int64_t>(kBlockTokens - 1)));
     const auto copy_stage = [&](int stage, int slot) {
       const uint32_t slot_address = shared_base + slot * kStageBytes;
-      const uint8_t* source = weight_source + static_cast<int64_t>(stage) * kBigRowStageBytes;
+      const uint8_t* source =
+          weight_source + static_cast<int64_t>(first_stage + stage) * kBigRowStageBytes;
 #pragma unroll
       for (int i = 0; i < kWeightPiecesPerThread; ++i) {
         copy_16_async(slot_address + weight_target + i * kWeightRowStep * kBigRowStageBytes,
                       source + i * weight_row_step);
       }
-      const uint4* stage_source = tile_source + stage * kTokenWords;
+      const uint4* stage_source = tile_source + (first_stage + stage) * kTokenWords;
       // Recomputed per stage rather than kept: the registers go to the MMA operands.
 #pragma unroll
       for (int i = 0; i < kTokenPiecesPerThread; ++i) {
@@ -688,8 +696,12 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_big_tile_kernel(Bf16MmaArgs 
           for (int i = 0; i < 4; ++i) {
             const int64_t m = token + (i & 1);
             if (m < rows) {
-              float* target = args.out.row(m) + n + 8 * (i >> 1);
-              *target = (slice == 0 ? 0.0f : *target) + acc[r][j][i];
+              if constexpr (kGridSlices) {
+                args.slice_partials[(slice * rows + m) * args.n + n + 8 * (i >> 1)] = acc[r][j][i];
+              } else {
+                float* target = args.out.row(m) + n + 8 * (i >> 1);
+                *target = (slice == 0 ? 0.0f : *target) + acc[r][j][i];
+              }
             }
             acc[r][j][i] = 0.0f;
           }
@@ -743,7 +755,7 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_big_tile_kernel(Bf16MmaArgs 
             for (int i = 0; i < 4; ++i) acc[r][j][i] += d[i];
           }
         }
-        const int chunk = stage * kBigStageChunks + half;
+        const int chunk = (first_stage + stage) * kBigStageChunks + half;
         if ((chunk + 1) % chunks_per_slice == 0) end_slice(chunk / chunks_per_slice);
       }
     };
@@ -753,10 +765,22 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_big_tile_kernel(Bf16MmaArgs 
   }
 }
 
+// The big tile's slice partials in slice order, 0 + P_0 + P_1 + ... (the other kernels'
+// additions), into the output: one thread per output.
+__global__ void sum_slices_kernel(const float* partials, int slices, DeviceRows<float> out) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t outputs = out.rows * out.cols;
+  if (index >= outputs) return;
+  float total = 0.0f;
+  for (int slice = 0; slice < slices; ++slice) total += partials[slice * outputs + index];
+  out.row(index / out.cols)[index % out.cols] = total;
+}
+
 // One big tile launch; the first of each instance allows its dynamic shared memory.
-template <int kTerms, int kWarpTokenTiles>
+// kGridSlices: the K slices on grid.z, partials through `args.slice_partials`, then summed.
+template <int kTerms, int kWarpTokenTiles, bool kGridSlices = false>
 void launch_big_tile(Bf16MmaArgs args, int64_t rows, cudaStream_t stream) {
-  constexpr auto kernel = bf16_big_tile_kernel<kTerms, kWarpTokenTiles>;
+  constexpr auto kernel = bf16_big_tile_kernel<kTerms, kWarpTokenTiles, kGridSlices>;
   constexpr int kBlockTokens = kBigTokenWarps * 8 * kWarpTokenTiles;
   constexpr int kSmemBytes = kBigSmemBytes<kTerms, kBlockTokens>;
   static const bool allowed = [] {
@@ -767,9 +791,21 @@ void launch_big_tile(Bf16MmaArgs args, int64_t rows, cudaStream_t stream) {
   (void)allowed;
   if (args.group_row_blocks > 0) args.group_row_blocks = kBigGroupRowBlocks;
   const dim3 grid(static_cast<unsigned>(args.n / kBigRows),
-                  std::min(blocks_for(rows, kBlockTokens), 65535u));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
-  DI_CUDA_LAUNCHED(bf16_big_tile_kernel);
+                  std::min(blocks_for(rows, kBlockTokens), 65535u),
+                  kGridSlices ? static_cast<unsigned>(args.slices) : 1u);
+  if constexpr (kGridSlices) {
+    StreamBuffer partials(static_cast<size_t>(args.slices * rows * args.n) * sizeof(float));
+    args.slice_partials = partials.as<float>();
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
+    DI_CUDA_LAUNCHED(bf16_big_tile_kernel);
+    constexpr int kSumThreads = 256;
+    sum_slices_kernel<<<blocks_for(rows * args.n, kSumThreads), kSumThreads, 0, stream>>>(
+        args.slice_partials, args.slices, args.out);
+    DI_CUDA_LAUNCHED(sum_slices_kernel);
+  } else {
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
+    DI_CUDA_LAUNCHED(bf16_big_tile_kernel);
+  }
 }
 
 // 9-16 rows of weights of at least this size (the LM head) take the big tile instead of the
@@ -784,6 +820,24 @@ constexpr int64_t kBigDecodeMinBytes = int64_t{256} << 20;
 bool big_tile_decode_enabled() {
   static const bool by_environment =
       kBigTileDecode && !disabled_by_environment("DEEPINFER_BF16_BIG_TILE_DECODE");
+  return by_environment;
+}
+
+// From 17 rows, calls that give the prefill kernels too few blocks (wo_a, the compressor: 1024 x
+// 4096-5120, K in 8 slices, up to about 2000 rows) ran the decode tile with 32 tokens a block, 16
+// rows a warp and each slice on its own warp: at 256 rows wo_a's 8 groups took 589 us, 9% of HBM
+// and 4% of the tensor cores. The big tile takes them with its slices on grid.z (4 row blocks x
+// 4 token blocks x 8 slices = 128 blocks for one wo_a group at 256 rows), each slice's partial
+// in scratch and summed in slice order by sum_slices_kernel: the decode tile's additions, the
+// same bits. DEEPINFER_BF16_BIG_TILE_SPLIT=0 (or the big tile off): the decode tile.
+constexpr bool kBigTileSplit = true;
+// 2 token tiles a warp (32 tokens a block) up to this many rows, so a 1024-row weight at 64 rows
+// still spreads over 64 blocks; 4 beyond.
+constexpr int64_t kBigSplitSmallTokensUpTo = 64;
+
+bool big_tile_split_enabled() {
+  static const bool by_environment =
+      kBigTileSplit && !disabled_by_environment("DEEPINFER_BF16_BIG_TILE_SPLIT");
   return by_environment;
 }
 
@@ -1154,6 +1208,11 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
                           big_tile_decode_enabled();
   const bool pre_split =
       (kPreSplitActivations && x.rows >= kPreSplitMinRows) || decode_pre_split || big_decode;
+  // From 17 rows, where too few blocks for the prefill kernels ran the decode tile: the big tile
+  // with the weight's K slices on grid.z (whole stages per slice).
+  const bool big_split = x.rows >= kPreSplitMinRows && args.slices > 1 &&
+                         (w.in / kChunk / args.slices) % kBigStageChunks == 0 &&
+                         big_tile_fits(args) && big_tile_split_enabled();
   const int64_t chunks = w.in / kChunk;
   StreamBuffer split(pre_split ? static_cast<size_t>(x.rows * chunks * 4 * kTerms) * sizeof(uint4)
                                : 0);
@@ -1230,6 +1289,12 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
       launch_wide_tile<kTerms, 64>(args, row_groups, x.rows, stream);
     } else {
       launch_wide_tile<kTerms, 32>(args, row_groups, x.rows, stream);
+    }
+  } else if (big_split) {
+    if (x.rows <= kBigSplitSmallTokensUpTo) {
+      launch_big_tile<kTerms, 2, true>(args, x.rows, stream);
+    } else {
+      launch_big_tile<kTerms, 4, true>(args, x.rows, stream);
     }
   } else {
     run_decode(bf16_mma_kernel<4, true, kTerms, true>, launch_decode_tile<4, kTerms, true>, 32);
