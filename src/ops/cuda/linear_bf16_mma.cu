@@ -18,7 +18,9 @@
 // one block and adds their partials through shared memory in slice order; prefill runs all S
 // slices in one warp in the same order. Either way each output is the same sequence of
 // operations whatever M, the tile or the other rows. The decode tile and the wide tile below run
-// those same per-output operations with their operands staged in shared memory. Tensor-core results
+// those same per-output operations with their operands staged in shared memory, and so does the
+// big tile (256 weight rows a block, 64 a warp), which sums its slices through the output or,
+// with the slices on grid.z, through scratch in slice order. Tensor-core results
 // of one output element depend only on its weight row and token column (the FP8 kernel's bit-exact
 // invariance test on the H200 relies on the same property).
 #include <algorithm>

@@ -46,9 +46,12 @@ void set_bf16_decode_tile(bool enabled);
 // it for the calls that follow (same bits; tests compare the two), true returns to the default.
 void set_bf16_wide_tile(bool enabled);
 
-// Prefill calls of weights with N % 256 == 0 and K % 64 == 0 take the big tile (256 weight rows,
-// 64 x 16-32 per warp) instead of the wide tile unless DEEPINFER_BF16_BIG_TILE=0; false takes the
-// wide tile for the calls that follow (same bits; tests compare the two), true the default.
+// Weights with N % 256 == 0 and K % 64 == 0 take the big tile (256 weight rows, 64 x 16-32 per
+// warp) for prefill calls instead of the wide tile, for 9-16 rows of weights >= 256 MB (the LM
+// head) instead of the decode tile (DEEPINFER_BF16_BIG_TILE_DECODE=0: not), and with K slices on
+// grid.z from 17 rows where the decode tile ran (DEEPINFER_BF16_BIG_TILE_SPLIT=0: not), unless
+// DEEPINFER_BF16_BIG_TILE=0; false takes the paths before for the calls that follow (same bits;
+// tests compare them), true returns to the default.
 void set_bf16_big_tile(bool enabled);
 
 // Prefill calls (all K slices in one warp) order their blocks in groups of row blocks, each group
