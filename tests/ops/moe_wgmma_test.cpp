@@ -38,7 +38,10 @@ class MoeWgmmaTest : public ::testing::Test {
  protected:
   void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
   // Every case leaves the switch as the environment has it (off by default).
-  void TearDown() override { cuda::set_moe_wgmma(false); }
+  void TearDown() override {
+    cuda::set_moe_wgmma(false);
+    cuda::set_moe_wgmma_overlap(true);
+  }
 };
 
 uint32_t bits_of(float value) {
@@ -314,12 +317,17 @@ void expect_same_bits(const Tensor& want, const Tensor& got, int64_t n, const st
 
 // Both prefill kernels over all of p's rows: the wgmma tile's output has the mma.sync tile's
 // bits; returns the wgmma tile's.
+// Both wgmma schedules (conversion overlapped or between steps) are checked.
 Tensor check_wgmma_against_mma_sync(const Problem& p, const DeviceProblem& d,
                                     const std::string& what) {
   const int64_t rows = p.x.view().size(0);
   const Tensor old_tile = call_gpu(d, p.n, p.offsets, 0, rows, false);
+  cuda::set_moe_wgmma_overlap(false);
+  const Tensor between_steps = call_gpu(d, p.n, p.offsets, 0, rows, true);
+  expect_same_bits(old_tile, between_steps, p.n, what + " (conversion between steps)");
+  cuda::set_moe_wgmma_overlap(true);
   Tensor new_tile = call_gpu(d, p.n, p.offsets, 0, rows, true);
-  expect_same_bits(old_tile, new_tile, p.n, what);
+  expect_same_bits(old_tile, new_tile, p.n, what + " (conversion overlapped)");
   return new_tile;
 }
 
@@ -433,9 +441,14 @@ TEST_F(MoeWgmmaTest, PrefillWgmmaFusedMoeExpertsSmallShapes) {
   };
   for (const bool fused : {true, false}) {
     const Tensor old_tile = run(false, fused);
-    const Tensor new_tile = run(true, fused);
-    expect_same_bits(old_tile, new_tile, kDim,
-                     fused ? "moe_experts fused path" : "moe_experts per-projection path");
+    for (const bool overlap : {true, false}) {
+      cuda::set_moe_wgmma_overlap(overlap);
+      const Tensor new_tile = run(true, fused);
+      expect_same_bits(
+          old_tile, new_tile, kDim,
+          std::string(fused ? "moe_experts fused path" : "moe_experts per-projection path") +
+              (overlap ? ", conversion overlapped" : ", conversion between steps"));
+    }
   }
 }
 

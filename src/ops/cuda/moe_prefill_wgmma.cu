@@ -20,11 +20,17 @@
 // tile). K runs in steps of 128 (4 scale blocks) through kStages shared-memory slots filled by
 // cp.async: the tokens' 128 e4m3 bytes per step form one 128-byte line each, the 16-byte chunk c
 // of token t at c ^ (t % 8) (wgmma's 128-byte swizzle, so both operands are K-major with no
-// transpose, as e4m3 requires). Each step the block converts the step's raw fp4 weights into
-// one e4m3 buffer of the same swizzled layout and decodes the scale codes into float tables,
-// then each warpgroup runs the step's 4 blocks: block b + 1's wgmma is issued into the second
-// partial before block b's partial is folded into the totals, so the tensor core works while the
-// warps scale.
+// transpose, as e4m3 requires). The block converts each step's raw fp4 weights into an e4m3
+// buffer of the same swizzled layout and decodes the scale codes into float tables; each
+// warpgroup runs a step's 4 blocks with block b + 1's wgmma issued into the second partial
+// before block b's partial is folded into the totals, so the tensor cores work while the warps
+// scale. The default schedule converts step s + 1 (into a second buffer) while step s's first
+// two wgmmas run; DEEPINFER_MOE_WGMMA_OVERLAP=0 converts between steps instead (one buffer).
+//
+// The warps' issue slots bound this kernel too: per 32-block each accumulator element takes a
+// multiply (x_scale * w_scale) and an FMA, 2 instructions per 2 x 32 x 1 tensor FLOP, which caps
+// it near half of the FP8 peak; what it removes is the mma.sync tile's per-MMA fragment loads
+// and conversions and its 8-token granularity.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -48,6 +54,19 @@ constexpr bool kUseWgmmaByDefault = false;
 
 // -1: follow the environment; 0 / 1: set_moe_wgmma's override.
 std::atomic<int> wgmma_override{-1};
+
+// true: each step's weight conversion runs while the step before it is on the tensor cores, and
+// the next step's first wgmmas are issued before the last fold (see wgmma_tile); false, or
+// DEEPINFER_MOE_WGMMA_OVERLAP=0: convert, barrier, then the step's wgmmas (the first version).
+// The same bits either way.
+constexpr bool kOverlapConversion = true;
+std::atomic<bool> overlap_allowed{true};
+
+bool overlap_enabled() {
+  static const bool by_environment =
+      kOverlapConversion && !disabled_by_environment("DEEPINFER_MOE_WGMMA_OVERLAP");
+  return by_environment && overlap_allowed.load(std::memory_order_relaxed);
+}
 
 bool wgmma_by_environment() {
   static const bool enabled = [] {
@@ -91,14 +110,20 @@ constexpr int kRawWeightOffset = kCodesOffset + kMaxTokens * kStepK;
 constexpr int kWeightCodesOffset = kRawWeightOffset + kRows * kStepK / 2;
 constexpr int kTokenCodesOffset = kWeightCodesOffset + kRows * kStepBlocks;
 constexpr int kStageBytes = kTokenCodesOffset + kMaxTokens * kStepBlocks;
-// After the slots: the step's e4m3 weights (swizzled, wgmma's A) and the decoded scales.
+// After the slots, two buffers (the overlapped schedule converts step s + 1 into one while
+// step s's wgmmas read the other; the plain one uses buffer 0): a step's e4m3 weights
+// (swizzled, wgmma's A), then its decoded scales.
 constexpr int kWeightsOffset = kStages * kStageBytes;
-constexpr int kWeightScalesOffset = kWeightsOffset + kRows * kStepK;  // f32 [block][row]
-constexpr int kTokenScalesOffset = kWeightScalesOffset + kStepBlocks * kRows * 4;
-constexpr int kSharedBytes = kTokenScalesOffset + kStepBlocks * kMaxTokens * 4;
+constexpr int kWeightsBytes = kRows * kStepK;
+constexpr int kScalesOffset = kWeightsOffset + 2 * kWeightsBytes;
+constexpr int kWeightScalesBytes = kStepBlocks * kRows * 4;      // f32 [block][row]
+constexpr int kTokenScalesBytes = kStepBlocks * kMaxTokens * 4;  // f32 [block][token]
+constexpr int kScalesBytes = kWeightScalesBytes + kTokenScalesBytes;
+constexpr int kSharedBytes = kScalesOffset + 2 * kScalesBytes;
 constexpr int kSwizzleAtom = 1024;  // 8 lines of 128 bytes: the swizzle repeats from there
 constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
 static_assert(kStageBytes % kSwizzleAtom == 0 && kWeightsOffset % kSwizzleAtom == 0 &&
+                  kWeightsBytes % kSwizzleAtom == 0 &&
                   (kWarpgroupRows * kStepK) % kSwizzleAtom == 0,
               "the wgmma operands start on swizzle atoms");
 
@@ -219,7 +244,7 @@ __device__ __forceinline__ void wgmma_fresh(float (&d)[kTokens / 2], uint64_t a,
 }
 
 // One work item: weight rows [128 row_tile, +128) times one token tile of kTokens (128 or 32).
-template <int kTokens>
+template <int kTokens, bool kOverlap>
 __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, int row_tile,
                                            uint8_t* shared) {
@@ -276,13 +301,25 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     }
   };
 
-  uint8_t* weights = shared + kWeightsOffset;
-  auto* weight_scales = reinterpret_cast<float*>(shared + kWeightScalesOffset);
-  auto* token_scales = reinterpret_cast<float*>(shared + kTokenScalesOffset);
-  // A landed slot -> the e4m3 weights and the float scales the step's wgmmas and folds read.
-  const auto prepare_stage = [&](int slot) {
+  const auto weights_of = [&](int buffer) {
+    return shared + kWeightsOffset + buffer * kWeightsBytes;
+  };
+  const auto weight_scales_of = [&](int buffer) {
+    return reinterpret_cast<float*>(shared + kScalesOffset + buffer * kScalesBytes);
+  };
+  const auto token_scales_of = [&](int buffer) {
+    return reinterpret_cast<float*>(shared + kScalesOffset + buffer * kScalesBytes +
+                                    kWeightScalesBytes);
+  };
+  // A landed slot -> the e4m3 weights and the float scales a step's wgmmas and folds read.
+  const auto prepare_stage = [&](int slot, int buffer) {
     const uint8_t* base = shared + slot * kStageBytes;
+    uint8_t* weights = weights_of(buffer);
+    float* weight_scales = weight_scales_of(buffer);
+    float* token_scales = token_scales_of(buffer);
     constexpr int kWeightChunks = kRows * kStepBlocks;  // one 16-byte fp4 block each
+    // One chunk at a time: the overlapped schedule runs this with two partials in flight.
+#pragma unroll 1
     for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
       const int r = chunk / kStepBlocks;
       const int b = chunk % kStepBlocks;
@@ -318,7 +355,9 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   float acc[kPartial] = {};
   float partial[2][kPartial] = {};
   // The mma.sync tile's fold, element for element: acc += d * (x_scale * w_scale).
-  const auto fold = [&](const float(&d)[kPartial], int b) {
+  const auto fold = [&](const float(&d)[kPartial], int buffer, int b) {
+    const float* weight_scales = weight_scales_of(buffer);
+    const float* token_scales = token_scales_of(buffer);
     const float w_scale_lo = weight_scales[b * kRows + row];
     const float w_scale_hi = weight_scales[b * kRows + row + 8];
 #pragma unroll
@@ -332,40 +371,85 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     }
   };
 
-  const uint32_t weights_address = shared_address(weights + warpgroup * kWarpgroupRows * kStepK);
+  // wgmma of K block b of `step` into d, reading the converted weights of `buffer`.
+  const auto issue = [&](float(&d)[kPartial], int step, int buffer, int b) {
+    const uint32_t weights_address =
+        shared_address(weights_of(buffer) + warpgroup * kWarpgroupRows * kStepK);
+    const uint32_t codes_address = shared_address(shared + (step % kStages) * kStageBytes);
+    wgmma_fence();  // d was read by a fold (or the registers are fresh)
+    wgmma_fresh<kTokens>(d, swizzled_operand(weights_address + b * kScaleBlock),
+                         swizzled_operand(codes_address + b * kScaleBlock));
+    wgmma_commit();
+  };
+  // Waits until only the latest wgmma (or none) is in flight, then folds d, the older one.
+  const auto fold_after_one = [&](float(&d)[kPartial], int buffer, int b) {
+    wgmma_wait<1>();
+    hold_after_wait(d);
+    fold(d, buffer, b);
+  };
+  const auto fold_after_all = [&](float(&d)[kPartial], int buffer, int b) {
+    wgmma_wait<0>();
+    hold_after_wait(d);
+    fold(d, buffer, b);
+  };
+  static_assert(kStepBlocks == 4, "the schedules below are written out for 4 blocks a step");
+
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < steps) copy_stage(s, s);
     commit_copies();
   }
-  for (int step = 0; step < steps; ++step) {
+  if constexpr (!kOverlap) {
+    for (int step = 0; step < steps; ++step) {
+      wait_copies<kStages - 2>();
+      // Step `step` has landed; every warp is done with the last step's buffers and slot.
+      __syncthreads();
+      const int ahead = step + kStages - 1;
+      if (ahead < steps) copy_stage(ahead, ahead % kStages);
+      commit_copies();
+      prepare_stage(step % kStages, 0);
+      fence_shared_for_wgmma();
+      __syncthreads();
+      issue(partial[0], step, 0, 0);
+      issue(partial[1], step, 0, 1);
+      fold_after_one(partial[0], 0, 0);
+      issue(partial[0], step, 0, 2);
+      fold_after_one(partial[1], 0, 1);
+      issue(partial[1], step, 0, 3);
+      fold_after_one(partial[0], 0, 2);
+      fold_after_all(partial[1], 0, 3);
+    }
+  } else {
+    // Step s reads buffer s % 2. While its first two wgmmas run, the block converts step s + 1
+    // into the other buffer, whose last readers (step s - 1's wgmmas and folds) finished before
+    // barrier X; barrier Y makes step s + 1's copies visible to the converting threads, and the
+    // next step's X makes the conversion visible to the wgmmas. The slot refilled after X held
+    // step s - 1's activations, whose wgmmas every warp waited for before X.
     wait_copies<kStages - 2>();
-    // Step `step` has landed; every warp is done with the last step's buffers and slot.
     __syncthreads();
-    const int ahead = step + kStages - 1;
-    if (ahead < steps) copy_stage(ahead, ahead % kStages);
-    commit_copies();
-    prepare_stage(step % kStages);
+    prepare_stage(0, 0);
     fence_shared_for_wgmma();
-    __syncthreads();
-    const uint32_t codes_address = shared_address(shared + (step % kStages) * kStageBytes);
-    const auto issue = [&](float(&d)[kPartial], int b) {
-      wgmma_fence();  // d was read by a fold (or the registers are fresh)
-      wgmma_fresh<kTokens>(d, swizzled_operand(weights_address + b * kScaleBlock),
-                           swizzled_operand(codes_address + b * kScaleBlock));
-      wgmma_commit();
-    };
-    issue(partial[0], 0);
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) {
-      if (b + 1 < kStepBlocks) {
-        issue(partial[(b + 1) & 1], b + 1);
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
+    for (int step = 0; step < steps; ++step) {
+      const int buffer = step & 1;
+      __syncthreads();  // X
+      const int ahead = step + kStages - 1;
+      if (ahead < steps) copy_stage(ahead, ahead % kStages);
+      commit_copies();
+      issue(partial[0], step, buffer, 0);
+      issue(partial[1], step, buffer, 1);
+      if (step + 1 < steps) {
+        // Step + 1 has landed: kStages + step groups committed, step + 2 of them needed.
+        wait_copies<kStages - 2>();
+        __syncthreads();  // Y
+        prepare_stage((step + 1) % kStages, buffer ^ 1);
+        fence_shared_for_wgmma();
       }
-      hold_after_wait(partial[b & 1]);
-      fold(partial[b & 1], b);
+      fold_after_one(partial[0], buffer, 0);
+      issue(partial[0], step, buffer, 2);
+      fold_after_one(partial[1], buffer, 1);
+      issue(partial[1], step, buffer, 3);
+      fold_after_one(partial[0], buffer, 2);
+      fold_after_all(partial[1], buffer, 3);
     }
   }
 
@@ -393,6 +477,7 @@ __device__ __forceinline__ uint8_t* align_to_swizzle_atom(uint8_t* pointer) {
 
 // Persistent blocks (one per SM) walk the items (token tile, 128 weight rows) in list order,
 // weight rows fastest, as prefill_tile_kernel does.
+template <bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
                          const int* tile_count) {
@@ -405,9 +490,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const PrefillTokenTile tile = tiles[item / row_tiles];
     const int row_tile = static_cast<int>(item % row_tiles);
     if (tile.small != 0) {
-      wgmma_tile<kPrefillSmallTileTokens>(args, tile, row_tile, shared);
+      wgmma_tile<kPrefillSmallTileTokens, kOverlap>(args, tile, row_tile, shared);
     } else {
-      wgmma_tile<kPrefillBigTileTokens>(args, tile, row_tile, shared);
+      wgmma_tile<kPrefillBigTileTokens, kOverlap>(args, tile, row_tile, shared);
     }
     __syncthreads();  // the next item's first copies overwrite what slow warps may still read
   }
@@ -496,13 +581,21 @@ void set_moe_wgmma(bool enabled) {
   wgmma_override.store(enabled ? 1 : 0, std::memory_order_relaxed);
 }
 
+void set_moe_wgmma_overlap(bool enabled) {
+  overlap_allowed.store(enabled, std::memory_order_relaxed);
+}
+
 void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles,
                               const int* tile_count, int64_t max_tiles) {
   DI_CHECK(args.n % kRows == 0 && args.k % kStepK == 0, "launch_moe_prefill_wgmma: N ", args.n,
            " and K ", args.k, " must be multiples of ", kRows, " and ", kStepK);
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(
-        prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedAllocation));
+    DI_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kSharedAllocation));
+    DI_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<false>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kSharedAllocation));
     return true;
   }();
   (void)configured;
@@ -513,8 +606,13 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTi
   const int64_t max_items = max_tiles * (args.n / kRows);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(max_items, sms));
   if (blocks == 0) return;
-  prefill_wgmma_kernel<<<blocks, kThreads, kSharedAllocation, current_stream()>>>(args, tiles,
-                                                                                  tile_count);
+  if (overlap_enabled()) {
+    prefill_wgmma_kernel<true>
+        <<<blocks, kThreads, kSharedAllocation, current_stream()>>>(args, tiles, tile_count);
+  } else {
+    prefill_wgmma_kernel<false>
+        <<<blocks, kThreads, kSharedAllocation, current_stream()>>>(args, tiles, tile_count);
+  }
   DI_CUDA_LAUNCHED(prefill_wgmma_kernel);
 }
 

@@ -44,6 +44,11 @@ struct PrefillWgmmaArgs {
 bool moe_wgmma_enabled();
 void set_moe_wgmma(bool enabled);
 
+// The wgmma kernel's schedule: the weight conversion of step s + 1 overlapped with step s's
+// wgmmas (default), or converted between steps (DEEPINFER_MOE_WGMMA_OVERLAP=0, or false here for
+// the calls that follow; true returns to the default). Same bits.
+void set_moe_wgmma_overlap(bool enabled);
+
 // Runs the tiles (*tile_count of them, at most max_tiles) x all N / 128 weight row blocks on
 // the current stream.
 void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles,
