@@ -100,6 +100,8 @@ constexpr int kThreads = 2 * 128;                  // two warpgroups
 constexpr int kStages = 4;
 constexpr int kMaxTokens = kPrefillBigTileTokens;
 constexpr float kE2m1Rescale = 64.0f;  // undoes the 2^-6 of the e4m3 weight codes
+static_assert(kPrefillSmallTileTokens % 16 == 0 && kMaxTokens % 16 == 0,
+              "the fold reads the token scales of two 8-token column groups at a time");
 static_assert(kRows + kMaxTokens <= kThreads,
               "one thread per weight row and per token copies and decodes a step's scale codes");
 
@@ -116,8 +118,13 @@ constexpr int kStageBytes = kTokenCodesOffset + kMaxTokens * kStepBlocks;
 constexpr int kWeightsOffset = kStages * kStageBytes;
 constexpr int kWeightsBytes = kRows * kStepK;
 constexpr int kScalesOffset = kWeightsOffset + 2 * kWeightsBytes;
-constexpr int kWeightScalesBytes = kStepBlocks * kRows * 4;      // f32 [block][row]
-constexpr int kTokenScalesBytes = kStepBlocks * kMaxTokens * 4;  // f32 [block][token]
+constexpr int kWeightScalesBytes = kStepBlocks * kRows * 4;  // f32 [block][row]
+// The token scales of a block grouped by the accumulator's quad (token 8j + 2q + e at
+// q * kQuadStride + 2j + e), so a thread's come 4 at a time; the stride's 4 extra floats put
+// the quads' 16-byte loads in different banks.
+constexpr int kQuadStride = kMaxTokens / 4 + 4;
+constexpr int kTokenScalesPerBlock = 4 * kQuadStride;
+constexpr int kTokenScalesBytes = kStepBlocks * kTokenScalesPerBlock * 4;
 constexpr int kScalesBytes = kWeightScalesBytes + kTokenScalesBytes;
 constexpr int kSharedBytes = kScalesOffset + 2 * kScalesBytes;
 constexpr int kSwizzleAtom = 1024;  // 8 lines of 128 bytes: the swizzle repeats from there
@@ -347,7 +354,8 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
           *reinterpret_cast<const uint32_t*>(base + kTokenCodesOffset + token * kStepBlocks);
 #pragma unroll
       for (int b = 0; b < kStepBlocks; ++b) {
-        token_scales[b * kMaxTokens + token] = scale_code(codes, 8 * b);
+        token_scales[b * kTokenScalesPerBlock + ((token >> 1) & 3) * kQuadStride +
+                     2 * (token >> 3) + (token & 1)] = scale_code(codes, 8 * b);
       }
     }
   };
@@ -360,14 +368,20 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     const float* token_scales = token_scales_of(buffer);
     const float w_scale_lo = weight_scales[b * kRows + row];
     const float w_scale_hi = weight_scales[b * kRows + row + 8];
+    const float* quad_scales = token_scales + b * kTokenScalesPerBlock + quad * kQuadStride;
 #pragma unroll
-    for (int j = 0; j < kTokens / 8; ++j) {
-      const float2 x_scales =
-          *reinterpret_cast<const float2*>(token_scales + b * kMaxTokens + 8 * j + 2 * quad);
-      acc[4 * j + 0] += d[4 * j + 0] * (x_scales.x * w_scale_lo);
-      acc[4 * j + 1] += d[4 * j + 1] * (x_scales.y * w_scale_lo);
-      acc[4 * j + 2] += d[4 * j + 2] * (x_scales.x * w_scale_hi);
-      acc[4 * j + 3] += d[4 * j + 3] * (x_scales.y * w_scale_hi);
+    for (int pair = 0; pair < kTokens / 16; ++pair) {
+      // Tokens 16 pair + 2 quad + {0, 1} and 16 pair + 8 + 2 quad + {0, 1}.
+      const float4 x_scales = *reinterpret_cast<const float4*>(quad_scales + 4 * pair);
+      const float scale[2][2] = {{x_scales.x, x_scales.y}, {x_scales.z, x_scales.w}};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * pair + half;
+        acc[4 * j + 0] += d[4 * j + 0] * (scale[half][0] * w_scale_lo);
+        acc[4 * j + 1] += d[4 * j + 1] * (scale[half][1] * w_scale_lo);
+        acc[4 * j + 2] += d[4 * j + 2] * (scale[half][0] * w_scale_hi);
+        acc[4 * j + 3] += d[4 * j + 3] * (scale[half][1] * w_scale_hi);
+      }
     }
   };
 
