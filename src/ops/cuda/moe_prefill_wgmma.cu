@@ -358,6 +358,9 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                      2 * (token >> 3) + (token & 1)] = scale_code(codes, 8 * b);
       }
     }
+    // The overlapped schedule's next warp-collective instruction (wgmma.wait_group, .aligned)
+    // follows without a barrier: the warp is whole again first.
+    __syncwarp();
   };
 
   float acc[kPartial] = {};
