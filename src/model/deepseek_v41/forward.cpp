@@ -205,9 +205,8 @@ class ForwardPass {
   // (The indexer's scores grow every `ratio` tokens of context.)
   bool eager_only(const Scratch& scratch) const {
     for (const Scratch* eager :
-         {&ws_.comp_kv, &ws_.comp_gate, &ws_.gathered_kv, &ws_.gathered_gate, &ws_.latent,
-          &ws_.comp_keys, &ws_.comp_entries, &ws_.index_q, &ws_.index_w, &ws_.scores,
-          &ws_.selection, &ws_.candidates, &ws_.head_rows, &ws_.logits}) {
+         {&ws_.gathered_kv, &ws_.gathered_gate, &ws_.latent, &ws_.comp_keys, &ws_.comp_entries,
+          &ws_.scores, &ws_.selection, &ws_.candidates, &ws_.head_rows, &ws_.logits}) {
       if (&scratch == eager) return true;
     }
     return false;
@@ -224,15 +223,16 @@ class ForwardPass {
   // compressed branch, the batched attention and the ring writes (host tables per step: eager),
   // the output projections (recordable).
   void attention_projections(int64_t layer, const TensorView& x);
-  void attention_core(int64_t layer, const TensorView& x);
+  void compressed_projections(int64_t layer, const TensorView& x);
+  void attention_core(int64_t layer);
   void attention_output(int64_t layer, const TensorView& out);
-  void compressor(int64_t layer, const TensorView& x);
+  void compressor(int64_t layer);
   // Per request with completing groups: its rows [offset, offset + count) of the step's
   // latents are its groups [start, start + count).
   void publish_compressed(int64_t layer, const TensorView& latents,
                           const TensorView& group_positions,
                           std::span<const ops::AttentionRequest> groups);
-  void indexer(int64_t layer, const TensorView& x, const TensorView& qr);
+  void indexer(int64_t layer);
   void moe(int64_t layer, const TensorView& x, const TensorView& out);
 
   const DeepseekV41TextConfig& c_;
@@ -449,8 +449,9 @@ void ForwardPass::run(const TensorView& logits, std::span<const int32_t> const* 
       ops::hc_collapse(streams_, pre_mix_view, x_view);
       ops::rmsnorm(x_view, lp.attn_norm, eps, x_view);
       attention_projections(layer, x_view);
+      compressed_projections(layer, x_view);
     });
-    attention_core(layer, x_view);
+    attention_core(layer);
     segment(2 + 2 * layer, [&] {
       attention_output(layer, y_view);
       ops::hc_expand(y_view, streams_, post_view, comb_view, streams_);
@@ -562,13 +563,36 @@ void ForwardPass::attention_projections(int64_t layer, const TensorView& x) {
   ops::fake_quant_fp8(kv_view, 32);
 }
 
-void ForwardPass::attention_core(int64_t layer, const TensorView& x) {
+// The compressed branch's per-token projections: the compressor's kv and gate rows and the
+// indexer's q and head weights (recordable; compressor() and indexer() read them back).
+void ForwardPass::compressed_projections(int64_t layer, const TensorView& x) {
+  const int64_t ratio = c_.compress_ratio(layer);
+  if (ratio == 0) return;
+  const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
+  if (c_.is_kv_source(layer)) {
+    ops::linear(x, ap.compressor_wkv, f32(ws_.comp_kv, {n_, c_.head_dim}));
+    if (ratio > 1) ops::linear(x, ap.compressor_wgate, f32(ws_.comp_gate, {n_, c_.head_dim}));
+  }
+  if (c_.is_index_source(layer)) {
+    const int64_t heads = c_.index_n_heads;
+    const int64_t index_dim = c_.index_head_dim;
+    const TensorView qr = f32(ws_.qr, {n_, c_.q_lora_rank});
+    const TensorView q_view = f32(ws_.index_q, {n_, heads, index_dim});
+    ops::linear(qr, ap.indexer_wq_b, q_view.view({n_, heads * index_dim}), quant_);
+    ops::rope(q_view, positions_, rope_compress_, false);
+    ops::fake_quant_fp4(q_view, 32, ops::Fp4ScaleFormat::kUe8m0);
+    const TensorView w_view = f32(ws_.index_w, {n_, heads});
+    ops::linear(x, ap.indexer_weights_proj, w_view);
+    ops::scale(w_view, 1.0f / std::sqrt(static_cast<float>(heads)), w_view);
+  }
+}
+
+void ForwardPass::attention_core(int64_t layer) {
   const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
   const int64_t heads = c_.num_attention_heads;
   const int64_t head_dim = c_.head_dim;
   const int64_t ratio = c_.compress_ratio(layer);
   // The projections' results (the same scratch views they were written to).
-  const TensorView qr_view = f32(ws_.qr, {n_, c_.q_lora_rank});
   const TensorView q_view = f32(ws_.q, {n_, heads, head_dim});
   const TensorView kv_view = f32(ws_.kv, {n_, head_dim});
 
@@ -577,8 +601,8 @@ void ForwardPass::attention_core(int64_t layer, const TensorView& x) {
   int64_t kv_source = -1;
   if (ratio > 0) {
     kv_source = c_.kv_source_of(layer);
-    if (c_.is_kv_source(layer)) compressor(layer, x);
-    if (c_.is_index_source(layer)) indexer(layer, x, qr_view);
+    if (c_.is_kv_source(layer)) compressor(layer);
+    if (c_.is_index_source(layer)) indexer(layer);
   }
   const int64_t index_source = ratio > 0 ? c_.index_source_of(layer) : -1;
   if (index_source >= 0 && index_source < kv_source) {
@@ -633,13 +657,12 @@ void ForwardPass::attention_output(int64_t layer, const TensorView& out) {
   ops::linear(grouped_view, ap.wo_b, out, quant_);
 }
 
-void ForwardPass::compressor(int64_t layer, const TensorView& x) {
+void ForwardPass::compressor(int64_t layer) {
   const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
   const int64_t head_dim = c_.head_dim;
   const int64_t ratio = c_.compress_ratio(layer);
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  const TensorView kv = f32(ws_.comp_kv, {n_, head_dim});
-  ops::linear(x, ap.compressor_wkv, kv);
+  const TensorView kv = f32(ws_.comp_kv, {n_, head_dim});  // compressed_projections'
   std::vector<ops::AttentionRequest>& completing = ws_.completing_groups;
   completing.assign(spans_.size(), ops::AttentionRequest{});
   if (ratio == 1) {
@@ -653,8 +676,7 @@ void ForwardPass::compressor(int64_t layer, const TensorView& x) {
     publish_compressed(layer, kv, positions_, completing);
     return;
   }
-  const TensorView gate = f32(ws_.comp_gate, {n_, head_dim});
-  ops::linear(x, ap.compressor_wgate, gate);
+  const TensorView gate = f32(ws_.comp_gate, {n_, head_dim});  // compressed_projections'
   const GroupPositions* group_positions = nullptr;
   for (const GroupPositions& groups : group_positions_) {
     if (groups.ratio == ratio) group_positions = &groups;
@@ -763,8 +785,7 @@ void ForwardPass::publish_compressed(int64_t layer, const TensorView& latents,
   ops::write_window_rings(entries, targets);
 }
 
-void ForwardPass::indexer(int64_t layer, const TensorView& x, const TensorView& qr) {
-  const AttentionParameters& ap = p_.layers[static_cast<size_t>(layer)].attn;
+void ForwardPass::indexer(int64_t layer) {
   const int64_t heads = c_.index_n_heads;
   const int64_t index_dim = c_.index_head_dim;
   const int64_t ratio = c_.compress_ratio(layer);
@@ -773,13 +794,9 @@ void ForwardPass::indexer(int64_t layer, const TensorView& x, const TensorView& 
     DI_THROW("index source ", layer, " reads the keys of KV source ", kv_source,
              ", which runs no indexer and so has no keys; such schedules are not supported");
   }
+  // compressed_projections' q and head weights.
   const TensorView q_view = f32(ws_.index_q, {n_, heads, index_dim});
-  ops::linear(qr, ap.indexer_wq_b, q_view.view({n_, heads * index_dim}), quant_);
-  ops::rope(q_view, positions_, rope_compress_, false);
-  ops::fake_quant_fp4(q_view, 32, ops::Fp4ScaleFormat::kUe8m0);
   const TensorView w_view = f32(ws_.index_w, {n_, heads});
-  ops::linear(x, ap.indexer_weights_proj, w_view);
-  ops::scale(w_view, 1.0f / std::sqrt(static_cast<float>(heads)), w_view);
   TensorView visible_all;
   for (const auto& [visible_ratio, view] : visible_) {
     if (visible_ratio == ratio) visible_all = view;
