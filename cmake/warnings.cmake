@@ -22,5 +22,29 @@ function(deepinfer_add_test name)
     DEEPINFER_SHARED_DIR="${DEEPINFER_SHARED_DIR}"
     DEEPINFER_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   deepinfer_set_warnings(${name})
+  deepinfer_enable_unity_build(${name})
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+endfunction()
+
+# deepinfer_enable_unity_build(TARGET [BATCH_SIZE]) : batches TARGET's C++ sources when
+# DEEPINFER_UNITY_BUILD is on. Batches of 8 (the default) keep both cores of a CI machine busy
+# while most of the library's headers are shared within a batch; a source that cannot share a
+# translation unit (file-local names that collide) opts out with the SKIP_UNITY_BUILD_INCLUSION
+# source property.
+function(deepinfer_enable_unity_build target)
+  set(batch_size 8)
+  if(ARGC GREATER 1)
+    set(batch_size ${ARGV1})
+  endif()
+  if(DEEPINFER_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE BATCH
+                                               UNITY_BUILD_BATCH_SIZE ${batch_size})
+    # GCC's -Wsubobject-linkage is meant for headers: a type with a member of an anonymous-
+    # namespace type, defined outside the main file, would be an ODR hazard. In a unity batch
+    # every .cpp is an included file, so each .cpp's own Impl with file-local members warns;
+    # non-unity builds keep the check.
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+      target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-subobject-linkage>)
+    endif()
+  endif()
 endfunction()

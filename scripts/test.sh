@@ -17,7 +17,10 @@ fi
 echo "== build (${CUDA_FLAGS[*]:-CPU only}) and tests"
 # DEEPINFER_PYTHON: the Python tests below import the extension from this build (no second
 # library build through pip); the interpreter is the one that runs pytest.
-BUILD_DIR=build ./scripts/build.sh "${CUDA_FLAGS[@]}" -DDEEPINFER_PYTHON=ON \
+# DEEPINFER_UNITY_BUILD: a clean build's cost is mostly the same header-only library code
+# (nlohmann/json, CLI11, GoogleTest) compiled again in every file; unity batches compile it once
+# per batch (CMakeLists.txt).
+BUILD_DIR=build ./scripts/build.sh "${CUDA_FLAGS[@]}" -DDEEPINFER_PYTHON=ON -DDEEPINFER_UNITY_BUILD=ON \
   -DPython_EXECUTABLE="$(python3 -c 'import sys; print(sys.executable)')"
 ctest --test-dir build --output-on-failure --parallel "$(nproc)"
 
@@ -29,7 +32,9 @@ fi
 if [[ "${DEEPINFER_SKIP_SANITIZERS:-0}" != "1" ]]; then
   echo "== ASan/UBSan build and tests"
   # -O1: the model and engine tests run real forwards; -O0 under ASan would dominate CI time.
-  BUILD_DIR=build-asan BUILD_TYPE=Debug ./scripts/build.sh -DDEEPINFER_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
+  # No examples: no test runs them.
+  BUILD_DIR=build-asan BUILD_TYPE=Debug ./scripts/build.sh -DDEEPINFER_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+    -DDEEPINFER_UNITY_BUILD=ON -DDEEPINFER_BUILD_EXAMPLES=OFF
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     DEEPINFER_SANITIZER_BUILD=1 ctest --test-dir build-asan --output-on-failure --parallel "$(nproc)"
 fi
