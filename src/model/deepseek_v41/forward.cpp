@@ -211,8 +211,9 @@ class ForwardPass {
     }
     return false;
   }
-  // Runs `body` (ops only; views it needs are taken before) as recorded segment `id` of this
-  // step's token count when the step records, else eagerly.
+  // Runs `body` as recorded segment `id` of this step's token count when the step records, else
+  // eagerly. The body may only queue ops whose kernels and arguments are functions of the token
+  // count (the scratch it takes has sizes fixed by it; per-step values come from the metadata).
   template <typename Body>
   void segment(int64_t id, Body&& body);
   TensorView f32(Scratch& scratch, Shape shape) { return take(scratch, DType::kF32, shape); }
