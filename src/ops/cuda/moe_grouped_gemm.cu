@@ -29,7 +29,6 @@
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/moe_grouped_gemm.h"
-#include "ops/cuda/moe_prefill_wgmma.h"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -391,10 +390,13 @@ constexpr int kBigTileMinRows = kBigTileTokens - kSmallTileTokens + 1;
 constexpr int kMaxSmallTilesPerGroup = kBigTileTokens / kSmallTileTokens - 1;
 
 // Rows [first, min(first + tile tokens, end)) of `expert`, whose rows end at `end`; tile tokens
-// is kSmallTileTokens if `small`, else kBigTileTokens. The wgmma version reads the same list.
-using TokenTile = PrefillTokenTile;
-static_assert(kBigTileTokens == kPrefillBigTileTokens &&
-              kSmallTileTokens == kPrefillSmallTileTokens);
+// is kSmallTileTokens if `small`, else kBigTileTokens.
+struct TokenTile {
+  int expert;
+  int first;
+  int end;
+  int small;
+};
 
 // The token tiles in expert order (an expert's full-size tiles, then its small ones), so the
 // blocks that share an expert's weights run close together and find them in L2.
@@ -1079,18 +1081,6 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
         <<<1, kListThreads, 0, stream>>>(args.offsets, args.groups, args.rows, tiles,
                                          static_cast<int>(choice.max_tiles), tile_count);
     DI_CUDA_LAUNCHED(list_token_tiles_kernel);
-    if (moe_wgmma_enabled()) {  // the same bits on Hopper's wgmma (moe_prefill_wgmma.cu)
-      PrefillWgmmaArgs wgmma{args.x_codes,    args.x_scales, args.weight,
-                             args.w_scales,   args.experts,  args.out,
-                             args.out_stride, args.n,        args.k};
-      launch_moe_prefill_wgmma(wgmma, tiles, tile_count, choice.max_tiles);
-      if (args.second_out != nullptr) {
-        wgmma.experts = args.second_experts;
-        wgmma.out = args.second_out;
-        launch_moe_prefill_wgmma(wgmma, tiles, tile_count, choice.max_tiles);
-      }
-      return;
-    }
     static const bool configured = [] {
       DI_CUDA_CHECK(cudaFuncSetAttribute(
           prefill_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefillSmemBytes));
