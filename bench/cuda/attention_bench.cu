@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/runtime_switch.h"
 #include "roofline.cuh"
 
 namespace deepinfer::bench {
@@ -227,16 +229,18 @@ AttentionCase prefill_case() {
 // on the tensor cores (false: the FMA kernels, DEEPINFER_ATTENTION_MMA=0).
 void call(const AttentionCase& c, bool head_groups, bool batched = true,
           const char* split = nullptr, bool mma = true) {
-  if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
-  if (!batched) setenv("DEEPINFER_ATTENTION_BATCHED", "0", 1);
-  if (split != nullptr) setenv("DEEPINFER_ATTENTION_SPLIT", split, 1);
-  if (!mma) setenv("DEEPINFER_ATTENTION_MMA", "0", 1);
+  // Overrides only where the caller asks for a path, so the environment's settings apply to the
+  // rest (as when these were environment variables set around the call).
+  std::optional<rt::ScopedSwitch> per_head;
+  std::optional<rt::ScopedSwitch> per_request;
+  std::optional<rt::ScopedSetting> split_setting;
+  std::optional<rt::ScopedSwitch> fma;
+  if (!head_groups) per_head.emplace("DEEPINFER_ATTENTION_HEAD_GROUPS", false);
+  if (!batched) per_request.emplace("DEEPINFER_ATTENTION_BATCHED", false);
+  if (split != nullptr) split_setting.emplace("DEEPINFER_ATTENTION_SPLIT", std::stoi(split));
+  if (!mma) fma.emplace("DEEPINFER_ATTENTION_MMA", false);
   ops::cuda::sink_attention_batch(c.q, c.new_kv, c.requests, kWindow, c.sink,
                                   1.0f / std::sqrt(static_cast<float>(kHeadDim)), c.out);
-  unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
-  unsetenv("DEEPINFER_ATTENTION_BATCHED");
-  unsetenv("DEEPINFER_ATTENTION_SPLIT");
-  unsetenv("DEEPINFER_ATTENTION_MMA");
 }
 
 // Worst |b - a| over max |a| of two outputs; infinite when either is not finite.

@@ -22,7 +22,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +34,7 @@
 #include "gpu_support.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
 
 namespace deepinfer::ops {
@@ -133,15 +136,28 @@ struct DeviceCase {
         index(c.selected > 0 ? rt::to_device(c.index.view()) : Tensor()) {}
 };
 
+// A run-time switch or setting overridden for a scope with the value the environment would
+// give it ("0", "1"; nullptr: left as it is), restored however the scope ends.
+class ScopedOverride {
+ public:
+  ScopedOverride(const char* name, const char* value) {
+    if (value != nullptr) setting_.emplace(name, std::stoi(value));
+  }
+
+ private:
+  std::optional<rt::ScopedSetting> setting_;
+};
+
 // Tokens [first, first + count) of the case on the GPU; `head_groups` false takes the per-head
 // kernel; `split` "1" / "0" forces the split-KV path / the one-block kernel (nullptr: the op
 // chooses); `mma` false takes the FMA head-group kernels. Waits and reports kernel errors
 // (throws) before copying back.
 Tensor run_gpu(const Case& c, const DeviceCase& d, int64_t first, int64_t count,
                bool head_groups = true, const char* split = nullptr, bool mma = true) {
-  if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
-  if (split != nullptr) setenv("DEEPINFER_ATTENTION_SPLIT", split, 1);
-  if (!mma) setenv("DEEPINFER_ATTENTION_MMA", "0", 1);
+  const ScopedOverride head_group_setting("DEEPINFER_ATTENTION_HEAD_GROUPS",
+                                          head_groups ? nullptr : "0");
+  const ScopedOverride split_setting("DEEPINFER_ATTENTION_SPLIT", split);
+  const ScopedOverride mma_setting("DEEPINFER_ATTENTION_MMA", mma ? nullptr : "0");
   Tensor out = Tensor::empty(DType::kF32, {count, c.heads, c.head_dim}, rt::device_allocator());
   rt::fill_bytes(out.view(), 0xFF);
   const TensorView index =
@@ -149,9 +165,6 @@ Tensor run_gpu(const Case& c, const DeviceCase& d, int64_t first, int64_t count,
   cuda::sink_attention(d.q.view().narrow(0, first, count), d.window,
                        d.range.view().narrow(0, first, count), d.compressed, index, d.sink, c.scale,
                        out);
-  unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
-  unsetenv("DEEPINFER_ATTENTION_SPLIT");
-  unsetenv("DEEPINFER_ATTENTION_MMA");
   rt::synchronize();
   return rt::to_host(out.view());
 }
@@ -182,20 +195,6 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
                                                static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
 }
-
-// An environment switch set for a scope (nullptr: left unset), unset however the scope ends.
-class ScopedSetting {
- public:
-  ScopedSetting(const char* name, const char* value) : name_(name) {
-    if (value != nullptr) setenv(name, value, 1);
-  }
-  ~ScopedSetting() { unsetenv(name_); }
-  ScopedSetting(const ScopedSetting&) = delete;
-  ScopedSetting& operator=(const ScopedSetting&) = delete;
-
- private:
-  const char* name_;
-};
 
 class AttentionGpuTest : public ::testing::Test {
  protected:
@@ -297,18 +296,20 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
   for (const char* split : {"0", "1", "0 fma", "1 fma", "per-head"}) {
     const bool head_groups = std::string(split) != "per-head";
     const bool fma = std::string(split).ends_with("fma");
-    const ScopedSetting split_setting("DEEPINFER_ATTENTION_SPLIT",
-                                      head_groups ? (split[0] == '1' ? "1" : "0") : nullptr);
-    const ScopedSetting mma_setting("DEEPINFER_ATTENTION_MMA", fma ? "0" : nullptr);
+    const ScopedOverride split_setting("DEEPINFER_ATTENTION_SPLIT",
+                                       head_groups ? (split[0] == '1' ? "1" : "0") : nullptr);
+    const ScopedOverride mma_setting("DEEPINFER_ATTENTION_MMA", fma ? "0" : nullptr);
     Case c = make_case(3, 16, 512, 40, 40, 50, 81);
     Case bad = make_case(3, 16, 512, 40, 40, 50, 81);
     bad.index.data<int32_t>()[1 * 40 + 6] = 50;  // token 1, entry 6: one past the table
     c.index.data<int32_t>()[1 * 40 + 6] = -1;
     const DeviceCase d(bad);
     Tensor out = Tensor::empty(DType::kF32, {3, 16, 512}, rt::device_allocator());
-    if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
-    cuda::sink_attention(d.q, d.window, d.range, d.compressed, d.index, d.sink, c.scale, out);
-    unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+    {
+      const ScopedOverride head_group_setting("DEEPINFER_ATTENTION_HEAD_GROUPS",
+                                              head_groups ? nullptr : "0");
+      cuda::sink_attention(d.q, d.window, d.range, d.compressed, d.index, d.sink, c.scale, out);
+    }
     EXPECT_THROW(rt::synchronize(), Error);
     EXPECT_LE(worst_error(reference(c), rt::to_host(out.view())), kTolerance);
     rt::synchronize();  // reported once and cleared
@@ -317,10 +318,12 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
     bad_range.range.data<int32_t>()[2 * 2 + 1] = 1000;  // token 2 ends past the window rows
     const DeviceCase dr(bad_range);
     Tensor out2 = Tensor::empty(DType::kF32, {3, 16, 512}, rt::device_allocator());
-    if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
-    cuda::sink_attention(dr.q, dr.window, dr.range, dr.compressed, dr.index, dr.sink,
-                         bad_range.scale, out2);
-    unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
+    {
+      const ScopedOverride head_group_setting("DEEPINFER_ATTENTION_HEAD_GROUPS",
+                                              head_groups ? nullptr : "0");
+      cuda::sink_attention(dr.q, dr.window, dr.range, dr.compressed, dr.index, dr.sink,
+                           bad_range.scale, out2);
+    }
     EXPECT_THROW(rt::synchronize(), Error);
     const Tensor got = rt::to_host(out2.view());
     const int64_t row = 16 * 512;
@@ -357,10 +360,12 @@ Tensor run_gpu_batch(const AttentionBatch& b, std::vector<Setting> settings = {}
   const BatchTensors d = device_tensors(b);
   Tensor out = Tensor::empty(DType::kF32, {b.tokens, b.heads, b.head_dim}, rt::device_allocator());
   rt::fill_bytes(out.view(), 0xFF);
-  for (const Setting& setting : settings) setenv(setting.name, setting.value, 1);
-  cuda::sink_attention_batch(d.q, d.new_kv, attention_cases::request_views(b, d), b.window, d.sink,
-                             b.scale, out);
-  for (const Setting& setting : settings) unsetenv(setting.name);
+  {
+    std::deque<ScopedOverride> overrides;
+    for (const Setting& setting : settings) overrides.emplace_back(setting.name, setting.value);
+    cuda::sink_attention_batch(d.q, d.new_kv, attention_cases::request_views(b, d), b.window,
+                               d.sink, b.scale, out);
+  }
   rt::synchronize();
   return rt::to_host(out.view());
 }
@@ -547,9 +552,10 @@ TEST_F(AttentionGpuTest, WriteWindowRingsSmallShapes) {
   for (const char* batched : {"1", "0"}) {
     AttentionBatch b = small_batch(16);
     const BatchTensors d = device_tensors(b);
-    setenv("DEEPINFER_ATTENTION_BATCHED", batched, 1);
-    cuda::write_window_rings(d.new_kv, attention_cases::request_views(b, d));
-    unsetenv("DEEPINFER_ATTENTION_BATCHED");
+    {
+      const ScopedOverride batched_setting("DEEPINFER_ATTENTION_BATCHED", batched);
+      cuda::write_window_rings(d.new_kv, attention_cases::request_views(b, d));
+    }
     rt::synchronize();
     write_window_rings(b.host.new_kv, attention_cases::request_views(b, b.host));
     for (size_t r = 0; r < b.specs.size(); ++r) {
@@ -571,12 +577,14 @@ TEST_F(AttentionGpuTest, BatchBadIndicesAreReported) {
     const BatchTensors d = device_tensors(bad);
     Tensor out =
         Tensor::empty(DType::kF32, {bad.tokens, bad.heads, bad.head_dim}, rt::device_allocator());
-    if (!head_groups) setenv("DEEPINFER_ATTENTION_HEAD_GROUPS", "0", 1);
-    if (head_groups) setenv("DEEPINFER_ATTENTION_SPLIT", split, 1);
-    cuda::sink_attention_batch(d.q, d.new_kv, attention_cases::request_views(bad, d), bad.window,
-                               d.sink, bad.scale, out);
-    unsetenv("DEEPINFER_ATTENTION_HEAD_GROUPS");
-    unsetenv("DEEPINFER_ATTENTION_SPLIT");
+    {
+      const ScopedOverride head_group_setting("DEEPINFER_ATTENTION_HEAD_GROUPS",
+                                              head_groups ? nullptr : "0");
+      const ScopedOverride split_setting("DEEPINFER_ATTENTION_SPLIT",
+                                         head_groups ? split : nullptr);
+      cuda::sink_attention_batch(d.q, d.new_kv, attention_cases::request_views(bad, d), bad.window,
+                                 d.sink, bad.scale, out);
+    }
     EXPECT_THROW(rt::synchronize(), Error);
     EXPECT_LE(worst_error(cpu_batch(skipped), rt::to_host(out.view())), kTolerance);
     rt::synchronize();  // reported once and cleared

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@
 #include "gpu_support.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -1069,20 +1071,15 @@ TEST_F(BackendOpsTest, MoeExpertsReportsABadExpertIdAtSynchronize) {
 // reduction orders). *SmallShapes: a few narrow shapes (the compute-sanitizer runs); *RealShapes:
 // V4.1-Flash widths.
 
-// Environment switches set for a scope, unset however the scope ends.
+// Run-time switches turned off for a scope, restored however the scope ends.
 class ScopedSwitches {
  public:
-  explicit ScopedSwitches(std::vector<const char*> names) : names_(std::move(names)) {
-    for (const char* name : names_) setenv(name, "0", 1);
+  explicit ScopedSwitches(const std::vector<const char*>& names) {
+    for (const char* name : names) off_.emplace_back(name, false);
   }
-  ~ScopedSwitches() {
-    for (const char* name : names_) unsetenv(name);
-  }
-  ScopedSwitches(const ScopedSwitches&) = delete;
-  ScopedSwitches& operator=(const ScopedSwitches&) = delete;
 
  private:
-  std::vector<const char*> names_;
+  std::deque<deepinfer::cuda::ScopedSwitch> off_;
 };
 
 // Device outputs as one vector (Tensor moves only; an initializer list would copy).

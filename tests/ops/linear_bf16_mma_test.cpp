@@ -20,6 +20,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/linear_bf16_mma.h"
+#include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
 
 namespace deepinfer::ops {
@@ -287,21 +288,20 @@ TEST_F(LinearBf16MmaTest, SmallShapesEveryLaunch) {
 // Runs its body on the register-ring decode kernel, restoring the decode tile afterwards.
 class RegisterKernelForDecode {
  public:
-  RegisterKernelForDecode() { cuda::set_bf16_decode_tile(false); }
-  ~RegisterKernelForDecode() { cuda::set_bf16_decode_tile(true); }
+  RegisterKernelForDecode() = default;
   RegisterKernelForDecode(const RegisterKernelForDecode&) = delete;
   RegisterKernelForDecode& operator=(const RegisterKernelForDecode&) = delete;
+
+ private:
+  rt::ScopedSwitch decode_tile_{"DEEPINFER_BF16_DECODE_TILE", false};
 };
 
 // Lowers the weight size from which the decode variants apply (so small weights reach them),
-// restoring the default and the environment's variant afterwards.
+// restoring the default afterwards.
 class DecodeVariantsForEveryWeight {
  public:
   DecodeVariantsForEveryWeight() { cuda::set_bf16_decode_pre_split_min_bytes(0); }
-  ~DecodeVariantsForEveryWeight() {
-    cuda::set_bf16_decode_pre_split_min_bytes(-1);
-    cuda::set_bf16_decode_variant(-1);
-  }
+  ~DecodeVariantsForEveryWeight() { cuda::set_bf16_decode_pre_split_min_bytes(-1); }
   DecodeVariantsForEveryWeight(const DecodeVariantsForEveryWeight&) = delete;
   DecodeVariantsForEveryWeight& operator=(const DecodeVariantsForEveryWeight&) = delete;
 };
@@ -329,9 +329,11 @@ void check_decode_tile(const Role& r, int64_t rows, bool with_reference) {
     EXPECT_TRUE(same_bits(tile, register_kernel))
         << what << ", terms " << terms << ": the decode tile differs from the register kernel";
     for (int variant = 0; variant < cuda::bf16_decode_variants(); ++variant) {
-      cuda::set_bf16_decode_variant(variant);
-      const Tensor variant_tile = run_gpu(r, 0, rows, terms);
-      cuda::set_bf16_decode_variant(-1);
+      Tensor variant_tile;
+      {
+        const rt::ScopedSetting decode_variant("DEEPINFER_BF16_DECODE_VARIANT", variant);
+        variant_tile = run_gpu(r, 0, rows, terms);
+      }
       EXPECT_TRUE(same_bits(variant_tile, register_kernel))
           << what << ", terms " << terms << ": decode variant " << variant
           << " differs from the register kernel";
@@ -433,10 +435,11 @@ void check_grouped(int64_t groups, int64_t group_out, int64_t group_in, int64_t 
                    out.narrow(1, g * group_out, group_out));
     }
   });
-  cuda::set_bf16_grouped_launch(false);
-  const Tensor grouped_off =
-      gpu([&](const TensorView& out) { linear_grouped(x_view, w, groups, out); });
-  cuda::set_bf16_grouped_launch(true);
+  Tensor grouped_off;
+  {
+    const rt::ScopedSwitch per_group_launches("DEEPINFER_BF16_GROUPED", false);
+    grouped_off = gpu([&](const TensorView& out) { linear_grouped(x_view, w, groups, out); });
+  }
   EXPECT_TRUE(same_bits(grouped, per_group)) << what << ": one launch differs from the groups";
   EXPECT_TRUE(same_bits(grouped_off, per_group)) << what << ": the switched-off path differs";
 
@@ -479,26 +482,26 @@ TEST_F(LinearBf16MmaTest, GroupedLinearWoA) {
 // grouped or plain block order, restoring the defaults afterwards.
 class RegisterKernelForPrefill {
  public:
-  explicit RegisterKernelForPrefill(bool grouped_order) {
-    cuda::set_bf16_wide_tile(false);
-    cuda::set_bf16_wide_groups(grouped_order);
-  }
-  ~RegisterKernelForPrefill() {
-    cuda::set_bf16_wide_tile(true);
-    cuda::set_bf16_wide_groups(true);
-  }
+  explicit RegisterKernelForPrefill(bool grouped_order)
+      : wide_groups_("DEEPINFER_BF16_WIDE_GROUPS", grouped_order) {}
   RegisterKernelForPrefill(const RegisterKernelForPrefill&) = delete;
   RegisterKernelForPrefill& operator=(const RegisterKernelForPrefill&) = delete;
+
+ private:
+  rt::ScopedSwitch wide_tile_{"DEEPINFER_BF16_WIDE_TILE", false};
+  rt::ScopedSwitch wide_groups_;
 };
 
 // Runs its body on the wide tile (128 weight rows a block) instead of the big tile (256, where N
 // and K allow it), restoring the default afterwards.
 class WideTileForPrefill {
  public:
-  WideTileForPrefill() { cuda::set_bf16_big_tile(false); }
-  ~WideTileForPrefill() { cuda::set_bf16_big_tile(true); }
+  WideTileForPrefill() = default;
   WideTileForPrefill(const WideTileForPrefill&) = delete;
   WideTileForPrefill& operator=(const WideTileForPrefill&) = delete;
+
+ private:
+  rt::ScopedSwitch big_tile_{"DEEPINFER_BF16_BIG_TILE", false};
 };
 
 // Rows [0, rows) of r on the default prefill tile (the big tile where N % 256 == 0 and K % 64 ==

@@ -22,6 +22,7 @@
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/linear_fp8_dense.h"
 #include "ops/cuda/moe_grouped_gemm.h"
+#include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -315,10 +316,7 @@ TEST_F(LinearFp8DenseTest, SmallShapesEveryLaunch) {
 // Turns the decode tile off for its lifetime (split_kernel, the register loads before it, runs
 // the decode launches), on again after, also when a call throws.
 struct RegisterDecodeKernel {
-  RegisterDecodeKernel() { cuda::set_fp8_dense_decode_tile(false); }
-  ~RegisterDecodeKernel() { cuda::set_fp8_dense_decode_tile(true); }
-  RegisterDecodeKernel(const RegisterDecodeKernel&) = delete;
-  RegisterDecodeKernel& operator=(const RegisterDecodeKernel&) = delete;
+  rt::ScopedSwitch decode_tile{"DEEPINFER_FP8_DENSE_DECODE_TILE", false};
 };
 
 // Rows [first, first + count) of `r` through each decode launch, with the decode tile and with

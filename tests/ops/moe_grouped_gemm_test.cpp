@@ -18,6 +18,7 @@
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/linear_fp8_dense.h"
 #include "ops/cuda/moe_grouped_gemm.h"
+#include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -540,10 +541,11 @@ Tensor run_moe_op(const ExpertSet& set, const Tensor& x, const Tensor& chosen,
   Tensor dwt = rt::to_device(weights.view().narrow(0, first, count));
   Tensor out = Tensor::empty(DType::kF32, {count, dim}, rt::device_allocator());
   rt::fill_bytes(out.view(), 0xFF);
-  cuda::set_moe_experts_fused_path(fused);
-  cuda::moe_experts(dx.view(), dc.view(), dwt.view(), set.device, 10.0f,
-                    ActivationQuant::kFp8PerBlock32, out.view());
-  cuda::set_moe_experts_fused_path(true);
+  {
+    const rt::ScopedSwitch fused_path("DEEPINFER_MOE_FUSED", fused);
+    cuda::moe_experts(dx.view(), dc.view(), dwt.view(), set.device, 10.0f,
+                      ActivationQuant::kFp8PerBlock32, out.view());
+  }
   rt::synchronize();
   return rt::to_host(out.view());
 }
@@ -619,10 +621,7 @@ TEST_F(MoeGroupedGemmTest, FusedMoeExpertsSmallShapes) {
 // Turns the decode tile off for its lifetime (the register kernel before it runs), on again
 // after, also when a call throws.
 struct RegisterKernelForDecode {
-  RegisterKernelForDecode() { cuda::set_moe_decode_tile(false); }
-  ~RegisterKernelForDecode() { cuda::set_moe_decode_tile(true); }
-  RegisterKernelForDecode(const RegisterKernelForDecode&) = delete;
-  RegisterKernelForDecode& operator=(const RegisterKernelForDecode&) = delete;
+  rt::ScopedSwitch decode_tile{"DEEPINFER_MOE_DECODE_TILE", false};
 };
 
 // The same call through the decode tile and through the register kernel must give the same bits

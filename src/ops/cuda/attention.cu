@@ -31,6 +31,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8_mma.cuh"
+#include "ops/cuda/runtime_switch.h"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -45,7 +46,7 @@ constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
 // false: sink_attention_batch and write_window_rings loop over the requests on the host, each
 // gathering its window rows with copies and calling the single-matrix form (the forward's path
 // before the batched op). DEEPINFER_ATTENTION_BATCHED=0 does the same at run time.
-constexpr bool kUseBatchedAttention = true;
+RuntimeSwitch kUseBatchedAttention{"DEEPINFER_ATTENTION_BATCHED", true};
 
 struct ChunkState;
 
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(kThreads) sink_attention_kernel(AttentionArgs 
 // ---- head-group kernel ------------------------------------------------------------------------
 
 // false: every call takes the per-head kernel again (the path before the head-group kernel).
-constexpr bool kUseHeadGroupKernel = true;
+RuntimeSwitch kUseHeadGroupKernel{"DEEPINFER_ATTENTION_HEAD_GROUPS", true};
 
 constexpr int kGroupHeads = 16;     // heads per block: every key row loaded serves all of them
 constexpr int kGroupHeadDim = 512;  // the one head_dim the kernel is built for (V4.1-Flash)
@@ -296,8 +297,13 @@ static_assert(kChunkKeys % kGroupKeys == 0, "chunks are whole key tiles");
 
 // false: every head-group call takes the one-block kernel (same bits, fewer blocks at decode).
 // DEEPINFER_ATTENTION_SPLIT=0 does the same at run time; DEEPINFER_ATTENTION_SPLIT=1 takes the
-// split path whenever the head-group kernel fits (tests and benches force each path with it).
-constexpr bool kSplitKeys = true;
+// split path whenever the head-group kernel fits (tests and benches force each path with it);
+// unset (the default, kSplitKeysAuto): by the heuristic in split_keys_chosen.
+constexpr int kSplitKeysNever = 0;
+constexpr int kSplitKeysAlways = 1;
+constexpr int kSplitKeysAuto = 2;
+RuntimeSetting kSplitKeys{"DEEPINFER_ATTENTION_SPLIT", kSplitKeysAuto, kSplitKeysNever,
+                          kSplitKeysAlways};
 // The split path runs when the one-block kernel would launch fewer blocks than this many per
 // SM: below it SMs idle while each block walks all of its token's keys. One, not the two that
 // fit: on the H200 at 64 tokens (2 per SM) the split path took 0.299 ms against 0.245 ms (16
@@ -685,9 +691,9 @@ __global__ void __launch_bounds__(kGroupThreads) sink_attention_combine_kernel(A
 // Weighted sum: the warp's 16 heads x 64 columns of the chunk's sum, from all 32 keys of the tile.
 
 // false: every head-group call takes the FMA kernels above again (the path before the tensor-core
-// kernels). DEEPINFER_ATTENTION_MMA=0 does the same at run time (read at every call, so one
-// process can compare both).
-constexpr bool kUseAttentionMma = true;
+// kernels). DEEPINFER_ATTENTION_MMA=0 does the same at run time (a test takes either path in one
+// process with ScopedSwitch).
+RuntimeSwitch kUseAttentionMma{"DEEPINFER_ATTENTION_MMA", true};
 
 constexpr int kMmaTerms = 3;  // bf16 terms of a query or probability value: exact
 constexpr int kMmaWarpColumns = kGroupHeadDim / kGroupWarps;
@@ -1178,11 +1184,10 @@ bool aligned_rows(const void* data, int64_t stride_elements) {
 }
 
 // The head-group kernel's shapes and alignment (`key_rows_aligned`: every key row the call can
-// read); DEEPINFER_ATTENTION_HEAD_GROUPS=0 turns it off (read at every call, so one process can
-// time both kernels).
+// read); DEEPINFER_ATTENTION_HEAD_GROUPS=0 turns it off (ScopedSwitch in one process: tests and
+// benches time both kernels).
 bool head_group_kernel_fits(const AttentionArgs& args, bool key_rows_aligned) {
-  if (!kUseHeadGroupKernel || disabled_by_environment("DEEPINFER_ATTENTION_HEAD_GROUPS"))
-    return false;
+  if (!kUseHeadGroupKernel.enabled()) return false;
   return args.head_dim == kGroupHeadDim && args.heads % kGroupHeads == 0 &&
          aligned_rows(args.q.data, args.q.stride) && aligned_rows(args.out.data, args.out.stride) &&
          key_rows_aligned;
@@ -1211,16 +1216,16 @@ AttentionArgs common_args(const TensorView& q, const TensorView& sink, float sca
 // Whether a head-group call takes the split path. DEEPINFER_ATTENTION_SPLIT=0: never (the
 // one-block kernel: the path before split-KV); =1: always (tests and benches force it to check
 // both paths give the same bits); otherwise when the one-block kernel would leave SMs idle.
-// Read at every call, so one process can run both.
+// ScopedSetting flips it in one process.
 bool split_keys_chosen(int64_t one_block_blocks, int64_t max_chunks) {
-  if (!kSplitKeys || disabled_by_environment("DEEPINFER_ATTENTION_SPLIT")) return false;
+  const int split_setting = kSplitKeys.value();
+  if (split_setting == kSplitKeysNever) return false;
   const size_t scratch = static_cast<size_t>(one_block_blocks * max_chunks) * sizeof(ChunkState);
   if (max_chunks < 1 || scratch > kMaxSplitScratchBytes ||
       one_block_blocks * max_chunks > INT32_MAX) {
     return false;
   }
-  const char* setting = std::getenv("DEEPINFER_ATTENTION_SPLIT");
-  if (setting != nullptr && std::string_view(setting) == "1") return true;
+  if (split_setting == kSplitKeysAlways) return true;
   static const int64_t sms = [] {
     int device = 0;
     int count = 0;
@@ -1250,10 +1255,9 @@ void set_group_shared_bytes() {
 }
 
 // Whether head-group calls take the tensor-core kernels (kUseAttentionMma unless
-// DEEPINFER_ATTENTION_MMA=0; read at every call, as the other switches here, so one process can
-// run both).
+// DEEPINFER_ATTENTION_MMA=0; ScopedSwitch flips it in one process).
 bool attention_mma_chosen() {
-  return kUseAttentionMma && !disabled_by_environment("DEEPINFER_ATTENTION_MMA");
+  return kUseAttentionMma.enabled();
 }
 
 // `max_keys`: no token of the call has more keys (window and selected entries together).
@@ -1303,7 +1307,7 @@ void launch_attention(AttentionArgs args, int64_t tokens, bool key_rows_aligned,
 }
 
 bool batched_path_on() {
-  return kUseBatchedAttention && !disabled_by_environment("DEEPINFER_ATTENTION_BATCHED");
+  return kUseBatchedAttention.enabled();
 }
 
 // The per-request path (kUseBatchedAttention off): each request's window rows gathered into

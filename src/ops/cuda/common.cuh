@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/runtime_switch.h"
 
 #define DI_CUDA_CHECK(expression)                                                           \
   do {                                                                                      \
@@ -120,13 +121,6 @@ inline unsigned blocks_for(int64_t work, int threads) {
 
 inline bool aligned_to(const void* pointer, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
-}
-
-// The fast paths' run-time switches: NAME=0 in the environment turns one off (so one binary
-// can compare both paths on the GPU machine, or step around a bad one without a rebuild).
-inline bool disabled_by_environment(const char* name) {
-  const char* setting = std::getenv(name);
-  return setting != nullptr && std::string_view(setting) == "0";
 }
 
 // Bad arguments are the caller's error (Error naming them), not an internal one.
@@ -283,7 +277,8 @@ using deepinfer::cuda::blocks_for;
 using deepinfer::cuda::current_stream;
 using deepinfer::cuda::device_rows;
 using deepinfer::cuda::DeviceRows;
-using deepinfer::cuda::disabled_by_environment;
 using deepinfer::cuda::require;
+using deepinfer::cuda::RuntimeSetting;
+using deepinfer::cuda::RuntimeSwitch;
 using deepinfer::cuda::StreamBuffer;
 }  // namespace deepinfer::ops::cuda

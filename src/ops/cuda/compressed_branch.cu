@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kIndexerWarps * 32)
 // false: indexer_scores_batch launches the FP32 per-request kernel once per request (plus a fill
 // of the columns past each request's keys), the forward's path before the batched op.
 // DEEPINFER_INDEXER_MMA=0 does the same at run time.
-constexpr bool kIndexerTensorCores = true;
+RuntimeSwitch kIndexerTensorCores{"DEEPINFER_INDEXER_MMA", true};
 
 // One block row of a batched call: a run of one request's tokens and that request's keys
 // (8-byte fields only: no padding in the uploaded table).
@@ -606,7 +606,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // false (or DEEPINFER_TOPK_SHARED=0): topk_indices_kernel.
-constexpr bool kSharedTopK = true;
+RuntimeSwitch kSharedTopK{"DEEPINFER_TOPK_SHARED", true};
 
 // Block score = max entry; the block of the newest visible entry is pinned in with +inf.
 __global__ void block_scores_kernel(DeviceRows<const float> scores, const int32_t* visible,
@@ -690,9 +690,7 @@ void indexer_scores(const TensorView& q, const TensorView& keys, const TensorVie
 namespace {
 
 bool indexer_tensor_cores_on() {
-  static const bool on =
-      kIndexerTensorCores && !deepinfer::cuda::disabled_by_environment("DEEPINFER_INDEXER_MMA");
-  return on;
+  return kIndexerTensorCores.enabled();
 }
 
 template <int kDim>
@@ -839,9 +837,7 @@ void topk_indices(const TensorView& scores, int k, const TensorView& idx_out) {
   const auto o = device_rows<int32_t>(idx_out, "top-k indices");
   DI_CHECK(o.rows == s.rows && o.cols == k && k >= 0, "topk_indices output ", idx_out.to_string());
   if (s.rows == 0 || k == 0) return;
-  // Read per call (not cached) so a test can compare both paths in one process.
-  if (kSharedTopK && !disabled_by_environment("DEEPINFER_TOPK_SHARED") &&
-      s.cols <= kMaxSharedSelectColumns) {
+  if (kSharedTopK.enabled() && s.cols <= kMaxSharedSelectColumns) {
     const size_t row_bytes = static_cast<size_t>(s.cols) * sizeof(float);
     const bool float4_rows = s.cols % 4 == 0 && s.stride % 4 == 0 && aligned_to(s.data, 16);
     if (row_bytes > 32 * 1024) {  // with the static storage, past the default 48 KB

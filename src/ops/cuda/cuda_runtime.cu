@@ -124,9 +124,12 @@ class PinnedStaging {
   std::vector<cudaEvent_t> spare_events_;
 };
 
+// DEEPINFER_PINNED_UPLOADS=0: cudaMemcpyAsync straight from the pageable source (the path before
+// the staging ring; the host then waits for each copy), kept to rule the ring out when debugging.
+RuntimeSwitch kPinnedUploads{"DEEPINFER_PINNED_UPLOADS", true};
+
 bool pinned_uploads_enabled() {
-  static const bool enabled = !disabled_by_environment("DEEPINFER_PINNED_UPLOADS");
-  return enabled;
+  return kPinnedUploads.enabled();
 }
 
 }  // namespace

@@ -91,14 +91,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // false (or DEEPINFER_RMSNORM_REGISTERS=0): rmsnorm_kernel for every width.
-constexpr bool kRmsnormRegisters = true;
+RuntimeSwitch kRmsnormRegisters{"DEEPINFER_RMSNORM_REGISTERS", true};
 
 // Launches rmsnorm_registers_kernel with the smallest instance that holds a row; false for rows
 // wider than the largest (8192 columns), which take rmsnorm_kernel.
 bool launch_rmsnorm_registers(DeviceRows<const float> in, ParameterVector w, float eps,
                               DeviceRows<float> o) {
-  // Read per call (not cached) so a test can compare both paths in one process.
-  if (!kRmsnormRegisters || disabled_by_environment("DEEPINFER_RMSNORM_REGISTERS")) return false;
+  if (!kRmsnormRegisters.enabled()) return false;
   const int64_t per_thread = (in.cols + kThreads - 1) / kThreads;
   const dim3 grid(static_cast<unsigned>(in.rows));
   const auto stream = current_stream();

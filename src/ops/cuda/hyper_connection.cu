@@ -343,15 +343,15 @@ __global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
 }
 
 // false (or DEEPINFER_HC_PRELOAD=0): hc_mix_partials_kernel.
-constexpr bool kPreloadPartials = true;
+RuntimeSwitch kPreloadPartials{"DEEPINFER_HC_PRELOAD", true};
 // false (or DEEPINFER_HC_WARP_FINISH=0): hc_mix_finish_kernel.
-constexpr bool kWarpFinish = true;
+RuntimeSwitch kWarpFinish{"DEEPINFER_HC_WARP_FINISH", true};
 
 // false (or DEEPINFER_HC_SPLIT=0): one block per row does every mix (hc_mixes_kernel).
-constexpr bool kSplitMixes = true;
+RuntimeSwitch kSplitMixes{"DEEPINFER_HC_SPLIT", true};
 
 bool split_mixes(const MixArgs& args) {
-  static const bool enabled = kSplitMixes && !disabled_by_environment("DEEPINFER_HC_SPLIT");
+  const bool enabled = kSplitMixes.enabled();
   // float4 rows: 16-byte aligned rows of a multiple of 4 columns.
   return enabled && args.x.cols % 4 == 0 && args.x.stride % 4 == 0 && args.fn.stride % 4 == 0 &&
          deepinfer::cuda::aligned_to(args.x.data, 16) &&
@@ -433,8 +433,7 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
   DI_CHECK(row_blocks <= 65535, "hc_mixes: ", args.x.rows, " rows exceed one launch");
   deepinfer::cuda::StreamBuffer partials(
       static_cast<size_t>(args.x.rows * slices * (mix_count + 1)) * sizeof(float));
-  // Both switches are read per call (not cached) so a test can compare the paths in one process.
-  if (kPreloadPartials && !disabled_by_environment("DEEPINFER_HC_PRELOAD")) {
+  if (kPreloadPartials.enabled()) {
     // Few rows: one mix per warp (3 groups at hc 4), enough blocks to read fn at the machine's
     // width. Many rows: one group, each block's rows reusing its fn slice for every mix.
     // The choice moves work between blocks only, never a partial's bits.
@@ -454,8 +453,7 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
                              kThreads, 0, current_stream()>>>(args, slices, partials.as<float>());
     DI_CUDA_LAUNCHED(hc_mix_partials_kernel);
   }
-  if (kWarpFinish && !disabled_by_environment("DEEPINFER_HC_WARP_FINISH") && mix_count + 1 <= 32 &&
-      slices <= kMaxWarpSlices) {
+  if (kWarpFinish.enabled() && mix_count + 1 <= 32 && slices <= kMaxWarpSlices) {
     hc_mix_finish_warp_kernel<<<blocks_for(args.x.rows, kFinishRowsPerBlock),
                                 kFinishRowsPerBlock * 32, 0, current_stream()>>>(
         args, slices, partials.as<float>());

@@ -131,17 +131,12 @@ struct Bf16MmaArgs {
 // once and served from L2 to the other token blocks, while the activations each group reads
 // again (6 bytes per value pre-split) stay in L2 as well up to a few hundred rows. Only which
 // block computes which tile changes, never an output's operations: same bits.
-constexpr bool kGroupWideBlocks = true;
+RuntimeSwitch kGroupWideBlocks{"DEEPINFER_BF16_WIDE_GROUPS", true};
 constexpr int kWideGroupRowBlocks = 8;
 
-// Tests switch the grouped order off and on in one process to compare the bits.
-std::atomic<bool> wide_groups_allowed{true};
-
-// kGroupWideBlocks unless DEEPINFER_BF16_WIDE_GROUPS=0 or set_bf16_wide_groups(false).
+// kGroupWideBlocks unless DEEPINFER_BF16_WIDE_GROUPS=0.
 bool wide_groups_enabled() {
-  static const bool by_environment =
-      kGroupWideBlocks && !disabled_by_environment("DEEPINFER_BF16_WIDE_GROUPS");
-  return by_environment && wide_groups_allowed.load(std::memory_order_relaxed);
+  return kGroupWideBlocks.enabled();
 }
 
 // This block's (row block, token block) under the grouped order: linear block id (x fastest) in
@@ -348,16 +343,11 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
 // (0 + P_0 + P_1 + ...) at the same slice ends. Only which warp computes which output changes.
 
 // false: prefill takes bf16_mma_kernel<4, false, ...> again (the path before this one).
-constexpr bool kUseWideTile = true;
+RuntimeSwitch kUseWideTile{"DEEPINFER_BF16_WIDE_TILE", true};
 
-// Tests switch the wide tile off and on in one process to compare it with bf16_mma_kernel.
-std::atomic<bool> wide_tile_allowed{true};
-
-// kUseWideTile unless DEEPINFER_BF16_WIDE_TILE=0 or set_bf16_wide_tile(false).
+// kUseWideTile unless DEEPINFER_BF16_WIDE_TILE=0.
 bool wide_tile_enabled() {
-  static const bool by_environment =
-      kUseWideTile && !disabled_by_environment("DEEPINFER_BF16_WIDE_TILE");
-  return by_environment && wide_tile_allowed.load(std::memory_order_relaxed);
+  return kUseWideTile.enabled();
 }
 
 constexpr int kWideRows = kWarps * kRowsPerWarp;  // 128: the register kernel's row block
@@ -549,16 +539,11 @@ void launch_wide_tile(const Bf16MmaArgs& args, int64_t row_groups, int64_t rows,
 // output changes. Taken where N is a multiple of 256 (no rows past N) and K of 64 (whole stages).
 
 // false: prefill takes the wide tile again (the path before this one).
-constexpr bool kUseBigTile = true;
+RuntimeSwitch kUseBigTile{"DEEPINFER_BF16_BIG_TILE", true};
 
-// Tests switch the big tile off and on in one process to compare it with the wide tile.
-std::atomic<bool> big_tile_allowed{true};
-
-// kUseBigTile unless DEEPINFER_BF16_BIG_TILE=0 or set_bf16_big_tile(false).
+// kUseBigTile unless DEEPINFER_BF16_BIG_TILE=0.
 bool big_tile_enabled() {
-  static const bool by_environment =
-      kUseBigTile && !disabled_by_environment("DEEPINFER_BF16_BIG_TILE");
-  return by_environment && big_tile_allowed.load(std::memory_order_relaxed);
+  return kUseBigTile.enabled();
 }
 
 constexpr int kBigWarpRowGroups = 4;  // 64 rows per warp
@@ -816,13 +801,11 @@ void launch_big_tile(Bf16MmaArgs args, int64_t rows, cudaStream_t stream) {
 // into terms in every warp: ~120 instructions a chunk next to 12 MMAs); the big tile's 32-token
 // block spends 0.13 PFLOP of MMAs (~0.23 ms at mma.sync's rate) and reads each weight byte once.
 // Same bits: the big tile and the decode tile both run the register kernel's operations.
-constexpr bool kBigTileDecode = true;
+RuntimeSwitch kBigTileDecode{"DEEPINFER_BF16_BIG_TILE_DECODE", true};
 constexpr int64_t kBigDecodeMinBytes = int64_t{256} << 20;
 
 bool big_tile_decode_enabled() {
-  static const bool by_environment =
-      kBigTileDecode && !disabled_by_environment("DEEPINFER_BF16_BIG_TILE_DECODE");
-  return by_environment;
+  return kBigTileDecode.enabled();
 }
 
 // From 17 rows, calls that give the prefill kernels too few blocks (wo_a, the compressor: 1024 x
@@ -832,15 +815,13 @@ bool big_tile_decode_enabled() {
 // 4 token blocks x 8 slices = 128 blocks for one wo_a group at 256 rows), each slice's partial
 // in scratch and summed in slice order by sum_slices_kernel: the decode tile's additions, the
 // same bits. DEEPINFER_BF16_BIG_TILE_SPLIT=0 (or the big tile off): the decode tile.
-constexpr bool kBigTileSplit = true;
+RuntimeSwitch kBigTileSplit{"DEEPINFER_BF16_BIG_TILE_SPLIT", true};
 // 2 token tiles a warp (32 tokens a block) up to this many rows, so a 1024-row weight at 64 rows
 // still spreads over 64 blocks; 4 beyond.
 constexpr int64_t kBigSplitSmallTokensUpTo = 64;
 
 bool big_tile_split_enabled() {
-  static const bool by_environment =
-      kBigTileSplit && !disabled_by_environment("DEEPINFER_BF16_BIG_TILE_SPLIT");
-  return by_environment;
+  return kBigTileSplit.enabled();
 }
 
 // Whether the big tile can take this call: whole 256-row blocks and 64-wide stages.
@@ -867,17 +848,12 @@ bool big_tile_fits(const Bf16MmaArgs& args) {
 // slices and token tiles are that kernel's too, so nothing about a row depends on the batch.
 
 // false: decode takes bf16_mma_kernel's register ring again (the path before this one).
-constexpr bool kUseDecodeTile = true;
-
-// Tests switch the decode tile off and on in one process to compare it with the register kernel.
-std::atomic<bool> decode_tile_allowed{true};
+RuntimeSwitch kUseDecodeTile{"DEEPINFER_BF16_DECODE_TILE", true};
 
 // kUseDecodeTile unless DEEPINFER_BF16_DECODE_TILE=0 (one binary A/Bs the two decode paths on
-// the GPU machine) or set_bf16_decode_tile(false).
+// the GPU machine).
 bool decode_tile_enabled() {
-  static const bool by_environment =
-      kUseDecodeTile && !disabled_by_environment("DEEPINFER_BF16_DECODE_TILE");
-  return by_environment && decode_tile_allowed.load(std::memory_order_relaxed);
+  return kUseDecodeTile.enabled();
 }
 
 constexpr int kDecodeStageChunks = 2;                               // one 128-byte line per row
@@ -1133,31 +1109,21 @@ constexpr int kDefaultDecodeVariant = 0;
 constexpr int kDecodeVariants = 8;
 constexpr int64_t kDecodePreSplitMinBytes = int64_t{256} << 20;
 
-// Tests loop over the variants in one process (-1: the environment's).
-std::atomic<int> decode_variant_override{-1};
+// Tests loop over the variants in one process with ScopedSetting.
+RuntimeSetting kDecodeVariant{"DEEPINFER_BF16_DECODE_VARIANT", kDefaultDecodeVariant, 0,
+                              kDecodeVariants - 1};
 std::atomic<int64_t> decode_pre_split_min_bytes{kDecodePreSplitMinBytes};
 
 int decode_variant() {
-  static const int by_environment = [] {
-    const char* setting = std::getenv("DEEPINFER_BF16_DECODE_VARIANT");
-    if (setting == nullptr || *setting == '\0') return kDefaultDecodeVariant;
-    const int variant = std::atoi(setting);
-    return variant >= 0 && variant < kDecodeVariants ? variant : kDefaultDecodeVariant;
-  }();
-  const int chosen = decode_variant_override.load(std::memory_order_relaxed);
-  return chosen >= 0 ? chosen : by_environment;
+  return kDecodeVariant.value();
 }
 
 // One launch for all the groups of a grouped linear (the attention's 8 wo_a groups) unless
 // DEEPINFER_BF16_GROUPED=0 (a launch per group, as ops::linear would). Same bits: each row
 // group's warp runs the per-group call's operations, only the grid covers every group.
-constexpr bool kGroupedLaunch = true;
-std::atomic<bool> grouped_launch_allowed{true};
-
+RuntimeSwitch kGroupedLaunch{"DEEPINFER_BF16_GROUPED", true};
 bool grouped_launch_enabled() {
-  static const bool by_environment =
-      kGroupedLaunch && !disabled_by_environment("DEEPINFER_BF16_GROUPED");
-  return by_environment && grouped_launch_allowed.load(std::memory_order_relaxed);
+  return kGroupedLaunch.enabled();
 }
 
 // A grouped linear's shape for launch_bf16_mma (groups == 1: a plain one).
@@ -1374,10 +1340,6 @@ void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t gro
   }
 }
 
-void set_bf16_decode_variant(int variant) {
-  decode_variant_override.store(variant, std::memory_order_relaxed);
-}
-
 void set_bf16_decode_pre_split_min_bytes(int64_t bytes) {
   decode_pre_split_min_bytes.store(bytes < 0 ? kDecodePreSplitMinBytes : bytes,
                                    std::memory_order_relaxed);
@@ -1385,26 +1347,6 @@ void set_bf16_decode_pre_split_min_bytes(int64_t bytes) {
 
 int bf16_decode_variants() {
   return kDecodeVariants;
-}
-
-void set_bf16_grouped_launch(bool enabled) {
-  grouped_launch_allowed.store(enabled, std::memory_order_relaxed);
-}
-
-void set_bf16_decode_tile(bool enabled) {
-  decode_tile_allowed.store(enabled, std::memory_order_relaxed);
-}
-
-void set_bf16_wide_tile(bool enabled) {
-  wide_tile_allowed.store(enabled, std::memory_order_relaxed);
-}
-
-void set_bf16_big_tile(bool enabled) {
-  big_tile_allowed.store(enabled, std::memory_order_relaxed);
-}
-
-void set_bf16_wide_groups(bool enabled) {
-  wide_groups_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 int linear_bf16_mma_activation_terms() {

@@ -34,48 +34,32 @@ bool linear_bf16_mma_enabled();
 // The activation terms ops::cuda::linear runs this path with (2 or 3).
 int linear_bf16_mma_activation_terms();
 
-// Decode calls (K slices over warps: up to 32 rows, or more while the weight gives too few
-// blocks for the prefill kernel) stream each warp's weight rows through shared memory (the decode
-// tile) unless DEEPINFER_BF16_DECODE_TILE=0; false takes the register-ring kernel before it for
-// the calls that follow (same bits; tests compare the two), true returns to the default.
-void set_bf16_decode_tile(bool enabled);
-
-// Prefill calls (all K slices in one warp) stage 128 weight rows and 32 or 64 tokens' activation
-// terms per K chunk in shared memory, each warp computing 32 rows x 16 or 32 tokens (the wide
-// tile), unless DEEPINFER_BF16_WIDE_TILE=0; false takes the one-row-group-per-warp kernel before
-// it for the calls that follow (same bits; tests compare the two), true returns to the default.
-void set_bf16_wide_tile(bool enabled);
-
-// Weights with N % 256 == 0 and K % 64 == 0 take the big tile (256 weight rows, 64 x 16-32 per
-// warp) for prefill calls instead of the wide tile, for 9-16 rows of weights >= 256 MB (the LM
-// head) instead of the decode tile (DEEPINFER_BF16_BIG_TILE_DECODE=0: not), and with K slices on
-// grid.z from 17 rows where the decode tile ran (DEEPINFER_BF16_BIG_TILE_SPLIT=0: not), unless
-// DEEPINFER_BF16_BIG_TILE=0; false takes the paths before for the calls that follow (same bits;
-// tests compare them), true returns to the default.
-void set_bf16_big_tile(bool enabled);
-
-// Prefill calls (all K slices in one warp) order their blocks in groups of row blocks, each group
-// running all its token blocks back to back (weights served from L2), unless
-// DEEPINFER_BF16_WIDE_GROUPS=0; false takes the plain grid order for the calls that follow (same
-// bits; tests compare the two), true returns to the default.
-void set_bf16_wide_groups(bool enabled);
-
-// Decode variants for weights of at least 256 MB (the LM head) at 1-16 rows
-// (DEEPINFER_BF16_DECODE_VARIANT, all the same bits), the sum of: 1 pre-split activations at
-// 1-8 rows, 2 pre-split at 9-16 rows, 4 two row groups per warp at 9-16 rows; 0 is the round 2
-// decode tile and the default. set_bf16_decode_variant(v) takes v for the calls that follow
-// (tests loop over all bf16_decode_variants()); -1 returns to the environment's.
-void set_bf16_decode_variant(int variant);
+// The path's run-time switches (RuntimeSwitch objects in linear_bf16_mma.cu; tests flip them
+// with ScopedSwitch, all give the same bits):
+//  DEEPINFER_BF16_DECODE_TILE=0: decode calls (K slices over warps: up to 32 rows, or more while
+//    the weight gives too few blocks for the prefill kernel) take the register-ring kernel
+//    instead of streaming each warp's weight rows through shared memory (the decode tile);
+//  DEEPINFER_BF16_WIDE_TILE=0: prefill calls (all K slices in one warp) take the
+//    one-row-group-per-warp kernel instead of the wide tile (128 weight rows and 32 or 64 tokens'
+//    activation terms per K chunk in shared memory, 32 rows x 16 or 32 tokens per warp);
+//  DEEPINFER_BF16_BIG_TILE=0: weights with N % 256 == 0 and K % 64 == 0 take the paths before the
+//    big tile (256 weight rows, 64 x 16-32 per warp), which otherwise serves their prefill calls,
+//    9-16 rows of weights >= 256 MB (the LM head; DEEPINFER_BF16_BIG_TILE_DECODE=0: not) and, with
+//    K slices on grid.z, calls from 17 rows where the decode tile ran
+//    (DEEPINFER_BF16_BIG_TILE_SPLIT=0: not);
+//  DEEPINFER_BF16_WIDE_GROUPS=0: prefill blocks in plain grid order instead of groups of row
+//    blocks that run all their token blocks back to back (weights served from L2);
+//  DEEPINFER_BF16_GROUPED=0: ops::linear_grouped on bf16 weights at 1-16 rows makes the
+//    per-group ops::linear calls instead of one decode tile launch for every group.
+// DEEPINFER_BF16_DECODE_VARIANT (a RuntimeSetting, tests loop over all bf16_decode_variants()
+// with ScopedSetting): decode variants for weights of at least 256 MB (the LM head) at 1-16
+// rows, all the same bits, the sum of: 1 pre-split activations at 1-8 rows, 2 pre-split at 9-16
+// rows, 4 two row groups per warp at 9-16 rows; 0 is the round 2 decode tile and the default.
 int bf16_decode_variants();
 
 // The weight size from which variants 1 and 2 pre-split (tests lower it to reach small shapes);
 // a negative value restores the default 256 MB.
 void set_bf16_decode_pre_split_min_bytes(int64_t bytes);
-
-// ops::linear_grouped on bf16 weights at 1-16 rows runs every group in one decode tile launch
-// unless DEEPINFER_BF16_GROUPED=0; false takes the per-group ops::linear calls for the calls
-// that follow (same bits; tests compare the two), true returns to the default.
-void set_bf16_grouped_launch(bool enabled);
 
 // How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
 int linear_bf16_mma_k_slices(int64_t n, int64_t k);

@@ -35,10 +35,10 @@ namespace deepinfer::ops::cuda {
 namespace {
 
 // The path's switch: false sends every FP8 weight back to linear_fp8_mma.
-constexpr bool kFp8DenseEnabled = true;
+RuntimeSwitch kFp8DenseEnabled{"DEEPINFER_FP8_DENSE", true};
 // The prefill tile's switch: false makes kAuto use the 32-token decode kernel for every batch
 // above 16 rows (same bits, slower at prefill).
-constexpr bool kFp8DenseTileEnabled = true;
+RuntimeSwitch kFp8DenseTileEnabled{"DEEPINFER_FP8_DENSE_TILE", true};
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -402,10 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_tile_kernel(DenseArgs arg
 // per-warp table (each lane converts one to four) rather than twice per MMA in every thread.
 
 // false: the decode launches take split_kernel again (the path before this one).
-constexpr bool kFp8DenseDecodeTileEnabled = true;
-
-// Tests switch the decode tile off and on in one process to compare it with split_kernel.
-std::atomic<bool> decode_tile_allowed{true};
+RuntimeSwitch kFp8DenseDecodeTileEnabled{"DEEPINFER_FP8_DENSE_DECODE_TILE", true};
 
 constexpr int kDecodeStages = 4;
 constexpr int kDecodeChunkBlocks = kRequiredK / kBlockK;           // 4 blocks of 32 K
@@ -591,11 +588,9 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
 }
 
 // kFp8DenseDecodeTileEnabled unless DEEPINFER_FP8_DENSE_DECODE_TILE=0 (one binary A/Bs the two
-// decode kernels on the GPU machine) or set_fp8_dense_decode_tile(false).
+// decode kernels on the GPU machine).
 bool decode_tile_enabled() {
-  static const bool by_environment =
-      kFp8DenseDecodeTileEnabled && !disabled_by_environment("DEEPINFER_FP8_DENSE_DECODE_TILE");
-  return by_environment && decode_tile_allowed.load(std::memory_order_relaxed);
+  return kFp8DenseDecodeTileEnabled.enabled();
 }
 
 // ---- host ---------------------------------------------------------------------------------
@@ -643,22 +638,15 @@ void launch_split(const DenseArgs& args, deepinfer::cuda::StreamHandle stream) {
 }  // namespace
 
 bool linear_fp8_dense_enabled() {
-  static const bool enabled = kFp8DenseEnabled && !disabled_by_environment("DEEPINFER_FP8_DENSE");
-  return enabled;
+  return kFp8DenseEnabled.enabled();
 }
 
 bool linear_fp8_dense_tile_enabled() {
-  static const bool enabled =
-      kFp8DenseTileEnabled && !disabled_by_environment("DEEPINFER_FP8_DENSE_TILE");
-  return enabled;
+  return kFp8DenseTileEnabled.enabled();
 }
 
 bool linear_fp8_dense_decode_tile_enabled() {
   return decode_tile_enabled();
-}
-
-void set_fp8_dense_decode_tile(bool enabled) {
-  decode_tile_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 int linear_fp8_dense_k_slices(int64_t n, int64_t k) {

@@ -39,24 +39,19 @@ void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const Ten
 // (linear_fp8_dense_enabled()) and the shape, dtype and alignment rules above.
 bool linear_fp8_dense_supports(const LinearWeight& weight);
 
-// The path's switch: the constexpr in linear_fp8_dense.cu, and DEEPINFER_FP8_DENSE=0 in the
-// environment turns it off at run time (ops::cuda::linear then takes linear_fp8_mma).
+// The path's switch: DEEPINFER_FP8_DENSE (a RuntimeSwitch in linear_fp8_dense.cu, on by
+// default); =0 turns it off (ops::cuda::linear then takes linear_fp8_mma).
 bool linear_fp8_dense_enabled();
 
-// Whether kAuto may pick the prefill tile (its constexpr switch; DEEPINFER_FP8_DENSE_TILE=0 turns
-// it off at run time, kAuto then takes the 32-token kernel, same bits).
+// Whether kAuto may pick the prefill tile (DEEPINFER_FP8_DENSE_TILE=0 or a test's ScopedSwitch
+// turns it off, kAuto then takes the 32-token kernel, same bits).
 bool linear_fp8_dense_tile_enabled();
 
 // Whether the decode launches (8, 16, 32 tokens) stream each warp's weight rows through shared
-// memory (split_tile_kernel) rather than loading them into registers (split_kernel): its
-// constexpr switch, DEEPINFER_FP8_DENSE_DECODE_TILE=0 in the environment, and
-// set_fp8_dense_decode_tile. Same bits either way.
+// memory (split_tile_kernel) rather than loading them into registers (split_kernel): unless
+// DEEPINFER_FP8_DENSE_DECODE_TILE=0 or a test's ScopedSwitch (which compares the two bit for
+// bit). Same bits either way.
 bool linear_fp8_dense_decode_tile_enabled();
-
-// For tests: false sends the decode launches that follow back to the register kernel (so one
-// process compares the two bit for bit), true returns to the default. Not thread-safe against
-// concurrent calls that expect one or the other.
-void set_fp8_dense_decode_tile(bool enabled);
 
 // How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
 int linear_fp8_dense_k_slices(int64_t n, int64_t k);

@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) route_warp_select_kernel(RouteArgs a
 }
 
 // false (or DEEPINFER_ROUTE_WARP_SELECT=0): route_kernel.
-constexpr bool kRouteWarpSelect = true;
+RuntimeSwitch kRouteWarpSelect{"DEEPINFER_ROUTE_WARP_SELECT", true};
 
 __global__ void swiglu_kernel(DeviceRows<const float> gate, DeviceRows<const float> up, float limit,
                               const float* row_weight, DeviceRows<float> out) {
@@ -235,9 +235,7 @@ void route(const TensorView& x, const TensorView& gate, const TensorView& bias,
   args.routed_scale = params.routed_scale;
   const size_t shared_bytes = static_cast<size_t>(2 * args.experts) * sizeof(float);
   DI_CHECK(shared_bytes <= 48 * 1024, "route: ", args.experts, " experts exceed shared memory");
-  // Read per call (not cached) so a test can compare both paths in one process.
-  if (kRouteWarpSelect && !disabled_by_environment("DEEPINFER_ROUTE_WARP_SELECT") &&
-      args.experts <= 32 * kMaxLaneExperts) {
+  if (kRouteWarpSelect.enabled() && args.experts <= 32 * kMaxLaneExperts) {
     route_warp_select_kernel<<<static_cast<unsigned>(in.rows), kThreads, shared_bytes,
                                current_stream()>>>(args);
     DI_CUDA_LAUNCHED(route_warp_select_kernel);

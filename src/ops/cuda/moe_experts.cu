@@ -30,12 +30,8 @@ constexpr int kMaxTopK = 64;
 // false: the released FP4 path goes back to a gather, one launch_grouped_fp4 per projection
 // (each quantizing its input) and ops::cuda::swiglu in between (the path before the fused one;
 // the same bits).
-constexpr bool kFusedFp4Experts = true;
-// DEEPINFER_MOE_FUSED=0 starts with the earlier path (a same-binary comparison on the GPU).
-bool fused_fp4_experts_by_default() {
-  return kFusedFp4Experts && !disabled_by_environment("DEEPINFER_MOE_FUSED");
-}
-std::atomic<bool> fused_fp4_experts{fused_fp4_experts_by_default()};
+// DEEPINFER_MOE_FUSED=0 takes it at run time (a same-binary comparison on the GPU).
+RuntimeSwitch kFusedFp4Experts{"DEEPINFER_MOE_FUSED", true};
 
 struct SortArgs {
   const int32_t* experts;  // [N, k] (row stride)
@@ -223,13 +219,12 @@ __global__ void __launch_bounds__(kCombineThreads)
 }
 
 // false (or DEEPINFER_MOE_COMBINE_COLUMNS=0): combine_kernel, one block per token.
-constexpr bool kCombineColumns = true;
+RuntimeSwitch kCombineColumns{"DEEPINFER_MOE_COMBINE_COLUMNS", true};
 
 void launch_combine(const float* results, int64_t dim, const int32_t* experts,
                     int64_t expert_stride, const int32_t* slot_position, int k,
                     DeviceRows<float> y) {
-  // Read per call (not cached) so a test can compare both paths in one process.
-  const bool columns = kCombineColumns && !disabled_by_environment("DEEPINFER_MOE_COMBINE_COLUMNS");
+  const bool columns = kCombineColumns.enabled();
   // (tokens are gridDim.y, at most 65535)
   if (columns && k <= kCombineSlots && dim % 4 == 0 && y.stride % 4 == 0 &&
       aligned_to(y.data, 16) && aligned_to(results, 16) && y.rows <= 65535) {
@@ -355,10 +350,6 @@ class ScratchLayout {
 
 }  // namespace
 
-void set_moe_experts_fused_path(bool enabled) {
-  fused_fp4_experts = enabled && kFusedFp4Experts;
-}
-
 void moe_experts(const TensorView& x, const TensorView& experts, const TensorView& weights,
                  std::span<const ExpertWeights> expert_weights, float swiglu_limit,
                  ActivationQuant quant, const TensorView& out) {
@@ -386,7 +377,7 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
   const int64_t entries = n * k;
   const bool tensor_cores =
       quant == ActivationQuant::kFp8PerBlock32 && expert_descriptors.fp4_kernel;
-  const bool fused = tensor_cores && fused_fp4_experts.load(std::memory_order_relaxed);
+  const bool fused = tensor_cores && kFusedFp4Experts.enabled();
   // The tile GEMM needs the activations quantized beforehand; the tensor-core one does it itself.
   const bool quantized = quant == ActivationQuant::kFp8PerBlock32 && !tensor_cores;
   const auto grouped_gemm = tensor_cores ? launch_grouped_fp4 : launch_linear;

@@ -364,14 +364,12 @@ __global__ void __launch_bounds__(kWarps * 32) mma_gemm_kernel(GroupedArgs args)
 // The list holds at most R / 97 + min(R, 3E) tiles, which bounds its scratch.
 
 // false: prefill takes mma_gemm_kernel's wide token tile again (the path before the tile).
-constexpr bool kUsePrefillTiles = true;
+RuntimeSwitch kUsePrefillTiles{"DEEPINFER_MOE_PREFILL_TILE", true};
 
 // kUsePrefillTiles unless DEEPINFER_MOE_PREFILL_TILE=0, which lets one binary compare the two
 // prefill paths (or step around this one) on the GPU machine.
 bool prefill_tiles_enabled() {
-  static const bool enabled =
-      kUsePrefillTiles && !disabled_by_environment("DEEPINFER_MOE_PREFILL_TILE");
-  return enabled;
+  return kUsePrefillTiles.enabled();
 }
 
 constexpr int kTileRows = 128;  // weight rows per block
@@ -702,17 +700,12 @@ constexpr int kPrefillSmemBytes =
 // longer wait on latency.
 
 // false: decode takes mma_gemm_kernel again (the path before this one).
-constexpr bool kUseDecodeTiles = true;
-
-// Tests switch the decode tile off and on in one process to compare it with mma_gemm_kernel.
-std::atomic<bool> decode_tiles_allowed{true};
+RuntimeSwitch kUseDecodeTiles{"DEEPINFER_MOE_DECODE_TILE", true};
 
 // kUseDecodeTiles unless DEEPINFER_MOE_DECODE_TILE=0 (one binary A/Bs the two decode paths on the
-// GPU machine) or set_moe_decode_tile(false).
+// GPU machine).
 bool decode_tiles_enabled() {
-  static const bool by_environment =
-      kUseDecodeTiles && !disabled_by_environment("DEEPINFER_MOE_DECODE_TILE");
-  return by_environment && decode_tiles_allowed.load(std::memory_order_relaxed);
+  return kUseDecodeTiles.enabled();
 }
 
 // A decode tile shape (any shape gives the same bits: it changes only how many chunks are in
@@ -1224,10 +1217,6 @@ void quantize_fp8_rows(DeviceRows<const float> x, CodeLayout layout, uint8_t* co
       break;
   }
   DI_CUDA_LAUNCHED(quantize_rows_kernel);
-}
-
-void set_moe_decode_tile(bool enabled) {
-  decode_tiles_allowed.store(enabled, std::memory_order_relaxed);
 }
 
 bool grouped_fp4_supports(const DeviceWeight& w) {

@@ -36,16 +36,12 @@ void moe_grouped_gemm_fp4(const TensorView& x, const TensorView& expert_offsets,
 // invariance as above. K % 256 == 0, N % 16 == 0.
 void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const TensorView& out);
 
-// The FP4 decode regime (fewer than 16 rows per expert, aligned weights) streams each warp's
-// weight rows through shared memory (decode_tile_kernel) unless DEEPINFER_MOE_DECODE_TILE=0;
-// false takes the register kernel before it for the calls that follow (same bits; tests compare
-// the two), true returns to the default.
-void set_moe_decode_tile(bool enabled);
-
-// ops::cuda::moe_experts runs FP4 experts under the released numerics as one fused sequence
-// (rows quantized straight from x, w1 and w3 in one launch, the SwiGLU folded into w2's
-// quantizer; same bits). false takes the earlier per-projection path for the calls that follow
-// (tests compare the two); true has no effect when the fused path is compiled off.
-void set_moe_experts_fused_path(bool enabled);
+// Run-time switches (RuntimeSwitch objects; tests flip them with ScopedSwitch, same bits):
+//  DEEPINFER_MOE_DECODE_TILE=0: the FP4 decode regime (fewer than 16 rows per expert, aligned
+//    weights) takes the register kernel instead of streaming each warp's weight rows through
+//    shared memory (decode_tile_kernel);
+//  DEEPINFER_MOE_FUSED=0: ops::cuda::moe_experts runs FP4 experts under the released numerics
+//    through the earlier per-projection path instead of one fused sequence (rows quantized
+//    straight from x, w1 and w3 in one launch, the SwiGLU folded into w2's quantizer).
 
 }  // namespace deepinfer::ops::cuda
