@@ -760,15 +760,6 @@ __device__ __forceinline__ float float4_component(float4 v, int index) {
   return index == 0 ? v.x : (index == 1 ? v.y : (index == 2 ? v.z : v.w));
 }
 
-// d += A (16 x 16) . B (16 x 8), bf16 in, f32 accumulate.
-__device__ __forceinline__ void attention_mma(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                              float (&d)[4]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // d += the products of A's kMmaTerms terms and B's kKeyTerms terms whose term orders add up to at
 // most 2, chained into d from the smallest pairs to the largest.
 template <int kKeyTerms>
@@ -779,7 +770,7 @@ __device__ __forceinline__ void mma_term_pairs(const uint32_t (&a)[kMmaTerms][4]
 #pragma unroll
     for (int j = 0; j < kKeyTerms; ++j) {
       const int i = order - j;
-      if (i >= 0) attention_mma(a[i], b[j][0], b[j][1], d);
+      if (i >= 0) mma_bf16_m16n8k16(a[i], b[j][0], b[j][1], d);
     }
   }
 }

@@ -137,15 +137,6 @@ __device__ __forceinline__ void copy_4_async(uint32_t shared, const void* global
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared), "l"(global) : "memory");
 }
 
-// d += A (16 heads x 16 dims) . B (16 dims x 8 keys).
-__device__ __forceinline__ void mma_bf16_16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                               float (&d)[4]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // One head's share of a score, rounded as the reference rounds it: (relu(dot) * scale) * w,
 // two roundings (no contraction into an FMA).
 __device__ __forceinline__ float head_term(float dot, float scale, float weight) {
@@ -304,7 +295,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
           const uint32_t a[4] = {a_upper.x, a_lower.x, a_upper.y, a_lower.y};
 #pragma unroll
           for (int n = 0; n < kKeyTilesPerWarp; ++n) {
-            mma_bf16_16816(a, key_pairs[n][s][0], key_pairs[n][s][1], acc[n]);
+            mma_bf16_m16n8k16(a, key_pairs[n][s][0], key_pairs[n][s][1], acc[n]);
           }
         }
         const float w_upper = staged_weights[slot * rows_per_token + m * 16 + group];

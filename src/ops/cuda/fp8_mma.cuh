@@ -1,5 +1,6 @@
-// Device pieces the FP8 tensor-core GEMMs share (moe_grouped_gemm.cu, linear_fp8_dense.cu): the
-// m16n8k32 e4m3 MMA from a zero accumulator, the cp.async copies of their shared-memory
+// Device pieces the tensor-core kernels share: the m16n8k32 e4m3 MMA from a zero accumulator
+// (moe_grouped_gemm.cu, linear_fp8_dense.cu), the m16n8k16 bf16 MMA (linear_bf16_mma.cu,
+// attention.cu, the indexer in compressed_branch.cu), the cp.async copies of their shared-memory
 // pipelines, and the prefill tiles' pipeline schedule. Internal to the CUDA backend; include from
 // .cu files only (sm_89+ instructions).
 #pragma once
@@ -17,6 +18,15 @@ __device__ __forceinline__ void mma_e4m3_from_zero(const uint32_t (&a)[4], uint3
       "{%8,%9}, {%10,%10,%10,%10};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// d += A (16 x 16 bf16) . B (16 x 8 bf16), f32 accumulate.
+__device__ __forceinline__ void mma_bf16_m16n8k16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                                  float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {

@@ -92,15 +92,6 @@ __device__ __forceinline__ void split_eight(uint4 first, uint4 second, uint4 (&t
     terms[t] = make_uint4(pair[0][t], pair[1][t], pair[2][t], pair[3][t]);
 }
 
-// d += A (16 x 16 weights) . B (16 x 8 tokens).
-__device__ __forceinline__ void mma_bf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                         float (&d)[4]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 struct Bf16MmaArgs {
   DeviceRows<const float> x;
   const uint8_t* weight;  // [n, k] bf16
@@ -272,9 +263,11 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_mma_kernel(Bf16MmaArgs args)
               // The chunk's 2 * kTerms MMAs chained from zero, smallest terms first.
               float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first, terms[t].x, terms[t].y, d);
+              for (int t = kTerms - 1; t >= 0; --t)
+                mma_bf16_m16n8k16(a_first, terms[t].x, terms[t].y, d);
 #pragma unroll
-              for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_second, terms[t].z, terms[t].w, d);
+              for (int t = kTerms - 1; t >= 0; --t)
+                mma_bf16_m16n8k16(a_second, terms[t].z, terms[t].w, d);
 #pragma unroll
               for (int i = 0; i < 4; ++i) acc[j][i] += d[i];
             }
@@ -453,9 +446,11 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_wide_tile_kernel(Bf16MmaArgs
         for (int r = 0; r < kWideWarpRowGroups; ++r) {
           float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-          for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first[r], terms[t].x, terms[t].y, d);
+          for (int t = kTerms - 1; t >= 0; --t)
+            mma_bf16_m16n8k16(a_first[r], terms[t].x, terms[t].y, d);
 #pragma unroll
-          for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_second[r], terms[t].z, terms[t].w, d);
+          for (int t = kTerms - 1; t >= 0; --t)
+            mma_bf16_m16n8k16(a_second[r], terms[t].z, terms[t].w, d);
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[r][j][i] += d[i];
         }
@@ -733,10 +728,11 @@ __global__ void __launch_bounds__(kThreads, 1) bf16_big_tile_kernel(Bf16MmaArgs 
           for (int r = 0; r < kBigWarpRowGroups; ++r) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int t = kTerms - 1; t >= 0; --t) mma_bf16(a_first[r], terms[t].x, terms[t].y, d);
+            for (int t = kTerms - 1; t >= 0; --t)
+              mma_bf16_m16n8k16(a_first[r], terms[t].x, terms[t].y, d);
 #pragma unroll
             for (int t = kTerms - 1; t >= 0; --t) {
-              mma_bf16(a_second[r], terms[t].z, terms[t].w, d);
+              mma_bf16_m16n8k16(a_second[r], terms[t].z, terms[t].w, d);
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[r][j][i] += d[i];
@@ -1031,11 +1027,11 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int t = kTerms - 1; t >= 0; --t) {
-                  mma_bf16(a_first[rg], terms[t].x, terms[t].y, d);
+                  mma_bf16_m16n8k16(a_first[rg], terms[t].x, terms[t].y, d);
                 }
 #pragma unroll
                 for (int t = kTerms - 1; t >= 0; --t) {
-                  mma_bf16(a_second[rg], terms[t].z, terms[t].w, d);
+                  mma_bf16_m16n8k16(a_second[rg], terms[t].z, terms[t].w, d);
                 }
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[rg * kTokenTiles + j][i] += d[i];

@@ -29,6 +29,18 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float w, int j) {
   return v > w || (v == w && i < j);
 }
 
+// Every lane of the warp ends with the warp's best (value, index) under ranks_before.
+__device__ __forceinline__ void warp_best(float& best, int& best_index) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+    if (ranks_before(other, other_index, best, best_index)) {
+      best = other;
+      best_index = other_index;
+    }
+  }
+}
+
 // Row m's scores and biased scores into shared memory, by the whole block (256 threads: the
 // softmax's block reductions are in that order). Ends with a barrier.
 __device__ __forceinline__ void route_scores(const RouteArgs& args, int64_t m, float* scores,
@@ -102,14 +114,7 @@ __global__ void __launch_bounds__(kThreads) route_kernel(RouteArgs args) {
         best_index = static_cast<int>(i);
       }
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
-      if (ranks_before(other, other_index, best, best_index)) {
-        best = other;
-        best_index = other_index;
-      }
-    }
+    warp_best(best, best_index);
     if (lane == 0) {
       best_values[warp] = best;
       best_indices[warp] = best_index;
@@ -168,14 +173,7 @@ __global__ void __launch_bounds__(kThreads) route_warp_select_kernel(RouteArgs a
         best_index = i;
       }
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
-      if (ranks_before(other, other_index, best, best_index)) {
-        best = other;
-        best_index = other_index;
-      }
-    }
+    warp_best(best, best_index);
     if (best_index != INT_MAX && best_index % 32 == lane) taken |= 1u << (best_index / 32);
     if (lane == 0) picked[round] = best_index;
   }
