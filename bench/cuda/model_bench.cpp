@@ -977,6 +977,10 @@ void Bench::decode_context(int64_t context) {
       entry["epilogue_ms"] = times.epilogue_ms;
       entry["host_enqueue_ms"] = host_times.step_ms;
       entry["host_layer_ms"] = host_times.layer_ms;
+      const GraphMemory graphs = graph_memory();
+      entry["graph_memory_mb"] = {
+          {"reserved", static_cast<double>(graphs.reserved_bytes) * 1e-6},
+          {"reserved_high", static_cast<double>(graphs.reserved_high_bytes) * 1e-6}};
       entry["floor"] = case_floor(bytes.total(), flops);
       entry["floor"]["weight_bytes"] = bytes.weights;
       entry["floor"]["cache_bytes"] = bytes.cache;
@@ -1261,7 +1265,8 @@ int Bench::run() {
     if (i == 0 && o_.prefill_tokens > 0) prefill_case(1, o_.prefill_tokens);
   }
   if (o_.contexts.empty() && o_.prefill_tokens > 0) prefill_case(1, o_.prefill_tokens);
-  if (o_.prefill_tokens > 0 && o_.prefill_split > 1) prefill_case(o_.prefill_split, o_.prefill_tokens / o_.prefill_split);
+  if (o_.prefill_tokens > 0 && o_.prefill_split > 1)
+    prefill_case(o_.prefill_split, o_.prefill_tokens / o_.prefill_split);
   print_tables();
 
   bool all_finite = true;

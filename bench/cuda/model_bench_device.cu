@@ -178,6 +178,13 @@ size_t device_free_bytes() {
   return free_bytes;
 }
 
+GraphMemory graph_memory() {
+  unsigned long long current = 0, high = 0;  // the attributes are 64-bit counts
+  DI_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrReservedMemCurrent, &current));
+  DI_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrReservedMemHigh, &high));
+  return {static_cast<uint64_t>(current), static_cast<uint64_t>(high)};
+}
+
 EventMarks::EventMarks(int slots) : slots_(slots) {
   events_ = new void*[static_cast<size_t>(slots)];
   for (int i = 0; i < slots; ++i) {

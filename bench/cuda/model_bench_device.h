@@ -39,6 +39,12 @@ uint8_t encode_e2m1_for_test(float value);
 double measure_read_bandwidth_gbps(size_t bytes);
 // Free device memory of GPU 0.
 size_t device_free_bytes();
+// Device memory the CUDA graphs' allocations hold (current and high-water), GPU 0.
+struct GraphMemory {
+  uint64_t reserved_bytes = 0;
+  uint64_t reserved_high_bytes = 0;
+};
+GraphMemory graph_memory();
 
 // GPU-timeline marks on the current stream: record(i) into slot i, then after wait() the
 // elapsed milliseconds between two slots.

@@ -207,5 +207,69 @@ TEST_P(GpuGraphDecodeTest, GraphStepsEqualEagerStepsBitForBitSmallShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Batch, GpuGraphDecodeTest, ::testing::Values(int64_t{1}, int64_t{4}));
 
+// An engine's decode batch wanders as requests join and finish: steps of 1..12 requests, each
+// count seen twice in a row (eager, then recorded) and again in later rounds, so more token
+// counts are recorded than the model keeps and the least recently used ones are dropped and
+// recorded again. Graphs on must equal graphs off bit for bit throughout.
+std::vector<float> wandering_batch_logits(Models& models, bool graphs) {
+  const DeepseekV41TextConfig& config = models.config;
+  const int64_t vocab = config.vocab_size;
+  constexpr int64_t kRequests = 12;
+  constexpr int64_t kRounds = 3;
+  models.gpu->set_cuda_graphs(graphs);
+  std::vector<std::unique_ptr<RequestState>> states;
+  std::vector<std::vector<int32_t>> continuations;
+  std::vector<float> all;
+  auto step = [&](const std::vector<ForwardRequest>& requests, int64_t rows) {
+    Tensor logits = Tensor::empty(DType::kF32, {rows, vocab});
+    models.gpu->forward(requests, logits.view());
+    all.insert(all.end(), logits.data<float>(), logits.data<float>() + logits.numel());
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<ForwardRequest> requests;
+  int64_t prompt_tokens = 0;
+  for (int64_t r = 0; r < kRequests; ++r) {
+    states.push_back(
+        std::make_unique<RequestState>(config, StateLimits{/*max_tokens=*/256, /*max_rollback=*/1},
+                                       ops::allocator_for(models.gpu->device())));
+    prompts.push_back(random_tokens(2 + 3 * r, vocab, static_cast<uint32_t>(300 + r)));
+    continuations.push_back(
+        random_tokens(2 * kRounds * kRequests, vocab, static_cast<uint32_t>(400 + r)));
+  }
+  for (int64_t r = 0; r < kRequests; ++r) {
+    requests.push_back({states[static_cast<size_t>(r)].get(), prompts[static_cast<size_t>(r)]});
+    prompt_tokens += static_cast<int64_t>(prompts[static_cast<size_t>(r)].size());
+  }
+  step(requests, prompt_tokens);
+  std::vector<int64_t> consumed(kRequests, 0);
+  for (int64_t round = 0; round < kRounds; ++round) {
+    for (int64_t count = 1; count <= kRequests; ++count) {
+      // Alternate the direction so counts come back after others were recorded.
+      const int64_t batch = round % 2 == 0 ? count : kRequests + 1 - count;
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        requests.clear();
+        for (int64_t r = 0; r < batch; ++r) {
+          const auto index = static_cast<size_t>(r);
+          requests.push_back(
+              {states[index].get(),
+               std::span<const int32_t>(continuations[index].data() + consumed[index], 1)});
+          ++consumed[index];
+        }
+        step(requests, batch);
+      }
+    }
+  }
+  return all;
+}
+
+TEST(GpuGraphDecode, WanderingBatchSizeEvictsAndRerecordsBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Models models(WeightFormat::kReleased, Numerics::kReleased);
+  const std::vector<float> eager = wandering_batch_logits(models, false);
+  const std::vector<float> graphs = wandering_batch_logits(models, true);
+  ASSERT_EQ(eager.size(), graphs.size());
+  EXPECT_EQ(differing_bits(eager, graphs), 0u) << "of " << eager.size() << " logits";
+}
+
 }  // namespace
 }  // namespace deepinfer::deepseek_v41

@@ -84,6 +84,10 @@ struct ForwardWorkspace {
     std::unique_ptr<ops::RecordedOps> ops;
   };
   std::map<std::pair<int64_t, int64_t>, RecordedSegment> segments;
+  // The token counts that have segments, most recently used first: at most
+  // kMaxRecordedTokenCounts of them keep recordings, so their graph memory stays bounded while
+  // an engine's batch size wanders.
+  std::vector<int64_t> recorded_token_counts;
   uint64_t generation = 0;
   uint64_t segments_generation = 0;
 };
@@ -114,13 +118,15 @@ ops::RopeTable rope_table_for(const RopeParameters& rope, const DeepseekV41TextC
 // false: steps never record CUDA graphs, whatever DEEPINFER_CUDA_GRAPHS or set_cuda_graphs say.
 constexpr bool kCudaGraphs = true;
 
-// Off by default until measured on the H200: DEEPINFER_CUDA_GRAPHS=1 turns the graphs on.
+// On by default (measured on the H200: docs/CUDA.md, "CUDA graphs for decode");
+// DEEPINFER_CUDA_GRAPHS=0 turns them off. Any other value than 0 or 1 is an error, not a guess.
 bool graphs_requested_by_environment() {
-  static const bool requested = [] {
-    const char* setting = std::getenv("DEEPINFER_CUDA_GRAPHS");
-    return setting != nullptr && std::string_view(setting) == "1";
-  }();
-  return requested;
+  const char* setting = std::getenv("DEEPINFER_CUDA_GRAPHS");
+  if (setting == nullptr || *setting == '\0') return true;
+  const std::string_view value(setting);
+  if (value == "1") return true;
+  if (value == "0") return false;
+  DI_THROW("DEEPINFER_CUDA_GRAPHS='", value, "' is not valid (0 or 1)");
 }
 
 ops::ScoreFunction score_function(const std::string& name) {
@@ -138,6 +144,11 @@ constexpr bool kBatchedIndexerScores = true;
 // Steps of at most this many tokens record their repeating segments as CUDA graphs when the
 // model's graphs are on (decode; a prefill's launches are not what bounds it).
 constexpr int64_t kMaxRecordedTokens = 64;
+
+// Token counts whose recorded segments are kept; recording one more drops the least recently
+// used count's segments. Each recording holds the graph memory of its segment's scratch (a few
+// MB at 64 tokens), so this bounds it.
+constexpr size_t kMaxRecordedTokenCounts = 8;
 
 struct RequestSpan {
   RequestState* state = nullptr;
@@ -372,7 +383,23 @@ void ForwardPass::segment(int64_t id, Body&& body) {
   }
   if (ws_.segments_generation != ws_.generation) {
     ws_.segments.clear();
+    ws_.recorded_token_counts.clear();
     ws_.segments_generation = ws_.generation;
+  }
+  std::vector<int64_t>& counts = ws_.recorded_token_counts;
+  if (counts.empty() || counts.front() != n_) {
+    const auto seen = std::find(counts.begin(), counts.end(), n_);
+    if (seen != counts.end()) {
+      std::rotate(counts.begin(), seen, seen + 1);
+    } else {
+      if (counts.size() == kMaxRecordedTokenCounts) {
+        const int64_t evicted = counts.back();
+        counts.pop_back();
+        std::erase_if(ws_.segments,
+                      [evicted](const auto& kv) { return kv.first.second == evicted; });
+      }
+      counts.insert(counts.begin(), n_);
+    }
   }
   ForwardWorkspace::RecordedSegment& entry = ws_.segments[{id, n_}];
   if (entry.ops) {
@@ -932,7 +959,10 @@ Model::~Model() = default;
 
 void Model::set_cuda_graphs(bool enabled) {
   cuda_graphs_ = kCudaGraphs && enabled;
-  if (!cuda_graphs_) workspace_->segments.clear();
+  if (!cuda_graphs_) {
+    workspace_->segments.clear();
+    workspace_->recorded_token_counts.clear();
+  }
 }
 
 void Model::forward(std::span<const ForwardRequest> requests, const TensorView& logits) {

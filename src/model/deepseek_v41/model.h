@@ -59,8 +59,9 @@ class Model {
 
   // Whether decode steps (at most 64 tokens) on a GPU record the parts of a step whose kernels
   // and arguments repeat as CUDA graphs and replay them (docs/CUDA.md, "CUDA graphs for
-  // decode"); the logits are the same bits either way. Off unless DEEPINFER_CUDA_GRAPHS=1;
-  // turning it off drops the recorded graphs.
+  // decode"); the logits are the same bits either way. On unless DEEPINFER_CUDA_GRAPHS=0;
+  // the recordings of the 8 most recently used token counts are kept; turning it off drops
+  // them.
   void set_cuda_graphs(bool enabled);
   bool cuda_graphs() const { return cuda_graphs_; }
 
