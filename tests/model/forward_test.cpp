@@ -267,5 +267,32 @@ TEST(ForwardTest, BadInputsFailClearly) {
                Error);
 }
 
+// DEEPINFER_CUDA_GRAPHS takes 0 or 1 (unset: on); anything else fails the model's construction
+// with an Error naming the variable, on every backend, instead of being read as on or off.
+TEST(ForwardTest, CudaGraphsSettingMustBeZeroOrOne) {
+  struct RestoreEnvironment {
+    ~RestoreEnvironment() { unsetenv("DEEPINFER_CUDA_GRAPHS"); }
+  } restore;
+  DeepseekV41TextConfig config = testing::tiny_config("{}");
+  const std::shared_ptr<EngramHasher> hasher =
+      config.engram_layer_ids.empty() ? nullptr : testing::tiny_hasher(config, 1);
+  const auto parameters = testing::random_parameters(config, 1, WeightFormat::kDense);
+  auto build = [&] { return Model(config, *parameters, Numerics::kDense, hasher); };
+  unsetenv("DEEPINFER_CUDA_GRAPHS");
+  EXPECT_TRUE(build().cuda_graphs());
+  setenv("DEEPINFER_CUDA_GRAPHS", "0", 1);
+  EXPECT_FALSE(build().cuda_graphs());
+  setenv("DEEPINFER_CUDA_GRAPHS", "1", 1);
+  EXPECT_TRUE(build().cuda_graphs());
+  setenv("DEEPINFER_CUDA_GRAPHS", "yes", 1);
+  try {
+    build();
+    ADD_FAILURE() << "DEEPINFER_CUDA_GRAPHS=yes was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("DEEPINFER_CUDA_GRAPHS='yes'"), std::string::npos)
+        << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::deepseek_v41
