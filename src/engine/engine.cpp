@@ -12,6 +12,7 @@
 #include "engine/scheduler.h"
 #include "engine/state_manager.h"
 #include "engine/structured_outputs.h"
+#include "ops/batch_invariance.h"
 #include "sampling/sampler.h"
 
 namespace deepinfer::engine {
@@ -454,6 +455,8 @@ Engine::Engine(const EngineArgs& args, std::unique_ptr<ModelRunner> runner,
   DI_CHECK(runner != nullptr, "engine without a model runner");
   Impl& s = *impl_;
   s.args = args;
+  // Process-wide (the op layer has no per-engine context): the last engine started decides.
+  if (args.batch_invariant) ops::set_batch_invariant(*args.batch_invariant);
   s.tokenizer = std::move(tokenizer);
   s.runner = std::move(runner);
   s.vocab = s.runner->vocab_size();

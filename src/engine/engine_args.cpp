@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "ops/batch_invariance.h"
 #include "deepinfer/outputs.h"
 
 namespace deepinfer {
@@ -39,13 +40,9 @@ EngineArgs EngineArgs::resolved() const {
       DI_THROW("DEEPINFER_ASYNC_SCHEDULING='", *value, "' must be 0 or 1");
     }
   }
-  if (!out.batch_invariant) {
-    const std::string value = env("DEEPINFER_BATCH_INVARIANT").value_or("1");
-    if (value != "0" && value != "1") {
-      DI_THROW("DEEPINFER_BATCH_INVARIANT='", value, "' must be 0 or 1");
-    }
-    out.batch_invariant = value == "1";
-  }
+  // The op layer's policy reads DEEPINFER_BATCH_INVARIANT (the one parser of it); the engine
+  // hands the resolved value back to the op layer when it starts.
+  if (!out.batch_invariant) out.batch_invariant = ops::batch_invariant();
   // The CPU backend has one fixed reduction order per output element whatever the batch.
   if (out.accelerator == Accelerator::kCpu) out.batch_invariant = true;
   if (out.max_model_len < 0)
