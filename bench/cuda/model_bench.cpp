@@ -44,6 +44,7 @@
 #include "model/deepseek_v41/weights.h"
 #include "model_bench_device.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/batch_invariance.h"
 #include "ops/ops.h"
 
 namespace deepinfer::model_bench {
@@ -840,6 +841,9 @@ void Bench::setup_device() {
                                    deepseek_v41::Numerics::kReleased, hasher_);
 
   report_["device"] = device_.to_string();
+  // DEEPINFER_BATCH_INVARIANT=0 lets large GEMMs take kernels chosen by rows (docs/CUDA.md).
+  report_["batch_invariant"] = ops::batch_invariant();
+  progress("batch invariance %s", ops::batch_invariant() ? "on" : "off");
   report_["config"] = {{"layers", config_.num_hidden_layers},
                        {"mix", o_.tiny ? "tiny" : o_.mix},
                        {"released_layers", real_layers_},

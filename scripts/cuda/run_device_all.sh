@@ -7,7 +7,9 @@
 # then the device tool's `run` (carry: ["build-perf/device"]) of
 #   BIN=$PWD/build-perf/device scripts/cuda/run_device_all.sh
 # The device tool returns at most 8 files: the logs go to $OUT/logs and come back packed as
-# $OUT/logs.tgz, with the benchmarks' JSON beside it. SKIP_TESTS=1 / SKIP_BENCH=1 run one half.
+# $OUT/logs.tgz, with the benchmarks' JSON beside it. SKIP_TESTS=1 / SKIP_BENCH=1 run one half;
+# the model bench runs twice, the second time with DEEPINFER_BATCH_INVARIANT=0
+# (model_bench_variant.json; SKIP_VARIANT_BENCH=1 skips it, VARIANT_BENCH_ARGS its arguments).
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 BIN=${BIN:-$PWD/build-perf/device}
@@ -40,6 +42,16 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       ${MODEL_BENCH_ARGS:-} >/dev/null 2>&1 || status=1
     cp "$LOGS/model_bench.json" "$OUT/" 2>/dev/null
     grep -vE "^\[" "$LOGS/model_bench.txt" | tail -n 60
+    # The same cases with batch invariance off (large GEMMs on the kernels chosen by rows).
+    if [ "${SKIP_VARIANT_BENCH:-0}" != 1 ]; then
+      mkdir -p "$LOGS/variant"
+      DEEPINFER_BATCH_INVARIANT=0 FP8_PEAK_TFLOPS=${peak:-} OUT=$LOGS/variant BIN=$BIN \
+        "$(dirname "$0")/../../bench/cuda/run_model_bench.sh" ${VARIANT_BENCH_ARGS:-${MODEL_BENCH_ARGS:-}} \
+        >/dev/null 2>&1 || status=1
+      cp "$LOGS/variant/model_bench.json" "$OUT/model_bench_variant.json" 2>/dev/null
+      echo "== cuda_model_bench, DEEPINFER_BATCH_INVARIANT=0"
+      grep -vE "^\[" "$LOGS/variant/model_bench.txt" | tail -n 30
+    fi
   fi
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

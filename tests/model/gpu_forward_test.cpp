@@ -2,7 +2,8 @@
 // the forward: sliding-only layers, ratio-2 and ratio-1 compressed groups, candidate and
 // re-indexing layers, engram, hc 2) with their weights copied to the device by
 // copy_parameters, in prefill, chunked and decode modes over a ragged batch, both numerics.
-// Also: batch invariance holds on the GPU bit for bit. Skips without a usable GPU (and in a
+// Also: batch invariance holds on the GPU bit for bit, and with it off (the large GEMMs on other
+// kernels) the logits still agree with the CPU's. Skips without a usable GPU (and in a
 // build without the CUDA backend).
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 
 #include "gpu_support.h"
 #include "model/deepseek_v41/model.h"
+#include "ops/batch_invariance.h"
 #include "ops/ops.h"
 #include "random_model.h"
 
@@ -116,7 +118,37 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(WeightFormat::kReleased, Numerics::kDense),
                       std::make_tuple(WeightFormat::kReleased, Numerics::kReleased)));
 
+// Batch invariance off lets the GPU run calls of many rows on kernels with another summation
+// order (cuBLASLt for the dense roles, the wgmma tile for the routed experts: docs/CUDA.md,
+// "Batch invariance off"); prompts long enough to take them, and the same bounds as above: the
+// products are the same quantized operands, only the sums' order and (FP8 wgmma) accumulator
+// width differ, which the released numerics' 1e-3 rule covers.
+TEST_P(GpuForwardTest, LogitsMatchTheCpuBackendWithBatchInvarianceOff) {
+  const auto [format, numerics] = GetParam();
+  const ops::ScopedBatchInvariance variant_kernels(false);
+  Models models(format, numerics);
+  const int64_t vocab = models.config.vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {
+      random_tokens(300, vocab, 4), random_tokens(45, vocab, 5), random_tokens(170, vocab, 6)};
+  const bool released = numerics == Numerics::kReleased;
+  const double tolerance = released ? 1e-3 : 1e-5;
+  for (int64_t chunk : {int64_t{0}, int64_t{1}}) {
+    const std::vector<float> cpu = run_prompts(*models.cpu, prompts, chunk);
+    const std::vector<float> gpu = run_prompts(*models.gpu, prompts, chunk);
+    ASSERT_EQ(cpu.size(), gpu.size());
+    const Comparison c = compare(cpu, gpu, vocab, tolerance);
+    std::printf(
+        "[ gpu      ] batch invariance off, format %d numerics %d chunk %lld: max |gpu - cpu| / "
+        "max |cpu| %.3g, argmax mismatches %lld\n",
+        static_cast<int>(format), static_cast<int>(numerics), static_cast<long long>(chunk),
+        c.relative, static_cast<long long>(c.argmax_mismatches));
+    EXPECT_LE(c.relative, tolerance) << "chunk " << chunk;
+    EXPECT_EQ(c.argmax_mismatches, 0) << "chunk " << chunk;
+  }
+}
+
 TEST_F(GpuForwardTest, ARequestsLogitsDoNotDependOnTheRestOfTheBatch) {
+  const ops::ScopedBatchInvariance invariant(true);
   Models models(WeightFormat::kReleased, Numerics::kReleased);
   const int64_t vocab = models.config.vocab_size;
   const auto a = random_tokens(19, vocab, 11);
