@@ -46,6 +46,14 @@ using deepinfer::cuda::StreamHandle;
 // "Batch invariance off"). Kept above 64 so the model's recorded decode steps never reach it.
 deepinfer::cuda::RuntimeSetting kCublasLtMinRows{"DEEPINFER_CUBLASLT_MIN_ROWS", 128, 0, 1 << 30};
 
+// DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS: BF16 calls of at most this many rows (0: none) run
+// their three activation terms as one GEMM of 3M rows into staging, then add the three row blocks
+// in term order (hi + mid, then + lo), instead of three GEMMs accumulating into the output: the
+// weight is read once instead of three times, at the price of staging 3 M N floats and one more
+// pass. Off by default (measured: docs/BENCHMARKS.md, "Batch invariance off").
+deepinfer::cuda::RuntimeSetting kBf16StackedMaxRows{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 0,
+                                                    0, 1 << 30};
+
 // cuBLASLt's own scratch per (device, stream): the heuristic may only pick algorithms that fit.
 constexpr size_t kCublasWorkspaceBytes = 32ull << 20;
 // The bf16 activations of one GEMM call: larger calls run in row chunks (wo_a's 8 x 4096 columns
@@ -144,6 +152,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// out[r][c] = (products[r][c] + products[rows + r][c]) + products[2 rows + r][c]: the stacked
+// GEMM's three term blocks [3 rows, cols] (contiguous) added in term order.
+__global__ void __launch_bounds__(kThreads)
+    sum_term_products_kernel(const float* products, int64_t rows, DeviceRows<float> out) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= rows * out.cols) return;
+  const int64_t r = index / out.cols;
+  const int64_t c = index % out.cols;
+  const int64_t plane = rows * out.cols;
+  out.row(r)[c] = (products[index] + products[plane + index]) + products[2 * plane + index];
+}
+
 // e4m3 code -> float by placing its fields (the GEMM-side decode; e4m3_to_float's values:
 // normal 2^(e-7) (1 + m/8), subnormal m 2^-9, S.1111.111 NaN).
 __device__ __forceinline__ float e4m3_code_value(uint32_t code) {
@@ -214,6 +234,7 @@ struct Staging {
   GrowOnlyBuffer cublas_workspace;  // kCublasWorkspaceBytes, reserved on first use
   GrowOnlyBuffer weight;            // the dequantized bf16 weight (FP8 roles)
   GrowOnlyBuffer activation;        // the bf16 activation (FP8) or its terms (BF16)
+  GrowOnlyBuffer term_products;     // the stacked BF16 GEMM's [3 M, N] f32 results
 };
 
 // A GEMM D = op(A) op(B) in cuBLASLt's column-major terms: out^T [n, m] (ld_d) = W [n, k] (A,
@@ -378,6 +399,38 @@ bool stream_is_capturing(StreamHandle stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// The BF16 roles' stacked form (DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS): the three term planes
+// (contiguous: one chunk of all rows) as one B of 3 M rows, one GEMM into staging, the blocks
+// added in term order. `shape` holds everything but m and the B and D layouts.
+bool run_stacked_terms(CublasLtState& state, GemmShape shape, int device, StreamHandle stream,
+                       const DeviceWeight& w, const DeviceRows<const float>& in,
+                       const DeviceRows<float>& o) {
+  const int64_t rows = in.rows;
+  const int64_t k_total = in.cols;
+  shape.m = kActivationTerms * rows;
+  shape.ld_d = w.out;
+  shape.align_b = common_alignment({256, shape.batch > 1 ? shape.stride_b * 2 : 256});
+  shape.align_d = common_alignment({256, shape.batch > 1 ? shape.stride_d * 4 : 256});
+  const std::shared_ptr<const GemmPlan> plan = state.plan(shape);
+  if (!plan->found()) return false;
+  const cublasLtHandle_t handle = state.handle(device);
+  Staging& staging = state.staging(device, stream);
+  void* cublas_workspace = staging.cublas_workspace.reserve(kCublasWorkspaceBytes, stream);
+  auto* activation = static_cast<uint4*>(staging.activation.reserve(
+      static_cast<size_t>(kActivationTerms * rows * k_total * 2), stream));
+  auto* products = static_cast<float*>(staging.term_products.reserve(
+      static_cast<size_t>(kActivationTerms * rows * w.out * 4), stream));
+  const int64_t words = rows * k_total / kValuesPerThread;
+  split_activation_terms_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
+      in, 0, rows, activation, words);
+  DI_CUDA_LAUNCHED(split_activation_terms_kernel);
+  plan->run(handle, w.bytes, activation, products, /*accumulate=*/false, cublas_workspace, stream);
+  sum_term_products_kernel<<<blocks_for(rows * w.out, kThreads), kThreads, 0, stream>>>(products,
+                                                                                        rows, o);
+  DI_CUDA_LAUNCHED(sum_term_products_kernel);
+  return true;
+}
+
 }  // namespace
 
 int linear_cublaslt_min_rows() {
@@ -448,6 +501,10 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   shape.align_d =
       common_alignment({address(o.data), in.rows > chunk_rows ? chunk_rows * o.stride * 4 : 256,
                         groups > 1 ? shape.stride_d * 4 : 256});
+  const int stacked_max_rows = kBf16StackedMaxRows.value();
+  if (bf16 && in.rows <= stacked_max_rows && in.rows == chunk_rows) {
+    return run_stacked_terms(state, shape, device, stream, w, in, o);
+  }
   shape.m = chunk_rows;
   const std::shared_ptr<const GemmPlan> full = state.plan(shape);
   std::shared_ptr<const GemmPlan> last;
