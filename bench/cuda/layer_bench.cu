@@ -168,7 +168,14 @@ double time_ms(const std::function<void(int)>& call) {
   float first = 0;
   DI_CUDA_CHECK(cudaEventElapsedTime(&first, start, stop));
   const int inner = std::clamp(static_cast<int>(2.0 / std::max(first, 1e-4f)), 1, 200);
-  const int rounds = std::clamp(static_cast<int>(400.0 / (std::max(first, 1e-4f) * inner)), 3, 25);
+  // LAYER_BENCH_ROUND_MS: the milliseconds of rounds per measurement (default 400; less for a
+  // quicker, noisier run).
+  static const double total_ms = [] {
+    const char* value = std::getenv("LAYER_BENCH_ROUND_MS");
+    return value != nullptr && std::atof(value) > 0 ? std::atof(value) : 400.0;
+  }();
+  const int rounds =
+      std::clamp(static_cast<int>(total_ms / (std::max(first, 1e-4f) * inner)), 3, 25);
   std::vector<double> per_call;
   for (int r = 0; r < rounds; ++r) {
     DI_CUDA_CHECK(cudaEventRecord(start));

@@ -231,6 +231,13 @@ void check_case(const Case& c, bool compare_invariant_kernel) {
   EXPECT_LE(error, kTolerance) << c.name << ", " << c.rows << " rows";
   EXPECT_TRUE(same_bits(forced, run_gpu(c, 0, c.rows, Path::kCublasLt)))
       << c.name << ": two calls of the path differ";
+  if (c.kind == Kind::kBf16) {
+    // The stacked-terms form (one GEMM of 3M rows, the blocks added in term order).
+    const rt::ScopedSetting stacked{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 1 << 30};
+    const double stacked_error = sample_error(c, run_gpu(c, 0, c.rows, Path::kCublasLt), 0, c.rows);
+    std::printf("%s, stacked terms: worst error %.3g\n", c.name.c_str(), stacked_error);
+    EXPECT_LE(stacked_error, kTolerance) << c.name << ", " << c.rows << " rows, stacked terms";
+  }
   {
     const ScopedBatchInvariance off(false);
     const rt::ScopedSetting threshold{"DEEPINFER_CUBLASLT_MIN_ROWS", 1};
