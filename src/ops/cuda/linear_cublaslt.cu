@@ -50,8 +50,10 @@ deepinfer::cuda::RuntimeSetting kCublasLtMinRows{"DEEPINFER_CUBLASLT_MIN_ROWS", 
 // their three activation terms as one GEMM of 3M rows into staging, then add the three row blocks
 // in term order (hi + mid, then + lo), instead of three GEMMs accumulating into the output: the
 // weight is read once instead of three times, at the price of staging 3 M N floats and one more
-// pass. Off by default (measured: docs/BENCHMARKS.md, "Batch invariance off").
-deepinfer::cuda::RuntimeSetting kBf16StackedMaxRows{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 0,
+// pass. Measured (H200, docs/BENCHMARKS.md, "Batch invariance off"): stacked is up to 2x faster
+// at 64-256 rows (the GEMMs there are bound by reading the weight), the three GEMMs up to 8%
+// faster from 1024 rows (wo_a).
+deepinfer::cuda::RuntimeSetting kBf16StackedMaxRows{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 512,
                                                     0, 1 << 30};
 
 // cuBLASLt's own scratch per (device, stream): the heuristic may only pick algorithms that fit.
@@ -94,17 +96,18 @@ __device__ __forceinline__ void load_eight(const float* source, float (&v)[kValu
 // shuffles. The amax is a max over the same 32 values, so the scale and every value equal the
 // reference's bit for bit.
 __global__ void __launch_bounds__(kThreads)
-    quantize_activation_bf16_kernel(DeviceRows<const float> x, int64_t first_row, int64_t rows,
+    quantize_activation_bf16_kernel(DeviceRows<const float> x, int64_t first_row, uint32_t words,
                                     uint4* out) {
-  const int64_t words_per_row = x.cols / kValuesPerThread;
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  // Threads past the end still shuffle (their whole quad is past it: rows * words_per_row is a
-  // multiple of 4), so every lane of the warp reaches the shuffles.
-  const bool active = index < rows * words_per_row;
+  // 32-bit index math (the host checks words < 2^31): a 64-bit division costs more than the rest.
+  const auto words_per_row = static_cast<uint32_t>(x.cols / kValuesPerThread);
+  const uint32_t index = blockIdx.x * blockDim.x + threadIdx.x;
+  // Threads past the end still shuffle (their whole quad is past it: words is a multiple of 4),
+  // so every lane of the warp reaches the shuffles.
+  const bool active = index < words;
   float v[kValuesPerThread] = {};
   if (active) {
-    const int64_t m = index / words_per_row;
-    const int64_t word = index % words_per_row;
+    const uint32_t m = index / words_per_row;
+    const uint32_t word = index - m * words_per_row;
     load_eight(x.row(first_row + m) + word * kValuesPerThread, v);
   }
   float amax = 0.0f;
@@ -126,13 +129,13 @@ __global__ void __launch_bounds__(kThreads)
 // (each remainder exact in f32), linear_bf16_mma's split_pair. Their sum is x exactly unless a
 // remainder underflows bf16's range.
 __global__ void __launch_bounds__(kThreads)
-    split_activation_terms_kernel(DeviceRows<const float> x, int64_t first_row, int64_t rows,
+    split_activation_terms_kernel(DeviceRows<const float> x, int64_t first_row, uint32_t words,
                                   uint4* out, int64_t plane_words) {
-  const int64_t words_per_row = x.cols / kValuesPerThread;
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= rows * words_per_row) return;
-  const int64_t m = index / words_per_row;
-  const int64_t word = index % words_per_row;
+  const auto words_per_row = static_cast<uint32_t>(x.cols / kValuesPerThread);
+  const uint32_t index = blockIdx.x * blockDim.x + threadIdx.x;
+  if (index >= words) return;
+  const uint32_t m = index / words_per_row;
+  const uint32_t word = index - m * words_per_row;
   float v[kValuesPerThread];
   load_eight(x.row(first_row + m) + word * kValuesPerThread, v);
   uint32_t pairs[kActivationTerms][kValuesPerThread / 2];
@@ -164,41 +167,40 @@ __global__ void __launch_bounds__(kThreads)
   out.row(r)[c] = (products[index] + products[plane + index]) + products[2 * plane + index];
 }
 
-// e4m3 code -> float by placing its fields (the GEMM-side decode; e4m3_to_float's values:
-// normal 2^(e-7) (1 + m/8), subnormal m 2^-9, S.1111.111 NaN).
-__device__ __forceinline__ float e4m3_code_value(uint32_t code) {
-  const uint32_t exponent = (code >> 3) & 0xF;
-  const uint32_t mantissa = code & 0x7;
-  float magnitude = exponent == 0 ? static_cast<float>(mantissa) * 0x1p-9f
-                                  : __uint_as_float(((exponent + 120) << 23) | (mantissa << 20));
-  if (exponent == 0xF && mantissa == 0x7) magnitude = __int_as_float(0x7fc00000);
-  return (code & 0x80) ? -magnitude : magnitude;
+// Two e4m3 codes (the low byte first) -> two floats, exactly: the hardware's e4m3x2 -> f16x2
+// conversion (every e4m3 value, subnormals included, is an f16 normal; NaN stays NaN), then f16 ->
+// f32. A few instructions for two weights, where decoding the fields costs a dozen per weight.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two_codes) {
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<uint16_t>(two_codes)));
+  float low, high;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(low) : "h"(static_cast<uint16_t>(halves & 0xFFFF)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(high) : "h"(static_cast<uint16_t>(halves >> 16)));
+  return make_float2(low, high);
 }
 
 // The fp8 weight as bf16 [w.out, w.in]: e4m3 x its block's ue8m0 scale, exact in f32 (a power of
 // two) and in bf16 (4 significand bits) for every scale a checkpoint uses (values below 2^-133,
-// bf16's smallest subnormal, would round: scale codes under 2^-124). w.in % 8 == 0, w.bytes
-// 8-byte aligned; 8 weights a thread.
+// bf16's smallest subnormal, would round: scale codes under 2^-124). 8 weights a thread, one
+// scale (block_in % 8 == 0), `words` = w.out * w.in / 8 < 2^31 (checked by the host).
 __global__ void __launch_bounds__(kThreads)
-    dequantize_fp8_weight_bf16_kernel(DeviceWeight w, uint4* out) {
-  const int64_t words_per_row = w.in / kValuesPerThread;
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= w.out * words_per_row) return;
-  const auto n = static_cast<uint32_t>(index / words_per_row);
-  const auto k0 = static_cast<uint32_t>(index % words_per_row) * kValuesPerThread;
+    dequantize_fp8_weight_bf16_kernel(DeviceWeight w, uint32_t words, uint4* out) {
+  const auto words_per_row = static_cast<uint32_t>(w.in / kValuesPerThread);
+  const uint32_t index = blockIdx.x * blockDim.x + threadIdx.x;
+  if (index >= words) return;
+  const uint32_t n = index / words_per_row;
+  const uint32_t k0 = (index - n * words_per_row) * kValuesPerThread;
   const uint2 codes = *reinterpret_cast<const uint2*>(w.bytes + n * w.row_bytes + k0);
-  const uint8_t* scale_row =
-      w.scale + (n / static_cast<uint32_t>(w.block_out)) * static_cast<uint32_t>(w.scale_cols);
-  float v[kValuesPerThread];
+  const float scale = deepinfer::cuda::e8m0_to_float(
+      w.scale[(n / static_cast<uint32_t>(w.block_out)) * static_cast<uint32_t>(w.scale_cols) +
+              k0 / static_cast<uint32_t>(w.block_in)]);
+  uint32_t packed[kValuesPerThread / 2];
 #pragma unroll
-  for (int i = 0; i < kValuesPerThread; ++i) {
-    const uint32_t code = ((i < 4 ? codes.x : codes.y) >> (8 * (i % 4))) & 0xFF;
-    const uint32_t k = k0 + i;
-    v[i] = e4m3_code_value(code) *
-           deepinfer::cuda::e8m0_to_float(scale_row[k / static_cast<uint32_t>(w.block_in)]);
+  for (int p = 0; p < kValuesPerThread / 2; ++p) {
+    const float2 pair = e4m3x2_to_float2((p < 2 ? codes.x : codes.y) >> (16 * (p % 2)));
+    packed[p] = pack_bf16x2(pair.x * scale, pair.y * scale);
   }
-  out[index] = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
-                          pack_bf16x2(v[6], v[7]));
+  out[index] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 // ---- per-device and per-stream state --------------------------------------------------------
@@ -422,7 +424,7 @@ bool run_stacked_terms(CublasLtState& state, GemmShape shape, int device, Stream
       static_cast<size_t>(kActivationTerms * rows * w.out * 4), stream));
   const int64_t words = rows * k_total / kValuesPerThread;
   split_activation_terms_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
-      in, 0, rows, activation, words);
+      in, 0, static_cast<uint32_t>(words), activation, words);
   DI_CUDA_LAUNCHED(split_activation_terms_kernel);
   plan->run(handle, w.bytes, activation, products, /*accumulate=*/false, cublas_workspace, stream);
   sum_term_products_kernel<<<blocks_for(rows * w.out, kThreads), kThreads, 0, stream>>>(products,
@@ -454,8 +456,12 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
              weight.weight.to_string(), ", groups ", groups, ", out ", out.to_string());
   }
   if (in.rows == 0 || w.out == 0) return true;
+  // The kernels index 16-byte words with 32-bit math; FP8 scale blocks span whole words.
+  constexpr int64_t kMaxWords = int64_t{1} << 31;
   const bool fp8 = activation_quant == ActivationQuant::kFp8PerBlock32 &&
-                   w.kind == WeightKind::kF8 && groups == 1 && aligned_to(w.bytes, 8);
+                   w.kind == WeightKind::kF8 && groups == 1 && aligned_to(w.bytes, 8) &&
+                   w.block_in % kValuesPerThread == 0 &&
+                   w.out * w.in / kValuesPerThread < kMaxWords;
   const bool bf16 = activation_quant == ActivationQuant::kNone && w.kind == WeightKind::kBF16 &&
                     aligned_to(w.bytes, 16);
   if (!fp8 && !bf16) return false;
@@ -479,6 +485,7 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
       std::max<int64_t>(kChunkRowMultiple, static_cast<int64_t>(kActivationBudgetBytes) /
                                                row_bytes / kChunkRowMultiple * kChunkRowMultiple);
   const int64_t chunk_rows = std::min(in.rows, budget_rows);
+  if (chunk_rows * k_total / kValuesPerThread >= kMaxWords) return false;
   const int64_t plane_elements = chunk_rows * k_total;  // one term's bf16 values
 
   GemmShape shape;
@@ -526,7 +533,7 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
         staging.weight.reserve(static_cast<size_t>(w.out * w.in * bf16_bytes), stream);
     const int64_t words = w.out * w.in / kValuesPerThread;
     dequantize_fp8_weight_bf16_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
-        w, static_cast<uint4*>(dequantized));
+        w, static_cast<uint32_t>(words), static_cast<uint4*>(dequantized));
     DI_CUDA_LAUNCHED(dequantize_fp8_weight_bf16_kernel);
     weight_bf16 = dequantized;
   }
@@ -535,11 +542,11 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
     const int64_t words = rows * k_total / kValuesPerThread;
     if (fp8) {
       quantize_activation_bf16_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
-          in, first, rows, activation);
+          in, first, static_cast<uint32_t>(words), activation);
       DI_CUDA_LAUNCHED(quantize_activation_bf16_kernel);
     } else {
       split_activation_terms_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
-          in, first, rows, activation, plane_elements / kValuesPerThread);
+          in, first, static_cast<uint32_t>(words), activation, plane_elements / kValuesPerThread);
       DI_CUDA_LAUNCHED(split_activation_terms_kernel);
     }
     const GemmPlan& plan = rows == chunk_rows ? *full : *last;
