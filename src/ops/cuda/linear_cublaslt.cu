@@ -40,11 +40,13 @@ namespace {
 using deepinfer::cuda::StreamHandle;
 
 // DEEPINFER_CUBLASLT_MIN_ROWS: calls with at least this many rows take the path when batch
-// invariance is off (0: never). Below it the invariant kernels stay faster: the path's fixed
-// costs (dequantizing an FP8 weight to bf16 every call, the activation pass, three GEMMs for the
-// BF16 roles) only pay off once the GEMM is compute bound (measured: docs/BENCHMARKS.md,
-// "Batch invariance off"). Kept above 64 so the model's recorded decode steps never reach it.
-deepinfer::cuda::RuntimeSetting kCublasLtMinRows{"DEEPINFER_CUBLASLT_MIN_ROWS", 128, 0, 1 << 30};
+// invariance is off (0: never). The default is the smallest row count the model never records in
+// a CUDA graph (decode steps of <= 64 tokens are recorded; the path is off while recording anyway,
+// but an eager step and its replays should then run the same kernels). Measured on the H200
+// (docs/BENCHMARKS.md, "Batch invariance off"): at 16 rows the invariant kernels are up to 2.5x
+// faster (the path dequantizes an FP8 weight to bf16 on every call), at 64 rows the path ties
+// (wkv, wq_b, indexer wq_b) or wins (up to 5x, wo_a), from 128 rows it wins for every role.
+deepinfer::cuda::RuntimeSetting kCublasLtMinRows{"DEEPINFER_CUBLASLT_MIN_ROWS", 65, 0, 1 << 30};
 
 // DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS: BF16 calls of at most this many rows (0: none) run
 // their three activation terms as one GEMM of 3M rows into staging, then add the three row blocks
