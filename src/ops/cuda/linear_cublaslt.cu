@@ -510,8 +510,12 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   shape.align_d =
       common_alignment({address(o.data), in.rows > chunk_rows ? chunk_rows * o.stride * 4 : 256,
                         groups > 1 ? shape.stride_d * 4 : 256});
+  // Stacked: all rows in one chunk, and the [3 M, N] f32 products within the staging budget too
+  // (the LM head's 129280 columns would stage 794 MB at 512 rows).
   const int stacked_max_rows = kBf16StackedMaxRows.value();
-  if (bf16 && in.rows <= stacked_max_rows && in.rows == chunk_rows) {
+  const int64_t products_bytes = kActivationTerms * in.rows * w.out * 4;
+  if (bf16 && in.rows <= stacked_max_rows && in.rows == chunk_rows &&
+      products_bytes <= static_cast<int64_t>(kActivationBudgetBytes)) {
     return run_stacked_terms(state, shape, device, stream, w, in, o);
   }
   shape.m = chunk_rows;
