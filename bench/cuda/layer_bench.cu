@@ -10,7 +10,10 @@
 //    linear_fp8_mma, their path before, as a second row at batch 1 and 8192; BF16 roles on
 //    the BF16 tensor-core path of linear_bf16_mma.cu, with the FMA tile kernel they ran on before
 //    as a second row) against cuBLASLt on the same shapes (FP8 with a per-tensor scale for FP8
-//    roles — cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles).
+//    roles — cuBLASLt has no 32x32 block scales on SM90 — and BF16 for BF16 roles). Next to
+//    them, the model's op with batch invariance off (ScopedBatchInvariance(false): the cuBLASLt
+//    bf16 path of linear_cublaslt.cu from DEEPINFER_CUBLASLT_MIN_ROWS rows) and that path forced
+//    at every batch (and, for BF16 roles, its stacked-terms form).
 // 3. The routed experts (384 x 2304, top 6): our grouped FP8 x FP4 GEMM against a per-expert
 //    loop of cuBLASLt calls (BF16-dequantized weights, the nearest SM90 cuBLASLt has to FP4,
 //    and FP8 per-tensor weights), both GEMMs (w1|w3 then w2) of the routed MoE.
@@ -33,12 +36,14 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops/batch_invariance.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/linear_bf16_mma.h"
+#include "ops/cuda/linear_cublaslt.h"
 #include "ops/cuda/linear_fp8_dense.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 #include "roofline.cuh"
@@ -71,7 +76,22 @@ constexpr int64_t kMoeInter = 2304;
 constexpr int kTopK = 6;
 constexpr int64_t kIndexHeads = 32;
 constexpr int64_t kIndexDim = 128;
-const std::vector<int64_t> kBatches = {1, 16, 64, 256, 8192};
+// LAYER_BENCH_BATCHES (comma-separated) replaces them, e.g. "64,128,256,512,8192".
+const std::vector<int64_t> kBatches = [] {
+  std::vector<int64_t> batches = {1, 16, 64, 256, 8192};
+  if (const char* list = std::getenv("LAYER_BENCH_BATCHES"); list != nullptr && *list != '\0') {
+    batches.clear();
+    for (const char* p = list; *p != '\0';) {
+      char* end = nullptr;
+      const long long value = std::strtoll(p, &end, 10);
+      DI_CHECK(end != p && value > 0 && (*end == ',' || *end == '\0'),
+               "LAYER_BENCH_BATCHES must list positive integers separated by commas: ", list);
+      batches.push_back(value);
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
+  return batches;
+}();
 
 // ---- random device data ------------------------------------------------------------------------
 
@@ -148,7 +168,14 @@ double time_ms(const std::function<void(int)>& call) {
   float first = 0;
   DI_CUDA_CHECK(cudaEventElapsedTime(&first, start, stop));
   const int inner = std::clamp(static_cast<int>(2.0 / std::max(first, 1e-4f)), 1, 200);
-  const int rounds = std::clamp(static_cast<int>(400.0 / (std::max(first, 1e-4f) * inner)), 3, 25);
+  // LAYER_BENCH_ROUND_MS: the milliseconds of rounds per measurement (default 400; less for a
+  // quicker, noisier run).
+  static const double total_ms = [] {
+    const char* value = std::getenv("LAYER_BENCH_ROUND_MS");
+    return value != nullptr && std::atof(value) > 0 ? std::atof(value) : 400.0;
+  }();
+  const int rounds =
+      std::clamp(static_cast<int>(total_ms / (std::max(first, 1e-4f) * inner)), 3, 25);
   std::vector<double> per_call;
   for (int r = 0; r < rounds; ++r) {
     DI_CUDA_CHECK(cudaEventRecord(start));
@@ -482,6 +509,38 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
              role.fp8 ? (fp8_dense ? "ours (linear: fp8 dense)" : "ours (linear: mma)")
                       : (bf16_mma ? "ours (linear: bf16 mma)" : "ours (linear: FMA)"),
              m, ms_ours, our_bytes, flops, peak);
+      {
+        // The model's op with batch invariance off (wo_a through linear_grouped, as the model
+        // calls it): the cuBLASLt path from DEEPINFER_CUBLASLT_MIN_ROWS rows, the line above
+        // below it.
+        const ops::ScopedBatchInvariance variant(false);
+        const auto model_op = [&](int call) {
+          const int c = call % copies;
+          const LinearWeight w{weights[c].view(), role.fp8 ? scales[c].view() : TensorView()};
+          if (groups > 1) {
+            ops::cuda::linear_grouped(x.view(), w, groups, y.view());
+          } else {
+            ops::cuda::linear(x.view(), w, y.view(), quant);
+          }
+        };
+        report(roof, "dense", role.name, "ours (invariance off)", m, time_ms(model_op), our_bytes,
+               flops, peak);
+      }
+      // The cuBLASLt path forced at every batch (where the threshold is chosen), and for the BF16
+      // roles its stacked-terms form (one GEMM of 3M rows, then the three blocks added).
+      const auto forced_path = [&](int call) {
+        const int c = call % copies;
+        ops::cuda::linear_cublaslt(
+            x.view(), LinearWeight{weights[c].view(), role.fp8 ? scales[c].view() : TensorView()},
+            y.view(), quant, groups);
+      };
+      report(roof, "dense", role.name, "ours (cuBLASLt path)", m, time_ms(forced_path), our_bytes,
+             flops, peak);
+      if (!role.fp8) {
+        const rt::ScopedSetting stacked{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 1 << 30};
+        report(roof, "dense", role.name, "ours (cuBLASLt, stacked)", m, time_ms(forced_path),
+               our_bytes, flops, peak);
+      }
       if (fp8_dense && !skip_fp8_before && (m == kBatches.front() || m == kBatches.back())) {
         // The grouped kernel the FP8 roles ran on before linear_fp8_dense (linear_fp8_mma), at
         // the first and last batch only (the slow one costs GPU seconds at every batch).

@@ -6,6 +6,7 @@
 // aligned shapes run on the tensor cores instead.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear.cuh"
+#include "ops/cuda/linear_cublaslt.h"
 #include "ops/cuda/linear_fp8_dense.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 
@@ -252,6 +253,11 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
              weight.weight.to_string(), ", out ", out.to_string());
   }
   if (in.rows == 0 || w.out == 0) return;
+  // Batch invariance off and enough rows: cuBLASLt on the same quantized operands
+  // (linear_cublaslt.h); calls it does not take run the batch-invariant kernels below.
+  if (linear_cublaslt_selected(in.rows) && try_linear_cublaslt(x, weight, out, activation_quant)) {
+    return;
+  }
   // The released FP8 roles: linear_fp8_dense.cu (K split at decode, shared-memory tile at
   // prefill) where it takes the weight, else linear_fp8_mma. false: always linear_fp8_mma.
   constexpr bool kUseFp8Dense = true;

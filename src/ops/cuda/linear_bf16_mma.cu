@@ -32,6 +32,7 @@
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/linear_bf16_mma.h"
+#include "ops/cuda/linear_cublaslt.h"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -1322,6 +1323,12 @@ void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t gro
   const DeviceWeight w = describe(weight);
   const DeviceRows<const float> in = device_rows<const float>(x, "linear_grouped input");
   const DeviceRows<float> o = device_rows<float>(out, "linear_grouped output");
+  // Batch invariance off and enough rows: all groups in one strided-batched cuBLASLt GEMM per
+  // activation term (linear_cublaslt.h).
+  if (linear_cublaslt_selected(in.rows) &&
+      try_linear_cublaslt(x, weight, out, ActivationQuant::kNone, groups)) {
+    return;
+  }
   // One launch where each group's own call would run the decode tile (1-16 rows) on this path;
   // anything else is the per-group calls themselves.
   if (grouped_launch_enabled() && groups > 1 && decode_tile_enabled() && in.rows <= 16 &&

@@ -1,0 +1,51 @@
+// The batch-variant path of ops::cuda::linear and linear_grouped (CUDA only): with batch
+// invariance off (ops::batch_invariant() false) and at least DEEPINFER_CUBLASLT_MIN_ROWS rows, the
+// dense roles run as cuBLASLt BF16 x BF16 -> FP32 GEMMs on the same quantized operands the
+// invariant kernels multiply, so only the summation order differs:
+//  - FP8 roles (kFp8PerBlock32, e4m3 weight with ue8m0 block scales): the weight dequantized to
+//    bf16 (e4m3 x 2^s is exact in bf16), the activation quantized per 32 exactly as
+//    quantize_activation does and stored as bf16 (exact), one GEMM.
+//  - BF16 roles (kNone, bf16 weight, f32 activation): the activation as three bf16 terms (hi =
+//    bf16(x), then bf16 of each exact remainder: x exactly, as linear_bf16_mma's three terms), one
+//    GEMM per term accumulating into the output (hi, then + mid, then + lo; beta = 1).
+// Every product is exact and every sum is FP32; which sums, in which order, depends on the
+// algorithm cuBLASLt picks for the shape, i.e. on the number of rows (no batch invariance).
+// The path keeps one cuBLASLt handle per device, one 32 MiB cuBLASLt workspace and grow-only
+// staging buffers (the dequantized weight, the bf16 activations) per (device, stream), and the
+// heuristic's algorithm per GEMM shape: no per-call allocation and no host synchronization
+// (a buffer's growth waits for its stream once, before freeing the smaller one).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace deepinfer::ops::cuda {
+
+// Whether ops::cuda::linear / linear_grouped should try the path for a call of `rows` rows:
+// batch invariance is off, DEEPINFER_CUBLASLT_MIN_ROWS (a RuntimeSetting; 0 = never) is at most
+// `rows`, and the current stream is not capturing a CUDA graph (the staging buffers may grow and
+// move, which a recorded graph would not see; the model records decode steps of <= 64 tokens, and
+// the default threshold is above that anyway).
+bool linear_cublaslt_selected(int64_t rows);
+
+// The row threshold in effect (DEEPINFER_CUBLASLT_MIN_ROWS, or the test's ScopedSetting).
+int linear_cublaslt_min_rows();
+
+// Runs out = x . W^T on the path and returns true, or returns false having launched nothing when
+// the call does not fit it: a weight other than fp8 e4m3 with ue8m0 block scales under
+// kFp8PerBlock32 or bf16 under kNone; K (per group) not a multiple of 32; input or output rows
+// not 16-byte aligned (data and row stride); or no cuBLASLt algorithm for the shape. With
+// groups > 1 (linear_grouped's semantics, bf16 weights only): group g multiplies columns
+// [g K, (g + 1) K) of x by weight rows [g N / groups, (g + 1) N / groups) into the same output
+// columns, all groups in one strided-batched GEMM per term. Shapes must match (Error otherwise).
+bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+                         ActivationQuant activation_quant, int64_t groups = 1);
+
+// try_linear_cublaslt that throws an Error when the call does not fit (tests and benches force
+// the path at any row count with it).
+void linear_cublaslt(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+                     ActivationQuant activation_quant, int64_t groups = 1);
+
+}  // namespace deepinfer::ops::cuda

@@ -1,0 +1,392 @@
+// The batch-variant path of ops::cuda::linear / linear_grouped (linear_cublaslt.cu: cuBLASLt bf16
+// GEMMs on the quantized operands) against the CPU reference (ops::linear / linear_grouped on host
+// views), at every released dense role's shape and at odd shapes (M off the tiles, K a multiple of
+// 32 but not of 128, N off 16), on strided input rows into a column slice of a NaN-filled output
+// (every element written, nothing outside). Also: the dispatch takes the path only with batch
+// invariance off and from DEEPINFER_CUBLASLT_MIN_ROWS rows (with invariance on, the bits are the
+// invariant kernels' whatever the threshold); the path is deterministic (two calls, same bits);
+// calls it does not fit fall back; under a graph recording it stays off. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "gpu_support.h"
+#include "ops/batch_invariance.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/linear_bf16_mma.h"
+#include "ops/cuda/linear_cublaslt.h"
+#include "ops/cuda/linear_fp8_dense.h"
+#include "ops/cuda/runtime_switch.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace deepinfer::ops {
+namespace {
+
+namespace rt = deepinfer::cuda;
+using testing::random_bytes;
+using testing::random_e4m3;
+
+// The GPU linear tests' tolerance (linear_fp8_dense_test, linear_bf16_mma_test): the worst
+// |got - want| over the largest |want| of the checked rows. The path differs from the reference in
+// the order of FP32 additions only (every product is exact), like the invariant kernels.
+constexpr double kTolerance = 2e-5;
+
+// Input rows are k wide inside rows of k + kExtraColumns floats, starting kColumnOffset in.
+constexpr int64_t kExtraColumns = 64;
+constexpr int64_t kColumnOffset = 32;
+
+enum class Kind { kFp8, kBf16 };
+
+struct Case {
+  std::string name;
+  Kind kind = Kind::kFp8;
+  int64_t n = 0;  // all groups' output columns
+  int64_t k = 0;  // one group's input columns
+  int64_t groups = 1;
+  int64_t rows = 0;
+  Tensor x;  // host f32 [rows, groups k + kExtraColumns]
+  Tensor weight;
+  Tensor scale;  // fp8 only
+  Tensor device_x, device_weight, device_scale;
+  std::vector<int64_t> sample;  // rows checked against the reference
+  Tensor want;                  // host f32 [sample.size(), n]
+
+  int64_t in_cols() const { return groups * k; }
+  ActivationQuant quant() const {
+    return kind == Kind::kFp8 ? ActivationQuant::kFp8PerBlock32 : ActivationQuant::kNone;
+  }
+  LinearWeight device_linear_weight() const {
+    return {device_weight.view(), kind == Kind::kFp8 ? device_scale.view() : TensorView()};
+  }
+};
+
+// A case with its reference on `sample` rows (every row when empty and rows are few).
+Case make_case(std::string name, Kind kind, int64_t n, int64_t k, int64_t groups, int64_t rows,
+               uint32_t seed, std::vector<int64_t> sample = {}) {
+  Case c;
+  c.name = std::move(name);
+  c.kind = kind;
+  c.n = n;
+  c.k = k;
+  c.groups = groups;
+  c.rows = rows;
+  const int64_t width = c.in_cols() + kExtraColumns;
+  c.x = Tensor::empty(DType::kF32, {rows, width});
+  const std::vector<float> values =
+      testing::random_values(static_cast<size_t>(c.x.numel()), seed, 2.0f);
+  std::copy(values.begin(), values.end(), c.x.data<float>());
+  if (kind == Kind::kFp8) {
+    c.weight = random_e4m3({n, k}, seed + 1);
+    // ue8m0 codes near 2^-8: realistic weight magnitudes.
+    c.scale = random_bytes(DType::kF8E8M0, {(n + 31) / 32, (k + 31) / 32}, seed + 2, 117, 121);
+    c.device_scale = rt::to_device(c.scale.view());
+  } else {
+    // bf16 weights: random f32 values rounded to bf16 by truncating their bits (exact bf16).
+    c.weight = Tensor::empty(DType::kBF16, {n, k});
+    const std::vector<float> w =
+        testing::random_values(static_cast<size_t>(n * k), seed + 1, 0.05f);
+    auto* bits = static_cast<uint16_t*>(c.weight.view().raw_data());
+    for (size_t i = 0; i < w.size(); ++i) {
+      uint32_t word = 0;
+      std::memcpy(&word, &w[i], sizeof(word));
+      bits[i] = static_cast<uint16_t>(word >> 16);
+    }
+  }
+  c.device_x = rt::to_device(c.x.view());
+  c.device_weight = rt::to_device(c.weight.view());
+  if (sample.empty()) {
+    for (int64_t r = 0; r < rows; ++r) sample.push_back(r);
+  }
+  for (int64_t r : sample) {
+    if (r < rows) c.sample.push_back(r);
+  }
+  const auto count = static_cast<int64_t>(c.sample.size());
+  Tensor gathered = Tensor::empty(DType::kF32, {count, c.in_cols()});
+  for (int64_t i = 0; i < count; ++i) {
+    const float* row = c.x.data<float>() + c.sample[i] * width + kColumnOffset;
+    std::copy(row, row + c.in_cols(), gathered.data<float>() + i * c.in_cols());
+  }
+  c.want = Tensor::empty(DType::kF32, {count, n});
+  if (groups > 1) {
+    linear_grouped(gathered.view(), LinearWeight{c.weight.view(), TensorView()}, groups,
+                   c.want.view());
+  } else {
+    linear(gathered.view(),
+           LinearWeight{c.weight.view(), kind == Kind::kFp8 ? c.scale.view() : TensorView()},
+           c.want.view(), c.quant());
+  }
+  return c;
+}
+
+// How run_gpu calls the GPU: the model's op (ops::cuda::linear / linear_grouped under the
+// current policy), linear_cublaslt forced, or the invariant kernel the op runs with batch
+// invariance on (linear_fp8_dense / linear_bf16_mma; grouped: linear_bf16_mma per group).
+enum class Path { kModelOp, kCublasLt, kInvariantKernel };
+
+// Rows [first, first + count) on the GPU into a column slice of a NaN-filled matrix twice as
+// wide: the other half must stay NaN and every element of the slice must be written.
+Tensor run_gpu(const Case& c, int64_t first, int64_t count, Path path) {
+  Tensor wide = Tensor::empty(DType::kF32, {count, 2 * c.n}, rt::device_allocator());
+  rt::fill_bytes(wide.view(), 0xFF);
+  const TensorView out = wide.view().narrow(1, c.n, c.n);
+  const TensorView x =
+      c.device_x.view().narrow(0, first, count).narrow(1, kColumnOffset, c.in_cols());
+  const LinearWeight w = c.device_linear_weight();
+  switch (path) {
+    case Path::kModelOp:
+      if (c.groups > 1) {
+        cuda::linear_grouped(x, w, c.groups, out);
+      } else {
+        cuda::linear(x, w, out, c.quant());
+      }
+      break;
+    case Path::kCublasLt:
+      cuda::linear_cublaslt(x, w, out, c.quant(), c.groups);
+      break;
+    case Path::kInvariantKernel:
+      if (c.kind == Kind::kFp8) {
+        cuda::linear_fp8_dense(x, w, out);
+      } else {
+        const int64_t group_out = c.n / c.groups;
+        for (int64_t g = 0; g < c.groups; ++g) {
+          cuda::linear_bf16_mma(
+              x.narrow(1, g * c.k, c.k),
+              LinearWeight{c.device_weight.view().narrow(0, g * group_out, group_out), {}},
+              out.narrow(1, g * group_out, group_out));
+        }
+      }
+      break;
+  }
+  rt::synchronize();
+  const Tensor host = rt::to_host(wide.view());
+  Tensor got = Tensor::empty(DType::kF32, {count, c.n});
+  int64_t outside = 0;
+  int64_t unwritten = 0;
+  for (int64_t m = 0; m < count; ++m) {
+    const float* row = host.data<float>() + m * 2 * c.n;
+    for (int64_t n = 0; n < c.n; ++n) {
+      outside += std::isnan(row[n]) ? 0 : 1;
+      unwritten += std::isfinite(row[c.n + n]) ? 0 : 1;
+    }
+    std::copy(row + c.n, row + 2 * c.n, got.data<float>() + m * c.n);
+  }
+  EXPECT_EQ(outside, 0) << c.name << ", " << count << " rows: elements written outside the output";
+  EXPECT_EQ(unwritten, 0) << c.name << ", " << count << " rows: output elements not written";
+  return got;
+}
+
+// Worst |got - want| over the sampled rows in [first, first + count), over their max |want|.
+double sample_error(const Case& c, const Tensor& got, int64_t first, int64_t count) {
+  double scale = 1e-30;
+  double worst = 0.0;
+  for (size_t i = 0; i < c.sample.size(); ++i) {
+    const int64_t row = c.sample[i];
+    if (row < first || row >= first + count) continue;
+    const float* want = c.want.data<float>() + static_cast<int64_t>(i) * c.n;
+    for (int64_t n = 0; n < c.n; ++n) scale = std::max(scale, std::abs(double{want[n]}));
+  }
+  for (size_t i = 0; i < c.sample.size(); ++i) {
+    const int64_t row = c.sample[i];
+    if (row < first || row >= first + count) continue;
+    const float* want = c.want.data<float>() + static_cast<int64_t>(i) * c.n;
+    const float* g = got.data<float>() + (row - first) * c.n;
+    for (int64_t n = 0; n < c.n; ++n) {
+      if (!std::isfinite(g[n])) return INFINITY;
+      worst = std::max(worst, std::abs(static_cast<double>(g[n]) - want[n]) / scale);
+    }
+  }
+  return worst;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.view().nbytes() == b.view().nbytes() &&
+         std::memcmp(a.view().raw_data(), b.view().raw_data(), a.view().nbytes()) == 0;
+}
+
+class LinearCublasLtTest : public ::testing::Test {
+ protected:
+  void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
+};
+
+// One case: the forced path and the model's op with batch invariance off (threshold 1) against
+// the reference and each other bit for bit (so the op did take the path, and the path is
+// deterministic); with batch invariance on (threshold 1 still set) the op's bits are the invariant
+// kernel's (V4.1 shapes, where that kernel takes the shape), and a row computed alone equals the
+// same row of the full call.
+void check_case(const Case& c, bool compare_invariant_kernel) {
+  const Tensor forced = run_gpu(c, 0, c.rows, Path::kCublasLt);
+  const double error = sample_error(c, forced, 0, c.rows);
+  std::printf("%s [%ld x %ld%s], %ld rows: worst error %.3g of the output's scale\n",
+              c.name.c_str(), static_cast<long>(c.n), static_cast<long>(c.k),
+              c.groups > 1 ? (", " + std::to_string(c.groups) + " groups").c_str() : "",
+              static_cast<long>(c.rows), error);
+  EXPECT_LE(error, kTolerance) << c.name << ", " << c.rows << " rows";
+  EXPECT_TRUE(same_bits(forced, run_gpu(c, 0, c.rows, Path::kCublasLt)))
+      << c.name << ": two calls of the path differ";
+  if (c.kind == Kind::kBf16) {
+    // The stacked-terms form (one GEMM of 3M rows, the blocks added in term order).
+    const rt::ScopedSetting stacked{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 1 << 30};
+    const double stacked_error = sample_error(c, run_gpu(c, 0, c.rows, Path::kCublasLt), 0, c.rows);
+    std::printf("%s, stacked terms: worst error %.3g\n", c.name.c_str(), stacked_error);
+    EXPECT_LE(stacked_error, kTolerance) << c.name << ", " << c.rows << " rows, stacked terms";
+  }
+  {
+    const ScopedBatchInvariance off(false);
+    const rt::ScopedSetting threshold{"DEEPINFER_CUBLASLT_MIN_ROWS", 1};
+    EXPECT_TRUE(cuda::linear_cublaslt_selected(c.rows));
+    EXPECT_TRUE(same_bits(forced, run_gpu(c, 0, c.rows, Path::kModelOp)))
+        << c.name << ": the model's op with batch invariance off is not the cuBLASLt path";
+  }
+  {
+    const ScopedBatchInvariance on(true);
+    const rt::ScopedSetting threshold{"DEEPINFER_CUBLASLT_MIN_ROWS", 1};
+    EXPECT_FALSE(cuda::linear_cublaslt_selected(c.rows));
+    const Tensor invariant = run_gpu(c, 0, c.rows, Path::kModelOp);
+    EXPECT_LE(sample_error(c, invariant, 0, c.rows), kTolerance) << c.name << ", invariant";
+    if (compare_invariant_kernel) {
+      EXPECT_TRUE(same_bits(invariant, run_gpu(c, 0, c.rows, Path::kInvariantKernel)))
+          << c.name << ": with batch invariance on, the model's op is not the invariant kernel";
+    }
+    // Batch invariance: the last row alone has the full call's bits.
+    const Tensor alone = run_gpu(c, c.rows - 1, 1, Path::kModelOp);
+    EXPECT_EQ(std::memcmp(alone.data<float>(), invariant.data<float>() + (c.rows - 1) * c.n,
+                          static_cast<size_t>(c.n) * sizeof(float)),
+              0)
+        << c.name << ": with batch invariance on, a row alone differs from the full call's";
+  }
+}
+
+// Sampled rows of the real shapes (the reference costs N x K per row on the CPU).
+const std::vector<int64_t> kSampleRows = {0, 1, 77, 128, 129, 255, 299, 1279, 1280, 1299};
+
+TEST_F(LinearCublasLtTest, Fp8RolesV41Shapes) {
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  uint32_t seed = 11;
+  for (const Shape& s :
+       {Shape{"wq_a", 1280, 5120}, Shape{"wkv", 512, 5120}, Shape{"wq_b", 32768, 1280},
+        Shape{"wo_b", 5120, 8192}, Shape{"shared w1|w3", 4608, 5120},
+        Shape{"shared w2", 5120, 2304}, Shape{"indexer wq_b", 4096, 1280}}) {
+    check_case(make_case(s.name, Kind::kFp8, s.n, s.k, 1, 300, seed, kSampleRows),
+               /*compare_invariant_kernel=*/true);
+    seed += 10;
+  }
+}
+
+TEST_F(LinearCublasLtTest, Bf16RolesV41Shapes) {
+  check_case(make_case("gate", Kind::kBf16, 384, 5120, 1, 300, 101, kSampleRows), true);
+  check_case(make_case("compressor wkv|wgate", Kind::kBf16, 1024, 5120, 1, 300, 111, kSampleRows),
+             true);
+}
+
+// wo_a through linear_grouped: 8 groups of [1024, 4096] in one strided-batched GEMM per term.
+// 1300 rows stage more than the 256 MiB budget at 3 terms, so the call runs in row chunks (1280 +
+// 20: a second, smaller GEMM shape).
+TEST_F(LinearCublasLtTest, WoAGroupedV41Shape) {
+  check_case(make_case("wo_a (8 groups)", Kind::kBf16, 8 * 1024, 4096, 8, 1300, 121, kSampleRows),
+             true);
+}
+
+// Odd shapes, every row against the reference: M off every tile (1, 3, 77, 130, 257), K a
+// multiple of 32 but not of 128 (96, 160, 416), N off 16 (40, 72: a partial scale block row for
+// FP8), a small grouped call.
+TEST_F(LinearCublasLtTest, OddShapes) {
+  struct Shape {
+    Kind kind;
+    int64_t n, k, groups, rows;
+  };
+  uint32_t seed = 201;
+  for (const Shape& s : {Shape{Kind::kFp8, 40, 96, 1, 1}, Shape{Kind::kFp8, 72, 160, 1, 3},
+                         Shape{Kind::kFp8, 48, 416, 1, 77}, Shape{Kind::kFp8, 136, 224, 1, 257},
+                         Shape{Kind::kBf16, 40, 96, 1, 3}, Shape{Kind::kBf16, 72, 160, 1, 130},
+                         Shape{Kind::kBf16, 48, 416, 1, 257}, Shape{Kind::kBf16, 96, 96, 3, 77}}) {
+    const std::string name = std::string(s.kind == Kind::kFp8 ? "fp8" : "bf16") + " odd " +
+                             std::to_string(s.n) + " x " + std::to_string(s.k);
+    check_case(make_case(name, s.kind, s.n, s.k, s.groups, s.rows, seed),
+               /*compare_invariant_kernel=*/false);
+    seed += 10;
+  }
+}
+
+// The threshold: batch invariance off, fewer rows than DEEPINFER_CUBLASLT_MIN_ROWS (or 0) gives
+// the invariant kernel's bits; from the threshold on, the path's.
+TEST_F(LinearCublasLtTest, ThresholdAndPolicy) {
+  const Case c = make_case("wq_a", Kind::kFp8, 1280, 5120, 1, 200, 301, {0, 199});
+  const Tensor invariant = run_gpu(c, 0, c.rows, Path::kInvariantKernel);
+  const Tensor forced = run_gpu(c, 0, c.rows, Path::kCublasLt);
+  const ScopedBatchInvariance off(false);
+  {
+    const rt::ScopedSetting threshold{"DEEPINFER_CUBLASLT_MIN_ROWS", 201};
+    EXPECT_FALSE(cuda::linear_cublaslt_selected(200));
+    EXPECT_TRUE(same_bits(invariant, run_gpu(c, 0, c.rows, Path::kModelOp)));
+  }
+  {
+    const rt::ScopedSetting threshold{"DEEPINFER_CUBLASLT_MIN_ROWS", 0};
+    EXPECT_FALSE(cuda::linear_cublaslt_selected(1 << 20));
+    EXPECT_TRUE(same_bits(invariant, run_gpu(c, 0, c.rows, Path::kModelOp)));
+  }
+  {
+    const rt::ScopedSetting threshold{"DEEPINFER_CUBLASLT_MIN_ROWS", 200};
+    EXPECT_TRUE(cuda::linear_cublaslt_selected(200));
+    EXPECT_TRUE(same_bits(forced, run_gpu(c, 0, c.rows, Path::kModelOp)));
+  }
+  std::printf("default DEEPINFER_CUBLASLT_MIN_ROWS: %d\n", cuda::linear_cublaslt_min_rows());
+  EXPECT_GT(cuda::linear_cublaslt_min_rows(), 64)
+      << "the default must stay above the model's recorded decode steps (<= 64 tokens)";
+}
+
+// Calls the path does not take fall back (K % 32 != 0, f32 weights, a misaligned input), still
+// matching the reference; linear_cublaslt refuses them with an Error.
+TEST_F(LinearCublasLtTest, UnsupportedCallsFallBack) {
+  const ScopedBatchInvariance off(false);
+  const rt::ScopedSetting threshold{"DEEPINFER_CUBLASLT_MIN_ROWS", 1};
+  {
+    const Case c = make_case("bf16 k 40", Kind::kBf16, 48, 40, 1, 20, 401);
+    EXPECT_LE(sample_error(c, run_gpu(c, 0, c.rows, Path::kModelOp), 0, c.rows), kTolerance);
+    EXPECT_THROW(run_gpu(c, 0, c.rows, Path::kCublasLt), Error);
+  }
+  {
+    const Case c = make_case("fp8 misaligned", Kind::kFp8, 64, 256, 1, 20, 411);
+    // Input columns starting one float later: no longer 16-byte aligned.
+    const TensorView x =
+        c.device_x.view().narrow(0, 0, c.rows).narrow(1, kColumnOffset + 1, c.in_cols());
+    Tensor out = Tensor::empty(DType::kF32, {c.rows, c.n}, rt::device_allocator());
+    EXPECT_FALSE(cuda::try_linear_cublaslt(x, c.device_linear_weight(), out.view(), c.quant(), 1));
+    EXPECT_THROW(cuda::linear_cublaslt(x, c.device_linear_weight(), out.view(), c.quant()), Error);
+  }
+}
+
+// Inside a graph recording the path stays off (its staging buffers may grow and move): the
+// recorded call and its replay give the invariant kernel's bits, with no error.
+TEST_F(LinearCublasLtTest, OffWhileRecording) {
+  OpRecorder* recorder = op_recorder(Device::cuda(0));
+  ASSERT_NE(recorder, nullptr);
+  const Case c = make_case("wq_a", Kind::kFp8, 1280, 5120, 1, 130, 501, {0});
+  const Tensor invariant = run_gpu(c, 0, c.rows, Path::kInvariantKernel);
+  const ScopedBatchInvariance off(false);
+  const rt::ScopedSetting threshold{"DEEPINFER_CUBLASLT_MIN_ROWS", 1};
+  Tensor out = Tensor::empty(DType::kF32, {c.rows, c.n}, rt::device_allocator());
+  const TensorView x = c.device_x.view().narrow(1, kColumnOffset, c.in_cols());
+  recorder->begin_step();
+  recorder->begin();
+  cuda::linear(x, c.device_linear_weight(), out.view(), c.quant());
+  std::unique_ptr<RecordedOps> recorded = recorder->end();
+  rt::fill_bytes(out.view(), 0xFF);
+  recorded->replay();
+  recorder->end_step();
+  rt::synchronize();
+  EXPECT_TRUE(same_bits(invariant, rt::to_host(out.view())));
+}
+
+}  // namespace
+}  // namespace deepinfer::ops
