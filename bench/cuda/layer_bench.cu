@@ -76,6 +76,24 @@ constexpr int64_t kIndexHeads = 32;
 constexpr int64_t kIndexDim = 128;
 const std::vector<int64_t> kBatches = {1, 16, 64, 256, 8192};
 
+// The routed experts' batches: kBatches, or LAYER_BENCH_MOE_BATCHES (comma-separated, e.g.
+// "8192" for a quick prefill comparison).
+std::vector<int64_t> moe_batches() {
+  const char* chosen = std::getenv("LAYER_BENCH_MOE_BATCHES");
+  if (chosen == nullptr || *chosen == '\0') return kBatches;
+  std::vector<int64_t> batches;
+  for (const char* at = chosen; *at != '\0';) {
+    char* end = nullptr;
+    const long long batch = std::strtoll(at, &end, 10);
+    DI_CHECK(end != at && batch > 0 && (*end == ',' || *end == '\0'),
+             "LAYER_BENCH_MOE_BATCHES=", chosen,
+             ": expected positive integers separated by commas");
+    batches.push_back(batch);
+    at = *end == ',' ? end + 1 : end;
+  }
+  return batches;
+}
+
 // ---- random device data ------------------------------------------------------------------------
 
 __device__ __forceinline__ uint64_t mix(uint64_t x) {
@@ -627,7 +645,7 @@ void bench_moe_op(const Roofline& roof) {
   }
   const double expert_bytes = 3.0 * kMoeInter * kHidden * (0.5 + 1.0 / 32);
   constexpr int kRoutings = 8;
-  for (int64_t batch : kBatches) {
+  for (int64_t batch : moe_batches()) {
     std::vector<Routing> routings;
     for (int i = 0; i < kRoutings; ++i) routings.push_back(make_routing(batch, 1000 + i));
     double active = 0;
@@ -661,7 +679,7 @@ void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
   };
   const Matrix matrices[] = {{"w1|w3", 2 * kMoeInter, kHidden}, {"w2", kHidden, kMoeInter}};
   constexpr int kRoutings = 8;  // rotated, so repeated calls do not find the experts in L2
-  for (int64_t batch : kBatches) {
+  for (int64_t batch : moe_batches()) {
     std::vector<Routing> routings;
     for (int i = 0; i < kRoutings; ++i) routings.push_back(make_routing(batch, 1000 + i));
     const int64_t rows = batch * kTopK;
@@ -746,8 +764,8 @@ void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
     report(roof, "moe", "routed total", "ours grouped", batch, total_ours, total_bytes_fp4,
            total_flops, roof.fp8_tflops);
     for (size_t i = 0; i < std::size(kNonInvariantRuns); ++i) {
-      report(roof, "moe", "routed total", kNonInvariantRuns[i].impl, batch,
-             total_non_invariant[i], total_bytes_fp4, total_flops, roof.fp8_tflops);
+      report(roof, "moe", "routed total", kNonInvariantRuns[i].impl, batch, total_non_invariant[i],
+             total_bytes_fp4, total_flops, roof.fp8_tflops);
     }
     std::printf(
         "moe batch %lld: grouped %.4f ms, cuBLASLt BF16 loop %.4f ms (%.2fx), FP8 loop "

@@ -129,28 +129,77 @@ __device__ __forceinline__ void hold_after_wait(float (&d)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d (64 x N) = A . B (+ d where `accumulate`) from descriptors. d[4j + {0, 1, 2, 3}] of lane
-// (g, t) of warp w in the warpgroup is (row 16w + g, col 8j + 2t), (16w + g, 8j + 2t + 1),
-// (16w + g + 8, 8j + 2t), (16w + g + 8, 8j + 2t + 1), the mma.sync accumulator layout repeated
-// along N.
-__device__ __forceinline__ void wgmma_m64n32k32(float (&d)[16], uint64_t a, uint64_t b,
-                                                int accumulate) {
+// d (64 x N) = A . B (fresh: scale-d false, the registers' old values unused, so they are outputs
+// only and need not stay live until the wgmma is issued; in_place: the same product with d as
+// operands in and out, as the first version had it) or d + A . B (add), from descriptors.
+// d[4j + {0, 1, 2, 3}] of lane (g, t) of warp w in the warpgroup is (row 16w + g, col 8j + 2t),
+// (16w + g, 8j + 2t + 1), (16w + g + 8, 8j + 2t), (16w + g + 8, 8j + 2t + 1), the mma.sync
+// accumulator layout repeated along N.
+__device__ __forceinline__ void wgmma_m64n32k32_fresh(float (&d)[16], uint64_t a, uint64_t b) {
   asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %18, 0;\n"
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+      "}, %16, %17, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n32k32_in_place(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
       "}, %16, %17, accumulate, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b), "r"(accumulate)
+      : "l"(a), "l"(b)
       : "memory");
 }
 
-__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t a, uint64_t b,
-                                                 int accumulate) {
+__device__ __forceinline__ void wgmma_m64n32k32_add(float (&d)[16], uint64_t a, uint64_t b) {
   asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+      "}, %16, %17, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n128k32_fresh(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
+        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
+        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
+        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
+        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
+        "=f"(d[63])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n128k32_in_place(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
@@ -167,18 +216,47 @@ __device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t a, uin
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
-      : "l"(a), "l"(b), "r"(accumulate)
+      : "l"(a), "l"(b)
       : "memory");
 }
 
-template <int kTokens>
-__device__ __forceinline__ void wgmma_k32(float (&d)[kTokens / 2], uint64_t a, uint64_t b,
-                                          int accumulate) {
-  if constexpr (kTokens == 128) {
-    wgmma_m64n128k32(d, a, b, accumulate);
+__device__ __forceinline__ void wgmma_m64n128k32_add(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+enum class WgmmaWrite { kFresh, kFreshInPlace, kAdd };
+
+template <int kTokens, WgmmaWrite kWrite>
+__device__ __forceinline__ void wgmma_k32(float (&d)[kTokens / 2], uint64_t a, uint64_t b) {
+  static_assert(kTokens == 32 || kTokens == 128, "token tiles of 32 or 128");
+  if constexpr (kWrite == WgmmaWrite::kFresh) {
+    if constexpr (kTokens == 128) wgmma_m64n128k32_fresh(d, a, b);
+    if constexpr (kTokens == 32) wgmma_m64n32k32_fresh(d, a, b);
+  } else if constexpr (kWrite == WgmmaWrite::kFreshInPlace) {
+    if constexpr (kTokens == 128) wgmma_m64n128k32_in_place(d, a, b);
+    if constexpr (kTokens == 32) wgmma_m64n32k32_in_place(d, a, b);
   } else {
-    static_assert(kTokens == 32, "token tiles of 32 or 128");
-    wgmma_m64n32k32(d, a, b, accumulate);
+    if constexpr (kTokens == 128) wgmma_m64n128k32_add(d, a, b);
+    if constexpr (kTokens == 32) wgmma_m64n32k32_add(d, a, b);
   }
 }
 
@@ -295,9 +373,9 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
       const int r = chunk / 4;
       const int c = chunk % 4;
-      copy_16_async(shared_address(base + kRawWeightOffset + r * (kStepK / 2) + c * 16),
-                    rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) +
-                        c * 16);
+      copy_16_async(
+          shared_address(base + kRawWeightOffset + r * (kStepK / 2) + c * 16),
+          rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) + c * 16);
     }
     constexpr int kCodeChunks = kTokens * kStepK / 16;
     for (int chunk = thread; chunk < kCodeChunks; chunk += kThreads) {
@@ -403,8 +481,9 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
         shared_address(weights_of(buffer) + warpgroup * kWarpgroupRows * kStepK);
     const uint32_t codes_address = shared_address(shared + (step % kStages) * kStageBytes);
     wgmma_fence();  // d was read by a fold (or the registers are fresh)
-    wgmma_k32<kTokens>(d, swizzled_operand(weights_address + b * kScaleBlock),
-                       swizzled_operand(codes_address + b * kScaleBlock), 0);
+    wgmma_k32<kTokens, WgmmaWrite::kFreshInPlace>(
+        d, swizzled_operand(weights_address + b * kScaleBlock),
+        swizzled_operand(codes_address + b * kScaleBlock));
     wgmma_commit();
   };
   // Waits until only the latest wgmma (or none) is in flight, then folds d, the older one.
@@ -459,9 +538,13 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 // ---- kPer128: one fold per 128 of K -------------------------------------------------------
 namespace fold128 {
 
-// Five slots: a step converts the weights of step + 1 and refills the slot of step - 1, so the
-// copies of steps + 2 and + 3 are in flight while it runs (two steps, ~1 us, of cover).
-constexpr int kStages = 5;
+// Six slots: step s refills the slot of step s - 2 with step s + 4 and converts step s + 1, so
+// the copies of steps s + 2 .. s + 4 are in flight while it runs.
+constexpr int kStages = 6;
+constexpr int kCopyAhead = kStages - 2;
+// Three weight buffers: step s converts step s + 1 into the buffer step s - 2 used, which every
+// warpgroup finished with before step s's barrier; so one barrier a step suffices.
+constexpr int kWeightBuffers = 3;
 // One pipeline slot: the tokens' e4m3 lines (swizzled, wgmma's B), the raw fp4 weight rows (64
 // bytes each, read only by the conversion), the rows' 4 ue8m0 codes of the step, and the tokens'
 // f32 step scales (already quad-grouped by the copy).
@@ -470,13 +553,12 @@ constexpr int kRawWeightOffset = kCodesOffset + kMaxTokens * kStepK;
 constexpr int kWeightCodesOffset = kRawWeightOffset + kRows * kStepK / 2;
 constexpr int kTokenScalesOffset = kWeightCodesOffset + kRows * kStepBlocks;
 constexpr int kStageBytes = round_up_to_atom(kTokenScalesOffset + kTokenScalesPerBlock * 4);
-// After the slots, two buffers of a step's e4m3 weights (swizzled, wgmma's A): step s + 1 is
-// converted into one while step s's wgmmas read the other. Then the rows' f32 step scales of
-// each buffer, and the shift table.
+// After the slots, the buffers of a step's e4m3 weights (swizzled, wgmma's A), then the rows'
+// f32 step scales of each buffer, and the shift table.
 constexpr int kWeightsOffset = kStages * kStageBytes;
 constexpr int kWeightsBytes = kRows * kStepK;
-constexpr int kWeightScalesOffset = kWeightsOffset + 2 * kWeightsBytes;
-constexpr int kShiftTableOffset = kWeightScalesOffset + 2 * kRows * 4;
+constexpr int kWeightScalesOffset = kWeightsOffset + kWeightBuffers * kWeightsBytes;
+constexpr int kShiftTableOffset = kWeightScalesOffset + kWeightBuffers * kRows * 4;
 // The weight codes of a 32-block d exponents below the step's largest are e4m3 codes of
 // e2m1 * 2^(6 - d). 2^6 puts the largest e2m1 value, 6, at 384 <= 448 (the most headroom a
 // power of two gives). Every e2m1 value is m * 2^-1 with m in {0, 1, 2, 3, 4, 6, 8, 12}, at
@@ -520,8 +602,8 @@ __device__ __forceinline__ void fill_shift_table(uint8_t* shared) {
 // words t and 4 + t). The magnitudes of the low (high) nibbles are packed into one 16-bit
 // selector, two per byte, so one __byte_perm looks four up in the shift's table; the sign bits
 // only move to bit 7 of their byte.
-__device__ __forceinline__ void e2m1x8_to_e4m3_shifted(uint32_t codes, uint2 table,
-                                                       uint32_t& low, uint32_t& high) {
+__device__ __forceinline__ void e2m1x8_to_e4m3_shifted(uint32_t codes, uint2 table, uint32_t& low,
+                                                       uint32_t& high) {
   const uint32_t magnitudes = codes & 0x77777777u;
   const uint32_t down4 = magnitudes >> 4;
   // Byte 0: low nibbles of bytes 0 and 1; byte 2: of bytes 2 and 3 (the high ones likewise).
@@ -529,8 +611,7 @@ __device__ __forceinline__ void e2m1x8_to_e4m3_shifted(uint32_t codes, uint2 tab
   const uint32_t high_pairs = (down4 & 0x0F0F0F0Fu) | ((magnitudes >> 8) & 0xF0F0F0F0u);
   low = __byte_perm(table.x, table.y, __byte_perm(low_pairs, 0, 0x0020)) |
         ((codes << 4) & 0x80808080u);
-  high = __byte_perm(table.x, table.y, __byte_perm(high_pairs, 0, 0x0020)) |
-         (codes & 0x80808080u);
+  high = __byte_perm(table.x, table.y, __byte_perm(high_pairs, 0, 0x0020)) | (codes & 0x80808080u);
 }
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t word, int b) {
@@ -538,12 +619,12 @@ __device__ __forceinline__ uint32_t byte_of(uint32_t word, int b) {
 }
 
 // One work item: weight rows [128 row_tile, +128) times one token tile of kTokens (128 or 32).
-// Step s's four wgmmas chain in partial s % 2, its weights in buffer s % 2, its activations
-// and scale codes in slot s % kStages. A step: barrier X (step s's conversion visible), issue
-// step s, wait for step s - 1 (the older group) and fold it, wait for step s + 1's copies,
-// barrier Y (both warpgroups are done with step s - 1: its buffer, its slot and its scales are
-// free), refill step s - 1's slot with step s + kStages - 1, convert step s + 1 into the other
-// buffer. The fold and the conversion run while step s is on the tensor cores.
+// Step s's four wgmmas chain in partial s % 2, its weights in buffer s % 3, its activations and
+// scale codes in slot s % kStages. A step: wait for this thread's copies of step s + 1, barrier
+// (step s's conversion and step s + 1's copies visible to all; every warpgroup has waited for
+// step s - 2's wgmmas and folded it, so its buffer and slot are free), issue step s, wait for
+// step s - 1 (the older group) and fold it, refill step s - 2's slot with step s + kCopyAhead,
+// convert step s + 1. The fold and the conversion run while step s is on the tensor cores.
 template <int kTokens>
 __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, int row_tile,
@@ -565,11 +646,12 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     return tile.first + min(token, rows.tokens - 1);
   };
   const auto slot_of = [&](int step) { return shared + (step % kStages) * kStageBytes; };
-  const auto weights_of = [&](int buffer) {
-    return shared + kWeightsOffset + buffer * kWeightsBytes;
+  const auto weights_of = [&](int step) {
+    return shared + kWeightsOffset + (step % kWeightBuffers) * kWeightsBytes;
   };
-  const auto weight_scales_of = [&](int buffer) {
-    return reinterpret_cast<float*>(shared + kWeightScalesOffset + buffer * kRows * 4);
+  const auto weight_scales_of = [&](int step) {
+    return reinterpret_cast<float*>(shared + kWeightScalesOffset +
+                                    (step % kWeightBuffers) * kRows * 4);
   };
   const uint2* shift_table = reinterpret_cast<const uint2*>(shared + kShiftTableOffset);
 
@@ -580,9 +662,9 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
       const int r = chunk / 4;
       const int c = chunk % 4;
-      copy_16_async(shared_address(base + kRawWeightOffset + r * (kStepK / 2) + c * 16),
-                    rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) +
-                        c * 16);
+      copy_16_async(
+          shared_address(base + kRawWeightOffset + r * (kStepK / 2) + c * 16),
+          rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) + c * 16);
     }
     constexpr int kCodeChunks = kTokens * kStepK / 16;
 #pragma unroll
@@ -603,21 +685,21 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     }
   };
 
-  // A landed slot -> the step's shifted e4m3 weights and the rows' step scales in `buffer`.
-  const auto convert_step = [&](int step, int buffer) {
+  // A landed slot -> the step's shifted e4m3 weights and the rows' step scales.
+  const auto convert_step = [&](int step) {
     const uint8_t* base = slot_of(step);
-    uint8_t* weights = weights_of(buffer);
-    float* weight_scales = weight_scales_of(buffer);
+    uint8_t* weights = weights_of(step);
+    float* weight_scales = weight_scales_of(step);
     constexpr int kWeightChunks = kRows * kStepBlocks;  // one 16-byte fp4 block each
-    // One chunk at a time: this runs with a step's accumulator in flight.
-#pragma unroll 1
+    // Both chunks of a thread at once: their shared loads overlap.
+#pragma unroll
     for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
       const int r = chunk / kStepBlocks;
       const int b = chunk % kStepBlocks;
       const uint32_t codes =
           *reinterpret_cast<const uint32_t*>(base + kWeightCodesOffset + r * kStepBlocks);
-      const uint32_t top = max(max(byte_of(codes, 0), byte_of(codes, 1)),
-                               max(byte_of(codes, 2), byte_of(codes, 3)));
+      const uint32_t top =
+          max(max(byte_of(codes, 0), byte_of(codes, 1)), max(byte_of(codes, 2), byte_of(codes, 3)));
       const uint32_t shift = min(top - byte_of(codes, b), static_cast<uint32_t>(kFlushShift));
       const uint2 table = shift_table[shift];
       const uint4 packed =
@@ -645,7 +727,7 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   float partial[2][kPartial] = {};
   // acc += d * (x_step_scale * w_step_scale), the promotion of one step's FP8 accumulator.
   const auto fold = [&](const float(&d)[kPartial], int step) {
-    const float* weight_scales = weight_scales_of(step & 1);
+    const float* weight_scales = weight_scales_of(step);
     const float w_scale_lo = weight_scales[row];
     const float w_scale_hi = weight_scales[row + 8];
     const float* quad_scales =
@@ -669,53 +751,59 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   // The step's four k32 wgmmas into d, one accumulator (fresh for the first), one group.
   const auto issue_step = [&](float(&d)[kPartial], int step) {
     const uint32_t weights_address =
-        shared_address(weights_of(step & 1) + warpgroup * kWarpgroupRows * kStepK);
+        shared_address(weights_of(step) + warpgroup * kWarpgroupRows * kStepK);
     const uint32_t codes_address = shared_address(slot_of(step));
     wgmma_fence();  // d was read by a fold (or the registers are fresh)
+    wgmma_k32<kTokens, WgmmaWrite::kFresh>(d, swizzled_operand(weights_address),
+                                           swizzled_operand(codes_address));
 #pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) {
-      wgmma_k32<kTokens>(d, swizzled_operand(weights_address + b * kScaleBlock),
-                         swizzled_operand(codes_address + b * kScaleBlock), b > 0 ? 1 : 0);
+    for (int b = 1; b < kStepBlocks; ++b) {
+      wgmma_k32<kTokens, WgmmaWrite::kAdd>(d, swizzled_operand(weights_address + b * kScaleBlock),
+                                           swizzled_operand(codes_address + b * kScaleBlock));
     }
     wgmma_commit();
   };
 
-  // The rest of a step after its wgmmas are issued (and the previous step folded).
+  // Before step s's barrier: this thread's copies of step s + 1 have landed. kCopyAhead + s
+  // groups are committed by then (group j: step j), s + 2 of them needed.
+  const auto wait_for_next = [&](int step) {
+    if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
+  };
+  // After the fold: refill step s - 2's slot, convert step s + 1.
   const auto prepare_next = [&](int step) {
-    // Step + 1 has landed: kStages - 1 + step groups committed, step + 2 of them needed.
-    if (step + 1 < steps) wait_copies<kStages - 3>();
-    __syncthreads();  // Y
-    if (step + kStages - 1 < steps) copy_stage(step + kStages - 1);
+    if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
     commit_copies();
     if (step + 1 < steps) {
-      convert_step(step + 1, (step + 1) & 1);
+      convert_step(step + 1);
       fence_shared_for_wgmma();
     }
   };
   // A step after the first: its wgmmas into `current` while `previous` (step - 1) is folded.
   const auto run_step = [&](int step, float(&current)[kPartial], float(&previous)[kPartial]) {
-    __syncthreads();  // X
+    wait_for_next(step);
+    __syncthreads();
     issue_step(current, step);
     wgmma_wait<1>();
     hold_after_wait(previous);
     fold(previous, step - 1);
     prepare_next(step);
   };
+  static_assert(kCopyAhead >= 2 && kStages >= kCopyAhead + 2 && kWeightBuffers == 3,
+                "step s refills step s - 2's slot and converts into step s - 2's buffer");
 
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kCopyAhead; ++s) {
     if (s < steps) copy_stage(s);
     commit_copies();
   }
-  wait_copies<kStages - 2>();
+  wait_copies<kCopyAhead - 1>();  // step 0
   __syncthreads();
-  convert_step(0, 0);
+  convert_step(0);
   fence_shared_for_wgmma();
-  __syncthreads();  // X of step 0
+  wait_for_next(0);
+  __syncthreads();
   issue_step(partial[0], 0);
   prepare_next(0);
-  // Then in pairs, so that each partial is named at compile time (registers, not local memory);
-  // no wgmma wait inside a branch of the loop body (ptxas then serializes the wgmmas, C7514).
   int step = 1;
   for (; step + 1 < steps; step += 2) {
     run_step(step, partial[1], partial[0]);
@@ -798,8 +886,7 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
   for (int b = 0; b < kStepBlocks; ++b) {
     const float value = expert_row_value<kSwiglu>(source, row, first + b * kScaleBlock + lane);
     scale[b] = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
-    quantized[b] =
-        deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale[b], -448.0f), 448.0f));
+    quantized[b] = deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale[b], -448.0f), 448.0f));
     step_scale = fmaxf(step_scale, scale[b]);
   }
   // kMmaHalves: K 8t + 2i at byte 4t + i of the block, K 8t + 2i + 1 at 16 + 4t + i.
@@ -855,8 +942,7 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(max_items, sms));
   if (blocks == 0) return;
   if (fold == WgmmaFold::kPer128) {
-    launch_kernel<WgmmaFold::kPer128>(args, blocks, fold128::kSharedAllocation, tiles,
-                                      tile_count);
+    launch_kernel<WgmmaFold::kPer128>(args, blocks, fold128::kSharedAllocation, tiles, tile_count);
   } else {
     launch_kernel<WgmmaFold::kPer32>(args, blocks, fold32::kSharedAllocation, tiles, tile_count);
   }
@@ -870,8 +956,8 @@ void quantize_rows_per128(const ExpertRowsSource& source, uint8_t* codes, float*
   const int64_t warps = source.rows * (source.cols / kStepK);
   if (warps == 0) return;
   quantize_rows_per128_kernel<kSwiglu>
-      <<<blocks_for(warps * 32, kQuantThreads), kQuantThreads, 0, current_stream()>>>(
-          source, codes, step_scales);
+      <<<blocks_for(warps * 32, kQuantThreads), kQuantThreads, 0, current_stream()>>>(source, codes,
+                                                                                      step_scales);
   DI_CUDA_LAUNCHED(quantize_rows_per128_kernel);
 }
 
