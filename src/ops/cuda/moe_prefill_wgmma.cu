@@ -135,19 +135,6 @@ __device__ __forceinline__ void hold_after_wait(float (&d)[kCount]) {
 // d[4j + {0, 1, 2, 3}] of lane (g, t) of warp w in the warpgroup is (row 16w + g, col 8j + 2t),
 // (16w + g, 8j + 2t + 1), (16w + g + 8, 8j + 2t), (16w + g + 8, 8j + 2t + 1), the mma.sync
 // accumulator layout repeated along N.
-__device__ __forceinline__ void wgmma_m64n32k32_fresh(float (&d)[16], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-      "}, %16, %17, accumulate, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15])
-      : "l"(a), "l"(b)
-      : "memory");
-}
-
 __device__ __forceinline__ void wgmma_m64n32k32_in_place(float (&d)[16], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
@@ -157,42 +144,6 @@ __device__ __forceinline__ void wgmma_m64n32k32_in_place(float (&d)[16], uint64_
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b)
-      : "memory");
-}
-
-__device__ __forceinline__ void wgmma_m64n32k32_add(float (&d)[16], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-      "}, %16, %17, accumulate, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b)
-      : "memory");
-}
-
-__device__ __forceinline__ void wgmma_m64n128k32_fresh(float (&d)[64], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, %64, %65, accumulate, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
-        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
-        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
-        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
-        "=f"(d[63])
       : "l"(a), "l"(b)
       : "memory");
 }
@@ -220,43 +171,81 @@ __device__ __forceinline__ void wgmma_m64n128k32_in_place(float (&d)[64], uint64
       : "memory");
 }
 
-__device__ __forceinline__ void wgmma_m64n128k32_add(float (&d)[64], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_m64n16k32_fresh(float (&d)[8], uint64_t a, uint64_t b) {
   asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, %64, %65, accumulate, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7"
+      "}, %8, %9, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7])
       : "l"(a), "l"(b)
       : "memory");
 }
 
+__device__ __forceinline__ void wgmma_m64n16k32_add(float (&d)[8], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7"
+      "}, %8, %9, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n64k32_fresh(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n64k32_add(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+// The fold-per-32 tile's fresh products in place (N = 32 or 128); the fold-per-128 tile's
+// chained ones (N = 16 or 64: a warpgroup's half of the token tile).
 enum class WgmmaWrite { kFresh, kFreshInPlace, kAdd };
 
-template <int kTokens, WgmmaWrite kWrite>
-__device__ __forceinline__ void wgmma_k32(float (&d)[kTokens / 2], uint64_t a, uint64_t b) {
-  static_assert(kTokens == 32 || kTokens == 128, "token tiles of 32 or 128");
-  if constexpr (kWrite == WgmmaWrite::kFresh) {
-    if constexpr (kTokens == 128) wgmma_m64n128k32_fresh(d, a, b);
-    if constexpr (kTokens == 32) wgmma_m64n32k32_fresh(d, a, b);
-  } else if constexpr (kWrite == WgmmaWrite::kFreshInPlace) {
-    if constexpr (kTokens == 128) wgmma_m64n128k32_in_place(d, a, b);
-    if constexpr (kTokens == 32) wgmma_m64n32k32_in_place(d, a, b);
+template <int kN, WgmmaWrite kWrite>
+__device__ __forceinline__ void wgmma_k32(float (&d)[kN / 2], uint64_t a, uint64_t b) {
+  if constexpr (kWrite == WgmmaWrite::kFreshInPlace) {
+    static_assert(kN == 32 || kN == 128, "the fold-per-32 tile's N");
+    if constexpr (kN == 128) {
+      wgmma_m64n128k32_in_place(d, a, b);
+    } else {
+      wgmma_m64n32k32_in_place(d, a, b);
+    }
   } else {
-    if constexpr (kTokens == 128) wgmma_m64n128k32_add(d, a, b);
-    if constexpr (kTokens == 32) wgmma_m64n32k32_add(d, a, b);
+    static_assert(kN == 16 || kN == 64, "the fold-per-128 tile's N");
+    if constexpr (kWrite == WgmmaWrite::kFresh && kN == 64) wgmma_m64n64k32_fresh(d, a, b);
+    if constexpr (kWrite == WgmmaWrite::kFresh && kN == 16) wgmma_m64n16k32_fresh(d, a, b);
+    if constexpr (kWrite == WgmmaWrite::kAdd && kN == 64) wgmma_m64n64k32_add(d, a, b);
+    if constexpr (kWrite == WgmmaWrite::kAdd && kN == 16) wgmma_m64n16k32_add(d, a, b);
   }
 }
 
@@ -292,15 +281,16 @@ __device__ __forceinline__ TileRows tile_rows(const PrefillWgmmaArgs& args,
 }
 
 // Writes a warpgroup thread's accumulator (rows `row` and row + 8 of the block, the tile's
-// tokens 8j + 2 quad + {0, 1}) to out.
+// tokens first_token + 8j + 2 quad + {0, 1}, kTokens of them from first_token) to out.
 template <int kTokens>
 __device__ __forceinline__ void store_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, const TileRows& rows,
-                                           int row, int quad, const float (&acc)[kTokens / 2]) {
+                                           int row, int quad, int first_token,
+                                           const float (&acc)[kTokens / 2]) {
   const int64_t n = rows.n_first + row;
 #pragma unroll
   for (int j = 0; j < kTokens / 8; ++j) {
-    const int token = 8 * j + 2 * quad;
+    const int token = first_token + 8 * j + 2 * quad;
     if (token < rows.tokens) {
       float* out = args.out + (tile.first + token) * args.out_stride + n;
       out[0] = acc[4 * j + 0];
@@ -530,13 +520,23 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     fold_after_one(partial[0], buffer, 2);
     fold_after_all(partial[1], buffer, 3);
   }
-  store_tile<kTokens>(args, tile, rows, row, quad, acc);
+  store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
 }
 
 }  // namespace fold32
 
 // ---- kPer128: one fold per 128 of K -------------------------------------------------------
 namespace fold128 {
+
+// Four warpgroups: warpgroup g takes weight rows [64 (g % 2), + 64) of the block's 128 and tokens
+// [(g / 2) kTokens / 2, + kTokens / 2) of the tile (m64n64k32 or m64n16k32), with one step's
+// accumulator besides the sum (64 registers), so 16 warps fit where the two-warpgroup tile
+// (64 x 128 each and two step accumulators, 192 registers) had 8: the two-warpgroup version
+// (23de7d6) issued every 2.4 cycles per scheduler on the H200 (ncu), latency bound. A warpgroup
+// folds its step after waiting for it; the other warpgroups' wgmmas keep the tensor cores busy
+// meanwhile. The wgmmas read each step's weights and tokens twice (64 KB of shared memory a
+// step instead of 48).
+constexpr int kThreads = 4 * 128;
 
 // Six slots: step s refills the slot of step s - 2 with step s + 4 and converts step s + 1, so
 // the copies of steps s + 2 .. s + 4 are in flight while it runs.
@@ -619,25 +619,28 @@ __device__ __forceinline__ uint32_t byte_of(uint32_t word, int b) {
 }
 
 // One work item: weight rows [128 row_tile, +128) times one token tile of kTokens (128 or 32).
-// Step s's four wgmmas chain in partial s % 2, its weights in buffer s % 3, its activations and
-// scale codes in slot s % kStages. A step: wait for this thread's copies of step s + 1, barrier
-// (step s's conversion and step s + 1's copies visible to all; every warpgroup has waited for
-// step s - 2's wgmmas and folded it, so its buffer and slot are free), issue step s, wait for
-// step s - 1 (the older group) and fold it, refill step s - 2's slot with step s + kCopyAhead,
-// convert step s + 1. The fold and the conversion run while step s is on the tensor cores.
+// Step s's four wgmmas chain in one accumulator, its weights in buffer s % 3, its activations
+// and scale codes in slot s % kStages. A step: wait for this thread's copies of step s + 1,
+// barrier (step s's conversion and step s + 1's copies visible to all; every warpgroup has
+// waited for and folded step s - 1, so the buffers and slots of steps before s are free), issue
+// step s, refill step s - 2's slot with step s + kCopyAhead, convert step s + 1 (while step s is
+// on the tensor cores), wait for step s and fold it.
 template <int kTokens>
 __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, int row_tile,
                                            uint8_t* shared) {
-  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
+  constexpr int kWarpgroupTokens = kTokens / 2;   // the wgmma's N
+  constexpr int kPartial = kWarpgroupTokens / 2;  // f32 registers of one m64nNk32 result
   const TileRows rows = tile_rows(args, tile, row_tile, kTokens);
   const int thread = threadIdx.x;
   const int warpgroup = thread / 128;
   const int lane = thread & 31;
   const int group = lane >> 2;
   const int quad = lane & 3;
+  const int row_half = warpgroup % 2;
+  const int first_token = (warpgroup / 2) * kWarpgroupTokens;
   // This thread's accumulator rows within the block: row and row + 8.
-  const int row = warpgroup * kWarpgroupRows + ((thread / 32) % 4) * 16 + group;
+  const int row = row_half * kWarpgroupRows + ((thread / 32) % 4) * 16 + group;
   const int64_t k_blocks = args.k / kScaleBlock;
   const int64_t w_row_bytes = args.k / 2;
   const int steps = static_cast<int>(args.k / kStepK);
@@ -690,8 +693,8 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     const uint8_t* base = slot_of(step);
     uint8_t* weights = weights_of(step);
     float* weight_scales = weight_scales_of(step);
-    constexpr int kWeightChunks = kRows * kStepBlocks;  // one 16-byte fp4 block each
-    // Both chunks of a thread at once: their shared loads overlap.
+    // One 16-byte fp4 block per chunk, one chunk per thread.
+    constexpr int kWeightChunks = kRows * kStepBlocks;
 #pragma unroll
     for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
       const int r = chunk / kStepBlocks;
@@ -724,17 +727,18 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   };
 
   float acc[kPartial] = {};
-  float partial[2][kPartial] = {};
+  float partial[kPartial];
   // acc += d * (x_step_scale * w_step_scale), the promotion of one step's FP8 accumulator.
   const auto fold = [&](const float(&d)[kPartial], int step) {
     const float* weight_scales = weight_scales_of(step);
     const float w_scale_lo = weight_scales[row];
     const float w_scale_hi = weight_scales[row + 8];
-    const float* quad_scales =
-        reinterpret_cast<const float*>(slot_of(step) + kTokenScalesOffset) + quad * kQuadStride;
+    const float* quad_scales = reinterpret_cast<const float*>(slot_of(step) + kTokenScalesOffset) +
+                               quad * kQuadStride + first_token / 4;
 #pragma unroll
-    for (int pair = 0; pair < kTokens / 16; ++pair) {
-      // Tokens 16 pair + 2 quad + {0, 1} and 16 pair + 8 + 2 quad + {0, 1}.
+    for (int pair = 0; pair < kWarpgroupTokens / 16; ++pair) {
+      // Tokens first_token + 16 pair + 2 quad + {0, 1} and first_token + 16 pair + 8 + 2 quad +
+      // {0, 1}.
       const float4 x_scales = *reinterpret_cast<const float4*>(quad_scales + 4 * pair);
       const float scale[2][2] = {{x_scales.x, x_scales.y}, {x_scales.z, x_scales.w}};
 #pragma unroll
@@ -751,15 +755,17 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   // The step's four k32 wgmmas into d, one accumulator (fresh for the first), one group.
   const auto issue_step = [&](float(&d)[kPartial], int step) {
     const uint32_t weights_address =
-        shared_address(weights_of(step) + warpgroup * kWarpgroupRows * kStepK);
-    const uint32_t codes_address = shared_address(slot_of(step));
+        shared_address(weights_of(step) + row_half * kWarpgroupRows * kStepK);
+    const uint32_t codes_address =
+        shared_address(slot_of(step) + kCodesOffset + first_token * kStepK);
     wgmma_fence();  // d was read by a fold (or the registers are fresh)
-    wgmma_k32<kTokens, WgmmaWrite::kFresh>(d, swizzled_operand(weights_address),
-                                           swizzled_operand(codes_address));
+    wgmma_k32<kWarpgroupTokens, WgmmaWrite::kFresh>(d, swizzled_operand(weights_address),
+                                                    swizzled_operand(codes_address));
 #pragma unroll
     for (int b = 1; b < kStepBlocks; ++b) {
-      wgmma_k32<kTokens, WgmmaWrite::kAdd>(d, swizzled_operand(weights_address + b * kScaleBlock),
-                                           swizzled_operand(codes_address + b * kScaleBlock));
+      wgmma_k32<kWarpgroupTokens, WgmmaWrite::kAdd>(
+          d, swizzled_operand(weights_address + b * kScaleBlock),
+          swizzled_operand(codes_address + b * kScaleBlock));
     }
     wgmma_commit();
   };
@@ -769,7 +775,7 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   const auto wait_for_next = [&](int step) {
     if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
   };
-  // After the fold: refill step s - 2's slot, convert step s + 1.
+  // After the issue: refill step s - 2's slot, convert step s + 1.
   const auto prepare_next = [&](int step) {
     if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
     commit_copies();
@@ -778,15 +784,14 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
       fence_shared_for_wgmma();
     }
   };
-  // A step after the first: its wgmmas into `current` while `previous` (step - 1) is folded.
-  const auto run_step = [&](int step, float(&current)[kPartial], float(&previous)[kPartial]) {
+  const auto run_step = [&](int step) {
     wait_for_next(step);
     __syncthreads();
-    issue_step(current, step);
-    wgmma_wait<1>();
-    hold_after_wait(previous);
-    fold(previous, step - 1);
+    issue_step(partial, step);
     prepare_next(step);
+    wgmma_wait<0>();
+    hold_after_wait(partial);
+    fold(partial, step);
   };
   static_assert(kCopyAhead >= 2 && kStages >= kCopyAhead + 2 && kWeightBuffers == 3,
                 "step s refills step s - 2's slot and converts into step s - 2's buffer");
@@ -800,26 +805,8 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   __syncthreads();
   convert_step(0);
   fence_shared_for_wgmma();
-  wait_for_next(0);
-  __syncthreads();
-  issue_step(partial[0], 0);
-  prepare_next(0);
-  int step = 1;
-  for (; step + 1 < steps; step += 2) {
-    run_step(step, partial[1], partial[0]);
-    run_step(step + 1, partial[0], partial[1]);
-  }
-  if (step < steps) {  // an even number of steps: the last one is odd
-    run_step(step, partial[1], partial[0]);
-    wgmma_wait<0>();
-    hold_after_wait(partial[1]);
-    fold(partial[1], step);
-  } else {
-    wgmma_wait<0>();
-    hold_after_wait(partial[0]);
-    fold(partial[0], step - 1);
-  }
-  store_tile<kTokens>(args, tile, rows, row, quad, acc);
+  for (int step = 0; step < steps; ++step) run_step(step);
+  store_tile<kWarpgroupTokens>(args, tile, rows, row, quad, first_token, acc);
 }
 
 }  // namespace fold128
@@ -827,7 +814,12 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 // Persistent blocks (one per SM) walk the items (token tile, 128 weight rows) in list order,
 // weight rows fastest, as prefill_tile_kernel does.
 template <WgmmaFold kFold>
-__global__ void __launch_bounds__(kThreads, 1)
+constexpr int threads_of() {
+  return kFold == WgmmaFold::kPer128 ? fold128::kThreads : kThreads;
+}
+
+template <WgmmaFold kFold>
+__global__ void __launch_bounds__(threads_of<kFold>(), 1)
     prefill_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
                          const int* tile_count) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -912,7 +904,7 @@ void launch_kernel(const PrefillWgmmaArgs& args, unsigned blocks, int shared_byt
   }();
   (void)configured;
   prefill_wgmma_kernel<kFold>
-      <<<blocks, kThreads, shared_bytes, current_stream()>>>(args, tiles, tile_count);
+      <<<blocks, threads_of<kFold>(), shared_bytes, current_stream()>>>(args, tiles, tile_count);
   DI_CUDA_LAUNCHED(prefill_wgmma_kernel);
 }
 
