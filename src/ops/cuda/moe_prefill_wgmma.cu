@@ -9,18 +9,26 @@
 // accumulator element took a multiply and an FMA, 2 instructions per 2 x 32 x 1 tensor FLOP, and
 // every fold waited for the wgmma before it. kPer128 folds once per 128 of K: the four k32
 // wgmmas of a step chain in one accumulator (scale-d true after the first), so the fold costs a
-// quarter as much, and the fold of step s - 1 runs while step s's wgmmas do.
+// quarter as much.
 //
-// Block: 256 threads, two warpgroups; warpgroup g owns weight rows [64g, 64g + 64) of the
-// block's 128 and all the tile's tokens (128 or 32: the same token tile list as the mma.sync
-// tile). K runs in steps of 128 through shared-memory slots filled by cp.async: the tokens' 128
-// e4m3 bytes per step form one 128-byte line each, the 16-byte chunk c of token t at c ^ (t % 8)
-// (wgmma's 128-byte swizzle, so both operands are K-major with no transpose, as e4m3 requires).
-// The block converts each step's raw fp4 weights into an e4m3 buffer of the same swizzled layout
-// while the step before it is on the tensor cores (two buffers). Within a 32-block the K slots
-// follow CodeLayout::kMmaHalves: the weights' 16-byte fp4 block becomes 32 e4m3 bytes with the
-// low nibbles (K 8t + 2i, slot 4t + i) first and the high nibbles (K 8t + 2i + 1, slot
-// 16 + 4t + i) after, which is where the quantizers put the activations' codes.
+// Both tiles take a block of 128 weight rows x one token tile (128 or 32 tokens: the same token
+// tile list as the mma.sync tile). kPer32: 256 threads, warpgroup g owns rows [64g, 64g + 64) and
+// all the tile's tokens. kPer128: 512 threads, warpgroup g owns rows [64 (g % 2), + 64) and half
+// of the tokens (fold128 says why). K runs in steps of 128 through shared-memory slots filled by
+// cp.async: the tokens' 128 e4m3 bytes per step form one 128-byte line each, the 16-byte chunk c
+// of token t at c ^ (t % 8) (wgmma's 128-byte swizzle, so both operands are K-major with no
+// transpose, as e4m3 requires). The block converts each step's raw fp4 weights into an e4m3
+// buffer of the same swizzled layout while the step before it is on the tensor cores. Within a
+// 32-block the K slots follow CodeLayout::kMmaHalves: the weights' 16-byte fp4 block becomes 32
+// e4m3 bytes with the low nibbles (K 8t + 2i, slot 4t + i) first and the high nibbles
+// (K 8t + 2i + 1, slot 16 + 4t + i) after, which is where the quantizers put the activations'
+// codes.
+//
+// Where the time goes (H200, 8192 tokens, docs/BENCHMARKS.md): both versions issue about as
+// many warp instructions a step as the tensor cores need cycles for it (the fold's multiply and
+// FMA per accumulator element, ~1.6 instructions per converted weight value, the copies), and a
+// 32-token tile converts as many weights as a 128-token one; kPer128 on 16 warps (IPC 0.62 per
+// scheduler) ran within 3% of the same schedule on 8 (IPC 0.42).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
