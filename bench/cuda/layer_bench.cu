@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -46,6 +47,7 @@
 #include "ops/cuda/linear_cublaslt.h"
 #include "ops/cuda/linear_fp8_dense.h"
 #include "ops/cuda/moe_grouped_gemm.h"
+#include "ops/cuda/runtime_switch.h"
 #include "roofline.cuh"
 
 namespace deepinfer::bench {
@@ -92,6 +94,24 @@ const std::vector<int64_t> kBatches = [] {
   }
   return batches;
 }();
+
+// The routed experts' batches: kBatches, or LAYER_BENCH_MOE_BATCHES (comma-separated, e.g.
+// "8192" for a quick prefill comparison).
+std::vector<int64_t> moe_batches() {
+  const char* chosen = std::getenv("LAYER_BENCH_MOE_BATCHES");
+  if (chosen == nullptr || *chosen == '\0') return kBatches;
+  std::vector<int64_t> batches;
+  for (const char* at = chosen; *at != '\0';) {
+    char* end = nullptr;
+    const long long batch = std::strtoll(at, &end, 10);
+    DI_CHECK(end != at && batch > 0 && (*end == ',' || *end == '\0'),
+             "LAYER_BENCH_MOE_BATCHES=", chosen,
+             ": expected positive integers separated by commas");
+    batches.push_back(batch);
+    at = *end == ',' ? end + 1 : end;
+  }
+  return batches;
+}
 
 // ---- random device data ------------------------------------------------------------------------
 
@@ -607,6 +627,23 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 
 // ---- routed experts ------------------------------------------------------------------------
 
+// The routed experts with batch invariance off (ops::batch_invariant() false): at prefill the
+// wgmma tile (moe_prefill_wgmma.h), folding once per 128 of K (the default) or, for comparison,
+// per 32-block (its first version); decode batches keep the invariant kernels.
+struct NonInvariantRun {
+  const char* impl;
+  int fold;  // DEEPINFER_MOE_WGMMA_FOLD
+};
+constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128},
+                                                 {"ours, off, fold 32", 32}};
+
+// time_ms of `call` with batch invariance off and the run's fold.
+double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
+  const ops::ScopedBatchInvariance off(false);
+  const rt::ScopedSetting fold("DEEPINFER_MOE_WGMMA_FOLD", run.fold);
+  return time_ms(call);
+}
+
 // One routing of `batch` tokens: top-6 distinct experts per token, uniform.
 struct Routing {
   std::vector<int32_t> counts;   // per expert
@@ -666,7 +703,7 @@ void bench_moe_op(const Roofline& roof) {
   }
   const double expert_bytes = 3.0 * kMoeInter * kHidden * (0.5 + 1.0 / 32);
   constexpr int kRoutings = 8;
-  for (int64_t batch : kBatches) {
+  for (int64_t batch : moe_batches()) {
     std::vector<Routing> routings;
     for (int i = 0; i < kRoutings; ++i) routings.push_back(make_routing(batch, 1000 + i));
     double active = 0;
@@ -675,15 +712,21 @@ void bench_moe_op(const Roofline& roof) {
     Tensor x = device_tensor(DType::kF32, {batch, kHidden}, Fill::kF32, 25);
     Tensor weights = device_tensor(DType::kF32, {batch, kTopK}, Fill::kF32, 26);
     Tensor y = Tensor::empty(DType::kF32, {batch, kHidden}, rt::device_allocator());
-    const double ms = time_ms([&](int call) {
+    const auto op = [&](int call) {
       ops::cuda::moe_experts(x.view(), routings[call % kRoutings].device_chosen.view(),
                              weights.view(), experts, 10.0f, ActivationQuant::kFp8PerBlock32,
                              y.view());
-    });
+    };
+    const double ms = time_ms(op);
     const double rows = static_cast<double>(batch * kTopK);
-    report(roof, "moe", "routed moe_experts op", "ours (model op)", batch, ms,
-           active * expert_bytes + rows * 4.0 * (2 * kHidden + 3 * kMoeInter),
-           2.0 * rows * 3 * kMoeInter * kHidden, roof.fp8_tflops);
+    const double op_bytes = active * expert_bytes + rows * 4.0 * (2 * kHidden + 3 * kMoeInter);
+    const double op_flops = 2.0 * rows * 3 * kMoeInter * kHidden;
+    report(roof, "moe", "routed moe_experts op", "ours (model op)", batch, ms, op_bytes, op_flops,
+           roof.fp8_tflops);
+    for (const NonInvariantRun& run : kNonInvariantRuns) {
+      report(roof, "moe", "routed moe_experts op", run.impl, batch, time_non_invariant(run, op),
+             op_bytes, op_flops, roof.fp8_tflops);
+    }
   }
 }
 
@@ -694,7 +737,7 @@ void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
   };
   const Matrix matrices[] = {{"w1|w3", 2 * kMoeInter, kHidden}, {"w2", kHidden, kMoeInter}};
   constexpr int kRoutings = 8;  // rotated, so repeated calls do not find the experts in L2
-  for (int64_t batch : kBatches) {
+  for (int64_t batch : moe_batches()) {
     std::vector<Routing> routings;
     for (int i = 0; i < kRoutings; ++i) routings.push_back(make_routing(batch, 1000 + i));
     const int64_t rows = batch * kTopK;
@@ -704,6 +747,7 @@ void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
     std::printf("moe batch %lld: %lld rows, %.1f active experts on average\n",
                 static_cast<long long>(batch), static_cast<long long>(rows), active);
     double total_ours = 0, total_bf16 = 0, total_fp8 = 0, total_bytes_fp4 = 0, total_flops = 0;
+    double total_non_invariant[std::size(kNonInvariantRuns)] = {};
     for (const Matrix& mat : matrices) {
       const double flops = 2.0 * rows * mat.n * mat.k;
       const double fp4_expert_bytes = mat.n * mat.k / 2.0 + mat.n * mat.k / 32.0;
@@ -713,13 +757,20 @@ void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
       Tensor scale = device_tensor(DType::kF8E8M0, {kExperts, mat.n, mat.k / 32}, Fill::kUe8m0, 12);
       Tensor x = device_tensor(DType::kF32, {rows, mat.k}, Fill::kF32, 13);
       Tensor y = Tensor::empty(DType::kF32, {rows, mat.n}, rt::device_allocator());
-      const double ms_ours = time_ms([&](int call) {
+      const auto grouped = [&](int call) {
         ops::cuda::moe_grouped_gemm_fp4(x.view(), routings[call % kRoutings].device_offsets.view(),
                                         weight.view(), scale.view(), y.view());
-      });
+      };
+      const double ms_ours = time_ms(grouped);
       const std::string name = std::string("routed ") + mat.name;
       report(roof, "moe", name, "ours grouped", batch, ms_ours,
              active * fp4_expert_bytes + act_bytes, flops, roof.fp8_tflops);
+      for (size_t i = 0; i < std::size(kNonInvariantRuns); ++i) {
+        const double ms = time_non_invariant(kNonInvariantRuns[i], grouped);
+        report(roof, "moe", name, kNonInvariantRuns[i].impl, batch, ms,
+               active * fp4_expert_bytes + act_bytes, flops, roof.fp8_tflops);
+        total_non_invariant[i] += ms;
+      }
       total_ours += ms_ours;
       total_bytes_fp4 += active * fp4_expert_bytes + act_bytes;
       total_flops += flops;
@@ -770,6 +821,10 @@ void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
     }
     report(roof, "moe", "routed total", "ours grouped", batch, total_ours, total_bytes_fp4,
            total_flops, roof.fp8_tflops);
+    for (size_t i = 0; i < std::size(kNonInvariantRuns); ++i) {
+      report(roof, "moe", "routed total", kNonInvariantRuns[i].impl, batch, total_non_invariant[i],
+             total_bytes_fp4, total_flops, roof.fp8_tflops);
+    }
     std::printf(
         "moe batch %lld: grouped %.4f ms, cuBLASLt BF16 loop %.4f ms (%.2fx), FP8 loop "
         "%.4f ms (%.2fx)\n",

@@ -81,6 +81,7 @@ fi
 # in 90 s on 2026-12-01).
 kernel_tests=(
   "moe_grouped_gemm_test|*PrefillTileSmallShapes*:*DecodeTile*SmallShapes*:*ModelMoeExperts*:*BadInput*|*PrefillTileSmallShapes*:*DecodeTile*SmallShapes*"
+  "moe_wgmma_test|*SmallShapes*|*GroupedGemmSmallShapes*"
   "linear_bf16_mma_test|*SmallShapes*:*Unaligned*|*SmallShapes*|400"
   "linear_fp8_dense_test|*SmallShapes*|*SmallShapes*"
   # racecheck: the fallbacks only (the path's own kernels use no shared memory; cuBLASLt's are not ours)

@@ -13,8 +13,8 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFE
   -DDEEPINFER_BUILD_TESTS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
 # Every program with GPU tests, and the CLI (the engine script diffs its cpu and nvidia output).
-kernel_tests="moe_grouped_gemm_test linear_bf16_mma_test linear_fp8_dense_test linear_cublaslt_test
-  attention_gpu_test"
+kernel_tests="moe_grouped_gemm_test moe_wgmma_test linear_bf16_mma_test linear_fp8_dense_test
+  linear_cublaslt_test attention_gpu_test"
 # Only the kernel tests this tree has (they arrive with their kernels).
 present=()
 for test in $kernel_tests; do

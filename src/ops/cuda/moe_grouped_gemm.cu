@@ -28,7 +28,9 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
+#include "ops/cuda/moe_expert_rows.cuh"
 #include "ops/cuda/moe_grouped_gemm.h"
+#include "ops/cuda/moe_prefill_wgmma.h"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -100,23 +102,6 @@ __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
   store_quantized<kLayout>(x.row(row)[k], row, x.cols, k, block, codes, scale_codes);
 }
 
-// Where the routed experts' quantizers read their values. Row p of the gathered input is row
-// sorted_token[p] of x; the intermediate is swiglu(gate, up) times the row's routing weight,
-// computed as ops::cuda::swiglu computes it (moe.cu's swiglu_kernel: clamp, silu, product, row
-// weight), so the codes equal those of quantizing that op's output. Rows from *placed on
-// (left over by bad expert ids) are read by no GEMM and skipped.
-struct ExpertRowsSource {
-  DeviceRows<const float> x;
-  const int32_t* sorted_token = nullptr;
-  const float* gate = nullptr;  // [rows, cols] dense
-  const float* up = nullptr;
-  const float* sorted_weight = nullptr;
-  float swiglu_limit = 0.0f;
-  const int32_t* placed = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-};
-
 template <CodeLayout kLayout, bool kSwiglu>
 __global__ void quantize_expert_rows_kernel(ExpertRowsSource source, uint8_t* codes,
                                             uint8_t* scale_codes) {
@@ -127,20 +112,7 @@ __global__ void quantize_expert_rows_kernel(ExpertRowsSource source, uint8_t* co
   if (row >= *source.placed) return;
   const int lane = threadIdx.x & 31;
   const int64_t k = (block % blocks_per_row) * kScaleBlock + lane;
-  float value;
-  if constexpr (kSwiglu) {
-    float a = source.gate[row * source.cols + k];
-    float b = source.up[row * source.cols + k];
-    const float limit = source.swiglu_limit;
-    if (limit > 0) {
-      b = fminf(fmaxf(b, -limit), limit);
-      a = fminf(a, limit);
-    }
-    const float y = a / (1.0f + expf(-a)) * b;
-    value = source.sorted_weight[row] * y;
-  } else {
-    value = source.x.row(source.sorted_token[row])[k];
-  }
+  const float value = expert_row_value<kSwiglu>(source, row, k);
   store_quantized<kLayout>(value, row, source.cols, k, block, codes, scale_codes);
 }
 
@@ -388,13 +360,10 @@ constexpr int kBigTileMinRows = kBigTileTokens - kSmallTileTokens + 1;
 constexpr int kMaxSmallTilesPerGroup = kBigTileTokens / kSmallTileTokens - 1;
 
 // Rows [first, min(first + tile tokens, end)) of `expert`, whose rows end at `end`; tile tokens
-// is kSmallTileTokens if `small`, else kBigTileTokens.
-struct TokenTile {
-  int expert;
-  int first;
-  int end;
-  int small;
-};
+// is kSmallTileTokens if `small`, else kBigTileTokens. The wgmma tile reads the same list.
+using TokenTile = PrefillTokenTile;
+static_assert(kBigTileTokens == kPrefillBigTileTokens &&
+              kSmallTileTokens == kPrefillSmallTileTokens);
 
 // The token tiles in expert order (an expert's full-size tiles, then its small ones), so the
 // blocks that share an expert's weights run close together and find them in L2.
@@ -1031,6 +1000,9 @@ struct KernelChoice {
   bool decode_tiles = false;   // decode_tile_kernel (fp4 only)
   int64_t max_tiles = 0;       // its token tile list's bound
   CodeLayout layout = CodeLayout::kEvenOdd8;
+  // Batch invariance off, sm_90: the prefill tiles on wgmma (moe_prefill_wgmma.h); kPer128
+  // also changes the quantizer (quantize_rows_per128: one f32 scale per 128 of K).
+  WgmmaFold wgmma = WgmmaFold::kNone;
 };
 
 // tile_aligned: the fp4 weight rows start on 16 bytes and the scale rows on 8 (the prefill and
@@ -1053,6 +1025,7 @@ KernelChoice choose_kernel(int64_t rows, int64_t groups, bool has_offsets, int64
   choice.layout = kFp8Weight             ? CodeLayout::kNatural
                   : choice.prefill_tiles ? CodeLayout::kMmaHalves
                                          : CodeLayout::kEvenOdd8;
+  if (choice.prefill_tiles) choice.wgmma = moe_wgmma_fold();
   return choice;
 }
 
@@ -1074,6 +1047,29 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
         <<<1, kListThreads, 0, stream>>>(args.offsets, args.groups, args.rows, tiles,
                                          static_cast<int>(choice.max_tiles), tile_count);
     DI_CUDA_LAUNCHED(list_token_tiles_kernel);
+    if (choice.wgmma != WgmmaFold::kNone) {
+      PrefillWgmmaArgs wgmma;
+      wgmma.x_codes = args.x_codes;
+      if (choice.wgmma == WgmmaFold::kPer128) {
+        wgmma.x_step_scales = reinterpret_cast<const float*>(args.x_scales);
+      } else {
+        wgmma.x_scales = args.x_scales;
+      }
+      wgmma.weight = args.weight;
+      wgmma.w_scales = args.w_scales;
+      wgmma.experts = args.experts;
+      wgmma.out = args.out;
+      wgmma.out_stride = args.out_stride;
+      wgmma.n = args.n;
+      wgmma.k = args.k;
+      launch_moe_prefill_wgmma(wgmma, choice.wgmma, tiles, tile_count, choice.max_tiles);
+      if (args.second_out != nullptr) {
+        wgmma.experts = args.second_experts;
+        wgmma.out = args.second_out;
+        launch_moe_prefill_wgmma(wgmma, choice.wgmma, tiles, tile_count, choice.max_tiles);
+      }
+      return;
+    }
     static const bool configured = [] {
       DI_CUDA_CHECK(cudaFuncSetAttribute(
           prefill_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefillSmemBytes));
@@ -1139,7 +1135,15 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
   const int64_t blocks_per_row = args.k / kScaleBlock;
   StreamBuffer codes(static_cast<size_t>(in.rows * args.k));
   StreamBuffer scales(static_cast<size_t>(in.rows * blocks_per_row));
-  quantize_fp8_rows(in, choice.layout, codes.as<uint8_t>(), scales.as<uint8_t>());
+  if (choice.wgmma == WgmmaFold::kPer128) {  // one f32 per 128: the bytes of four codes per 32
+    ExpertRowsSource rows;
+    rows.x = in;
+    rows.rows = in.rows;
+    rows.cols = in.cols;
+    quantize_rows_per128<false>(rows, codes.as<uint8_t>(), scales.as<float>());
+  } else {
+    quantize_fp8_rows(in, choice.layout, codes.as<uint8_t>(), scales.as<uint8_t>());
+  }
   args.x_codes = codes.as<uint8_t>();
   args.x_scales = scales.as<uint8_t>();
   args.out = o.data;
@@ -1150,8 +1154,13 @@ void launch(const DeviceRows<const float>& in, const DeviceRows<float>& o, Group
 }
 
 template <bool kSwiglu>
-void quantize_expert_rows(const ExpertRowsSource& source, CodeLayout layout, uint8_t* codes,
-                          uint8_t* scales) {
+void quantize_expert_rows(const ExpertRowsSource& source, const KernelChoice& choice,
+                          uint8_t* codes, uint8_t* scales) {
+  if (choice.wgmma == WgmmaFold::kPer128) {  // one f32 per 128: the bytes of four codes per 32
+    quantize_rows_per128<kSwiglu>(source, codes, reinterpret_cast<float*>(scales));
+    return;
+  }
+  const CodeLayout layout = choice.layout;
   constexpr int kQuantThreads = 256;
   const auto stream = current_stream();
   const unsigned quant_blocks = blocks_for(source.rows * source.cols, kQuantThreads);
@@ -1274,7 +1283,7 @@ void launch_moe_fp4_experts(DeviceRows<const float> x, const int32_t* sorted_tok
   gathered.placed = placed;
   gathered.rows = entries;
   gathered.cols = dim;
-  quantize_expert_rows<false>(gathered, up_choice.layout, pieces.in_codes, pieces.in_scales);
+  quantize_expert_rows<false>(gathered, up_choice, pieces.in_codes, pieces.in_scales);
   GroupedArgs args{};
   args.x_codes = pieces.in_codes;
   args.x_scales = pieces.in_scales;
@@ -1301,7 +1310,7 @@ void launch_moe_fp4_experts(DeviceRows<const float> x, const int32_t* sorted_tok
   intermediate.placed = placed;
   intermediate.rows = entries;
   intermediate.cols = inter;
-  quantize_expert_rows<true>(intermediate, down_choice.layout, pieces.mid_codes, pieces.mid_scales);
+  quantize_expert_rows<true>(intermediate, down_choice, pieces.mid_codes, pieces.mid_scales);
   args.x_codes = pieces.mid_codes;
   args.x_scales = pieces.mid_scales;
   args.experts = tables.w2;

@@ -23,6 +23,9 @@ namespace deepinfer::ops::cuda {
 // dot per 32-block, scaled, added in K order) whatever the number of rows, the tile that holds
 // it and the other experts' rows, so a row's result does not depend on the batch. It differs
 // from ops::cuda::linear's (one FMA chain) in the last bits.
+// With ops::batch_invariant() off on an sm_90 device the prefill regime (below) runs on the wgmma
+// tile instead, which promotes its FP8 accumulator once per 128 of K (moe_prefill_wgmma.h): a
+// different function in the last bits (per-128 activation scales, FP8 accumulation within 128).
 // The tile (8 rows per warp when R / E is small, as in decode; with R >= 16 E, N % 128 == 0 and
 // aligned weights, as in prefill, a shared-memory tile of 128 weight rows x 128 or 32 tokens; a
 // 64-token register tile otherwise) only changes which rows share a weight load, not any row's
@@ -40,6 +43,8 @@ void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const Tenso
 //  DEEPINFER_MOE_DECODE_TILE=0: the FP4 decode regime (fewer than 16 rows per expert, aligned
 //    weights) takes the register kernel instead of streaming each warp's weight rows through
 //    shared memory (decode_tile_kernel);
+//  DEEPINFER_MOE_WGMMA=0 / DEEPINFER_MOE_WGMMA_FOLD=32: with batch invariance off, the prefill
+//    regime keeps the mma.sync tile / takes the wgmma tile's fold-per-32 version (other bits);
 //  DEEPINFER_MOE_FUSED=0: ops::cuda::moe_experts runs FP4 experts under the released numerics
 //    through the earlier per-projection path instead of one fused sequence (rows quantized
 //    straight from x, w1 and w3 in one launch, the SwiGLU folded into w2's quantizer).

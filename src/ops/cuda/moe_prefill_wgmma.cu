@@ -1,0 +1,967 @@
+// The fp4 prefill tile of moe_grouped_gemm.cu on Hopper's warpgroup MMA (wgmma, sm_90a), taken
+// when batch invariance is off (moe_prefill_wgmma.h says what changes in the numerics and why).
+//
+// The mma.sync tile is issue bound: every m16n8k32 is followed by four scale FMAs in the same
+// warp, so the tensor cores wait on the scheduler. wgmma does a 64 x N x 32 product per
+// instruction from shared memory, so one instruction replaces 4 x N / 8 mma.sync, and the warps'
+// issue slots go to the scale folds and the fp4 -> e4m3 conversion while the tensor cores run.
+// The first version (kPer32, de421e1..8e45ec1) still folded once per 32-block: per 32-block each
+// accumulator element took a multiply and an FMA, 2 instructions per 2 x 32 x 1 tensor FLOP, and
+// every fold waited for the wgmma before it. kPer128 folds once per 128 of K: the four k32
+// wgmmas of a step chain in one accumulator (scale-d true after the first), so the fold costs a
+// quarter as much.
+//
+// Both tiles take a block of 128 weight rows x one token tile (128 or 32 tokens: the same token
+// tile list as the mma.sync tile). kPer32: 256 threads, warpgroup g owns rows [64g, 64g + 64) and
+// all the tile's tokens. kPer128: 512 threads, warpgroup g owns rows [64 (g % 2), + 64) and half
+// of the tokens (fold128 says why). K runs in steps of 128 through shared-memory slots filled by
+// cp.async: the tokens' 128 e4m3 bytes per step form one 128-byte line each, the 16-byte chunk c
+// of token t at c ^ (t % 8) (wgmma's 128-byte swizzle, so both operands are K-major with no
+// transpose, as e4m3 requires). The block converts each step's raw fp4 weights into an e4m3
+// buffer of the same swizzled layout while the step before it is on the tensor cores. Within a
+// 32-block the K slots follow CodeLayout::kMmaHalves: the weights' 16-byte fp4 block becomes 32
+// e4m3 bytes with the low nibbles (K 8t + 2i, slot 4t + i) first and the high nibbles
+// (K 8t + 2i + 1, slot 16 + 4t + i) after, which is where the quantizers put the activations'
+// codes.
+//
+// Where the time goes (H200, 8192 tokens, docs/BENCHMARKS.md): both versions issue about as
+// many warp instructions a step as the tensor cores need cycles for it (the fold's multiply and
+// FMA per accumulator element, ~1.6 instructions per converted weight value, the copies), and a
+// 32-token tile converts as many weights as a 128-token one; kPer128 on 16 warps (IPC 0.62 per
+// scheduler) ran within 3% of the same schedule on 8 (IPC 0.42).
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/batch_invariance.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8_mma.cuh"
+#include "ops/cuda/linear.cuh"
+#include "ops/cuda/moe_expert_rows.cuh"
+#include "ops/cuda/moe_prefill_wgmma.h"
+
+namespace deepinfer::ops::cuda {
+namespace {
+
+// false (DEEPINFER_MOE_WGMMA=0): the mma.sync prefill tile also without batch invariance.
+RuntimeSwitch kMoeWgmma{"DEEPINFER_MOE_WGMMA", true};
+// 128: one fold per 128 of K (the default); 32: the first version, one per 32-block.
+RuntimeSetting kMoeWgmmaFold{"DEEPINFER_MOE_WGMMA_FOLD", 128, 32, 128};
+
+// The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
+bool device_is_sm90() {
+  static const bool sm90 = [] {
+    int device = 0;
+    int major = 0;
+    int minor = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major == 9 && minor == 0;
+  }();
+  return sm90;
+}
+
+constexpr int kScaleBlock = 32;                    // the wgmma's K and both operands' scale block
+constexpr int kStepBlocks = 4;                     // scale blocks per pipeline step
+constexpr int kStepK = kStepBlocks * kScaleBlock;  // 128 bytes of e4m3: one swizzled line
+constexpr int kRows = 128;                         // weight rows per block
+constexpr int kWarpgroupRows = 64;                 // wgmma's M
+constexpr int kThreads = 2 * 128;                  // two warpgroups
+constexpr int kMaxTokens = kPrefillBigTileTokens;
+constexpr int kSwizzleAtom = 1024;  // 8 lines of 128 bytes: the swizzle repeats from there
+static_assert(kPrefillSmallTileTokens % 16 == 0 && kMaxTokens % 16 == 0,
+              "the fold reads the token scales of two 8-token column groups at a time");
+static_assert(kRows + kMaxTokens <= kThreads,
+              "one thread per weight row and per token copies a step's scale codes");
+// The token scales of a block grouped by the accumulator's quad (token 8j + 2q + e at
+// q * kQuadStride + 2j + e), so a thread's come 4 at a time; the stride's 4 extra floats put
+// the quads' 16-byte loads in different banks.
+constexpr int kQuadStride = kMaxTokens / 4 + 4;
+constexpr int kTokenScalesPerBlock = 4 * kQuadStride;
+__host__ __device__ constexpr int quad_grouped(int token) {
+  return ((token >> 1) & 3) * kQuadStride + 2 * (token >> 3) + (token & 1);
+}
+constexpr int round_up_to_atom(int bytes) {
+  return (bytes + kSwizzleAtom - 1) / kSwizzleAtom * kSwizzleAtom;
+}
+
+// moe_grouped_gemm.cu's conversion (the same bits): four fp4 codes in the low nibbles of the
+// bytes -> four e4m3 bytes of 2^-6 times their value, exact for normal and subnormal codes.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4_scaled(uint32_t codes) {
+  return ((codes & 0x07070707u) << 2) | ((codes & 0x08080808u) << 4);
+}
+constexpr float kE2m1Rescale = 64.0f;  // undoes the 2^-6 of those codes
+
+__device__ __forceinline__ float scale_code(uint32_t codes, int shift) {
+  return deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(codes >> shift));
+}
+
+// 4 bytes global -> shared (a row's 4 scale codes of a step, or a token's step scale).
+__device__ __forceinline__ void copy_4_async(uint32_t shared, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared), "l"(global) : "memory");
+}
+
+// Makes this thread's shared-memory writes (stores and landed cp.async) visible to the async
+// proxy, which is where wgmma reads its operands; a barrier after it covers the other threads.
+__device__ __forceinline__ void fence_shared_for_wgmma() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A K-major operand of 128-byte lines, 128-byte swizzle, starting `address` bytes into a swizzle
+// atom's first line (0, 32, 64, 96: the K block): start address, leading byte offset 16 (unused
+// by swizzled K-major layouts), stride byte offset 1024 (the next 8 lines), swizzle mode 1.
+__device__ __forceinline__ uint64_t swizzled_operand(uint32_t address) {
+  return static_cast<uint64_t>((address & 0x3FFFFu) >> 4) | (uint64_t{16 >> 4} << 16) |
+         (uint64_t{kSwizzleAtom >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// After wgmma_wait: the registers' values are read only after this point (the compiler sees
+// the wgmma as producing them when it is issued).
+template <int kCount>
+__device__ __forceinline__ void hold_after_wait(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x N) = A . B (fresh: scale-d false, the registers' old values unused, so they are outputs
+// only and need not stay live until the wgmma is issued; in_place: the same product with d as
+// operands in and out, as the first version had it) or d + A . B (add), from descriptors.
+// d[4j + {0, 1, 2, 3}] of lane (g, t) of warp w in the warpgroup is (row 16w + g, col 8j + 2t),
+// (16w + g, 8j + 2t + 1), (16w + g + 8, 8j + 2t), (16w + g + 8, 8j + 2t + 1), the mma.sync
+// accumulator layout repeated along N.
+__device__ __forceinline__ void wgmma_m64n32k32_in_place(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+      "}, %16, %17, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n128k32_in_place(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n16k32_fresh(float (&d)[8], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7"
+      "}, %8, %9, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n16k32_add(float (&d)[8], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7"
+      "}, %8, %9, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n64k32_fresh(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n64k32_add(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b)
+      : "memory");
+}
+
+// The fold-per-32 tile's fresh products in place (N = 32 or 128); the fold-per-128 tile's
+// chained ones (N = 16 or 64: a warpgroup's half of the token tile).
+enum class WgmmaWrite { kFresh, kFreshInPlace, kAdd };
+
+template <int kN, WgmmaWrite kWrite>
+__device__ __forceinline__ void wgmma_k32(float (&d)[kN / 2], uint64_t a, uint64_t b) {
+  if constexpr (kWrite == WgmmaWrite::kFreshInPlace) {
+    static_assert(kN == 32 || kN == 128, "the fold-per-32 tile's N");
+    if constexpr (kN == 128) {
+      wgmma_m64n128k32_in_place(d, a, b);
+    } else {
+      wgmma_m64n32k32_in_place(d, a, b);
+    }
+  } else {
+    static_assert(kN == 16 || kN == 64, "the fold-per-128 tile's N");
+    if constexpr (kWrite == WgmmaWrite::kFresh && kN == 64) wgmma_m64n64k32_fresh(d, a, b);
+    if constexpr (kWrite == WgmmaWrite::kFresh && kN == 16) wgmma_m64n16k32_fresh(d, a, b);
+    if constexpr (kWrite == WgmmaWrite::kAdd && kN == 64) wgmma_m64n64k32_add(d, a, b);
+    if constexpr (kWrite == WgmmaWrite::kAdd && kN == 16) wgmma_m64n16k32_add(d, a, b);
+  }
+}
+
+__device__ __forceinline__ uint8_t* align_to_swizzle_atom(uint8_t* pointer) {
+  const uint32_t address = shared_address(pointer);
+  return pointer + ((kSwizzleAtom - (address % kSwizzleAtom)) % kSwizzleAtom);
+}
+
+// The parts of a work item (weight rows [128 row_tile, +128) x one token tile) both folds share.
+struct TileRows {
+  const uint8_t* weight;    // the expert's fp4 rows from the block's first
+  const uint8_t* w_scales;  // their ue8m0 codes
+  int tokens;               // rows of the tile, >= 1
+  int64_t n_first;
+};
+
+__device__ __forceinline__ TileRows tile_rows(const PrefillWgmmaArgs& args,
+                                              const PrefillTokenTile& tile, int row_tile,
+                                              int max_tokens) {
+  TileRows rows;
+  rows.n_first = static_cast<int64_t>(row_tile) * kRows;
+  rows.tokens = min(tile.end - tile.first, max_tokens);
+  const int64_t k_blocks = args.k / kScaleBlock;
+  if (args.experts != nullptr) {
+    rows.weight = args.experts[tile.expert].bytes + rows.n_first * (args.k / 2);
+    rows.w_scales = args.experts[tile.expert].scale + rows.n_first * k_blocks;
+  } else {
+    const int64_t first = tile.expert * args.n + rows.n_first;
+    rows.weight = args.weight + first * (args.k / 2);
+    rows.w_scales = args.w_scales + first * k_blocks;
+  }
+  return rows;
+}
+
+// Writes a warpgroup thread's accumulator (rows `row` and row + 8 of the block, the tile's
+// tokens first_token + 8j + 2 quad + {0, 1}, kTokens of them from first_token) to out.
+template <int kTokens>
+__device__ __forceinline__ void store_tile(const PrefillWgmmaArgs& args,
+                                           const PrefillTokenTile& tile, const TileRows& rows,
+                                           int row, int quad, int first_token,
+                                           const float (&acc)[kTokens / 2]) {
+  const int64_t n = rows.n_first + row;
+#pragma unroll
+  for (int j = 0; j < kTokens / 8; ++j) {
+    const int token = first_token + 8 * j + 2 * quad;
+    if (token < rows.tokens) {
+      float* out = args.out + (tile.first + token) * args.out_stride + n;
+      out[0] = acc[4 * j + 0];
+      out[8] = acc[4 * j + 2];
+    }
+    if (token + 1 < rows.tokens) {
+      float* out = args.out + (tile.first + token + 1) * args.out_stride + n;
+      out[0] = acc[4 * j + 1];
+      out[8] = acc[4 * j + 3];
+    }
+  }
+}
+
+// ---- kPer32: the first version (one fold per 32-block) -------------------------------------
+namespace fold32 {
+
+constexpr int kStages = 4;
+// One pipeline slot: the tokens' e4m3 lines (swizzled, wgmma's B), the raw fp4 weight rows (64
+// bytes each, read only by the conversion), and the step's ue8m0 codes (4 per row / token).
+constexpr int kCodesOffset = 0;
+constexpr int kRawWeightOffset = kCodesOffset + kMaxTokens * kStepK;
+constexpr int kWeightCodesOffset = kRawWeightOffset + kRows * kStepK / 2;
+constexpr int kTokenCodesOffset = kWeightCodesOffset + kRows * kStepBlocks;
+constexpr int kStageBytes = kTokenCodesOffset + kMaxTokens * kStepBlocks;
+// After the slots, two buffers (step s + 1 is converted into one while step s's wgmmas read
+// the other): a step's e4m3 weights (swizzled, wgmma's A), then its decoded scales.
+constexpr int kWeightsOffset = kStages * kStageBytes;
+constexpr int kWeightsBytes = kRows * kStepK;
+constexpr int kScalesOffset = kWeightsOffset + 2 * kWeightsBytes;
+constexpr int kWeightScalesBytes = kStepBlocks * kRows * 4;  // f32 [block][row]
+constexpr int kTokenScalesBytes = kStepBlocks * kTokenScalesPerBlock * 4;
+constexpr int kScalesBytes = kWeightScalesBytes + kTokenScalesBytes;
+constexpr int kSharedBytes = kScalesOffset + 2 * kScalesBytes;
+constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
+static_assert(kStageBytes % kSwizzleAtom == 0 && kWeightsOffset % kSwizzleAtom == 0 &&
+                  kWeightsBytes % kSwizzleAtom == 0 &&
+                  (kWarpgroupRows * kStepK) % kSwizzleAtom == 0,
+              "the wgmma operands start on swizzle atoms");
+
+// One work item: weight rows [128 row_tile, +128) times one token tile of kTokens (128 or 32).
+// Step s reads buffer s % 2. While its first two wgmmas run, the block converts step s + 1 into
+// the other buffer, whose last readers (step s - 1's wgmmas and folds) finished before barrier
+// X; barrier Y makes step s + 1's copies visible to the converting threads, and the next step's
+// X makes the conversion visible to the wgmmas. The slot refilled after X held step s - 1's
+// activations, whose wgmmas every warp waited for before X.
+template <int kTokens>
+__device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
+                                           const PrefillTokenTile& tile, int row_tile,
+                                           uint8_t* shared) {
+  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
+  const TileRows rows = tile_rows(args, tile, row_tile, kTokens);
+  const int thread = threadIdx.x;
+  const int warpgroup = thread / 128;
+  const int lane = thread & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  // This thread's accumulator rows within the block: row and row + 8.
+  const int row = warpgroup * kWarpgroupRows + ((thread / 32) % 4) * 16 + group;
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  const int steps = static_cast<int>(args.k / kStepK);
+  // Tokens past the tile's rows load the last row and are never stored (as the mma.sync tile).
+  const auto token_row = [&](int token) -> int64_t {
+    return tile.first + min(token, rows.tokens - 1);
+  };
+
+  const auto copy_stage = [&](int step, int slot) {
+    uint8_t* base = shared + slot * kStageBytes;
+    constexpr int kWeightChunks = kRows * (kStepK / 2) / 16;
+    for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
+      const int r = chunk / 4;
+      const int c = chunk % 4;
+      copy_16_async(
+          shared_address(base + kRawWeightOffset + r * (kStepK / 2) + c * 16),
+          rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) + c * 16);
+    }
+    constexpr int kCodeChunks = kTokens * kStepK / 16;
+    for (int chunk = thread; chunk < kCodeChunks; chunk += kThreads) {
+      const int token = chunk / 8;
+      const int c = chunk % 8;
+      copy_16_async(
+          shared_address(base + kCodesOffset + token * kStepK + ((c ^ (token & 7)) << 4)),
+          args.x_codes + token_row(token) * args.k + static_cast<int64_t>(step) * kStepK + c * 16);
+    }
+    const int64_t block = static_cast<int64_t>(step) * kStepBlocks;
+    if (thread < kRows) {
+      copy_4_async(shared_address(base + kWeightCodesOffset + thread * kStepBlocks),
+                   rows.w_scales + thread * k_blocks + block);
+    } else if (thread - kRows < kTokens) {
+      const int token = thread - kRows;
+      copy_4_async(shared_address(base + kTokenCodesOffset + token * kStepBlocks),
+                   args.x_scales + token_row(token) * k_blocks + block);
+    }
+  };
+
+  const auto weights_of = [&](int buffer) {
+    return shared + kWeightsOffset + buffer * kWeightsBytes;
+  };
+  const auto weight_scales_of = [&](int buffer) {
+    return reinterpret_cast<float*>(shared + kScalesOffset + buffer * kScalesBytes);
+  };
+  const auto token_scales_of = [&](int buffer) {
+    return reinterpret_cast<float*>(shared + kScalesOffset + buffer * kScalesBytes +
+                                    kWeightScalesBytes);
+  };
+  // A landed slot -> the e4m3 weights and the float scales a step's wgmmas and folds read.
+  const auto prepare_stage = [&](int slot, int buffer) {
+    const uint8_t* base = shared + slot * kStageBytes;
+    uint8_t* weights = weights_of(buffer);
+    float* weight_scales = weight_scales_of(buffer);
+    float* token_scales = token_scales_of(buffer);
+    constexpr int kWeightChunks = kRows * kStepBlocks;  // one 16-byte fp4 block each
+    // One chunk at a time: this runs with two partials in flight.
+#pragma unroll 1
+    for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
+      const int r = chunk / kStepBlocks;
+      const int b = chunk % kStepBlocks;
+      const uint4 packed =
+          *reinterpret_cast<const uint4*>(base + kRawWeightOffset + r * (kStepK / 2) + b * 16);
+      const uint4 low{e2m1x4_to_e4m3x4_scaled(packed.x), e2m1x4_to_e4m3x4_scaled(packed.y),
+                      e2m1x4_to_e4m3x4_scaled(packed.z), e2m1x4_to_e4m3x4_scaled(packed.w)};
+      const uint4 high{
+          e2m1x4_to_e4m3x4_scaled(packed.x >> 4), e2m1x4_to_e4m3x4_scaled(packed.y >> 4),
+          e2m1x4_to_e4m3x4_scaled(packed.z >> 4), e2m1x4_to_e4m3x4_scaled(packed.w >> 4)};
+      uint8_t* line = weights + r * kStepK;
+      *reinterpret_cast<uint4*>(line + (((2 * b) ^ (r & 7)) << 4)) = low;
+      *reinterpret_cast<uint4*>(line + (((2 * b + 1) ^ (r & 7)) << 4)) = high;
+    }
+    if (thread < kRows) {
+      const uint32_t codes =
+          *reinterpret_cast<const uint32_t*>(base + kWeightCodesOffset + thread * kStepBlocks);
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        weight_scales[b * kRows + thread] = scale_code(codes, 8 * b) * kE2m1Rescale;
+      }
+    } else if (thread - kRows < kTokens) {
+      const int token = thread - kRows;
+      const uint32_t codes =
+          *reinterpret_cast<const uint32_t*>(base + kTokenCodesOffset + token * kStepBlocks);
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        token_scales[b * kTokenScalesPerBlock + quad_grouped(token)] = scale_code(codes, 8 * b);
+      }
+    }
+    // The next warp-collective instruction (wgmma.wait_group, .aligned) follows without a
+    // barrier: the warp is whole again first.
+    __syncwarp();
+  };
+
+  float acc[kPartial] = {};
+  float partial[2][kPartial] = {};
+  // The mma.sync tile's fold, element for element: acc += d * (x_scale * w_scale).
+  const auto fold = [&](const float(&d)[kPartial], int buffer, int b) {
+    const float* weight_scales = weight_scales_of(buffer);
+    const float* token_scales = token_scales_of(buffer);
+    const float w_scale_lo = weight_scales[b * kRows + row];
+    const float w_scale_hi = weight_scales[b * kRows + row + 8];
+    const float* quad_scales = token_scales + b * kTokenScalesPerBlock + quad * kQuadStride;
+#pragma unroll
+    for (int pair = 0; pair < kTokens / 16; ++pair) {
+      // Tokens 16 pair + 2 quad + {0, 1} and 16 pair + 8 + 2 quad + {0, 1}.
+      const float4 x_scales = *reinterpret_cast<const float4*>(quad_scales + 4 * pair);
+      const float scale[2][2] = {{x_scales.x, x_scales.y}, {x_scales.z, x_scales.w}};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * pair + half;
+        acc[4 * j + 0] += d[4 * j + 0] * (scale[half][0] * w_scale_lo);
+        acc[4 * j + 1] += d[4 * j + 1] * (scale[half][1] * w_scale_lo);
+        acc[4 * j + 2] += d[4 * j + 2] * (scale[half][0] * w_scale_hi);
+        acc[4 * j + 3] += d[4 * j + 3] * (scale[half][1] * w_scale_hi);
+      }
+    }
+  };
+
+  // wgmma of K block b of `step` into d (fresh), reading the converted weights of `buffer`.
+  const auto issue = [&](float(&d)[kPartial], int step, int buffer, int b) {
+    const uint32_t weights_address =
+        shared_address(weights_of(buffer) + warpgroup * kWarpgroupRows * kStepK);
+    const uint32_t codes_address = shared_address(shared + (step % kStages) * kStageBytes);
+    wgmma_fence();  // d was read by a fold (or the registers are fresh)
+    wgmma_k32<kTokens, WgmmaWrite::kFreshInPlace>(
+        d, swizzled_operand(weights_address + b * kScaleBlock),
+        swizzled_operand(codes_address + b * kScaleBlock));
+    wgmma_commit();
+  };
+  // Waits until only the latest wgmma (or none) is in flight, then folds d, the older one.
+  const auto fold_after_one = [&](float(&d)[kPartial], int buffer, int b) {
+    wgmma_wait<1>();
+    hold_after_wait(d);
+    fold(d, buffer, b);
+  };
+  const auto fold_after_all = [&](float(&d)[kPartial], int buffer, int b) {
+    wgmma_wait<0>();
+    hold_after_wait(d);
+    fold(d, buffer, b);
+  };
+  static_assert(kStepBlocks == 4, "the schedule below is written out for 4 blocks a step");
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) copy_stage(s, s);
+    commit_copies();
+  }
+  wait_copies<kStages - 2>();
+  __syncthreads();
+  prepare_stage(0, 0);
+  fence_shared_for_wgmma();
+  for (int step = 0; step < steps; ++step) {
+    const int buffer = step & 1;
+    __syncthreads();  // X
+    const int ahead = step + kStages - 1;
+    if (ahead < steps) copy_stage(ahead, ahead % kStages);
+    commit_copies();
+    issue(partial[0], step, buffer, 0);
+    issue(partial[1], step, buffer, 1);
+    if (step + 1 < steps) {
+      // Step + 1 has landed: kStages + step groups committed, step + 2 of them needed.
+      wait_copies<kStages - 2>();
+      __syncthreads();  // Y
+      prepare_stage((step + 1) % kStages, buffer ^ 1);
+      fence_shared_for_wgmma();
+    }
+    fold_after_one(partial[0], buffer, 0);
+    issue(partial[0], step, buffer, 2);
+    fold_after_one(partial[1], buffer, 1);
+    issue(partial[1], step, buffer, 3);
+    fold_after_one(partial[0], buffer, 2);
+    fold_after_all(partial[1], buffer, 3);
+  }
+  store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
+}
+
+}  // namespace fold32
+
+// ---- kPer128: one fold per 128 of K -------------------------------------------------------
+namespace fold128 {
+
+// Four warpgroups: warpgroup g takes weight rows [64 (g % 2), + 64) of the block's 128 and tokens
+// [(g / 2) kTokens / 2, + kTokens / 2) of the tile (m64n64k32 or m64n16k32), with one step's
+// accumulator besides the sum (64 registers), so 16 warps fit where the two-warpgroup tile
+// (64 x 128 each and two step accumulators, 192 registers) had 8: the two-warpgroup version
+// (23de7d6) issued every 2.4 cycles per scheduler on the H200 (ncu), latency bound. A warpgroup
+// folds its step after waiting for it; the other warpgroups' wgmmas keep the tensor cores busy
+// meanwhile. The wgmmas read each step's weights and tokens twice (64 KB of shared memory a
+// step instead of 48).
+constexpr int kThreads = 4 * 128;
+
+// Six slots: step s refills the slot of step s - 2 with step s + 4 and converts step s + 1, so
+// the copies of steps s + 2 .. s + 4 are in flight while it runs.
+constexpr int kStages = 6;
+constexpr int kCopyAhead = kStages - 2;
+// Three weight buffers: step s converts step s + 1 into the buffer step s - 2 used, which every
+// warpgroup finished with before step s's barrier; so one barrier a step suffices.
+constexpr int kWeightBuffers = 3;
+// One pipeline slot: the tokens' e4m3 lines (swizzled, wgmma's B), the raw fp4 weight rows (64
+// bytes each, read only by the conversion), the rows' 4 ue8m0 codes of the step, and the tokens'
+// f32 step scales (already quad-grouped by the copy).
+constexpr int kCodesOffset = 0;
+constexpr int kRawWeightOffset = kCodesOffset + kMaxTokens * kStepK;
+constexpr int kWeightCodesOffset = kRawWeightOffset + kRows * kStepK / 2;
+constexpr int kTokenScalesOffset = kWeightCodesOffset + kRows * kStepBlocks;
+constexpr int kStageBytes = round_up_to_atom(kTokenScalesOffset + kTokenScalesPerBlock * 4);
+// After the slots, the buffers of a step's e4m3 weights (swizzled, wgmma's A), then the rows'
+// f32 step scales of each buffer, and the shift table.
+constexpr int kWeightsOffset = kStages * kStageBytes;
+constexpr int kWeightsBytes = kRows * kStepK;
+constexpr int kWeightScalesOffset = kWeightsOffset + kWeightBuffers * kWeightsBytes;
+constexpr int kShiftTableOffset = kWeightScalesOffset + kWeightBuffers * kRows * 4;
+// The weight codes of a 32-block d exponents below the step's largest are e4m3 codes of
+// e2m1 * 2^(6 - d). 2^6 puts the largest e2m1 value, 6, at 384 <= 448 (the most headroom a
+// power of two gives). Every e2m1 value is m * 2^-1 with m in {0, 1, 2, 3, 4, 6, 8, 12}, at
+// most 2 significant bits, so m * 2^(5 - d) is an e4m3 value (normal, or a subnormal multiple
+// of 2^-9) exactly when 5 - d >= -9: d <= kExactShift. Past it the conversion rounds to nearest
+// even (d = 15 turns 0.5 into 0 and 1.5 into 2 * 2^-9), and from d = kFlushShift on every code is
+// 0 (6 * 2^(6 - 19) is below 2^-10, half the smallest subnormal): the table stops there.
+constexpr int kExactShift = kWgmmaExactWeightShift;
+constexpr int kFlushShift = kWgmmaFlushWeightShift;
+static_assert(5 - kExactShift == -9 && 6.0 * (1 << 6) <= 448.0,
+              "the exact range of the weight shift, as derived above");
+constexpr int kShiftTableBytes = (kFlushShift + 1) * 8;
+constexpr int kSharedBytes = kShiftTableOffset + kShiftTableBytes;
+constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
+constexpr float kWeightShiftRescale = 1.0f / 64.0f;             // undoes the 2^6
+static_assert(kStageBytes % kSwizzleAtom == 0 && kWeightsOffset % kSwizzleAtom == 0 &&
+                  kWeightsBytes % kSwizzleAtom == 0 &&
+                  (kWarpgroupRows * kStepK) % kSwizzleAtom == 0,
+              "the wgmma operands start on swizzle atoms");
+static_assert(kFlushShift + 1 <= kThreads, "one thread per shift fills the table");
+
+// Entry d: bytes j = 0..7 are the e4m3 codes (nearest even, as cvt.rn) of the e2m1 magnitude
+// code j times 2^(6 - d), as the two words __byte_perm looks up.
+__device__ __forceinline__ void fill_shift_table(uint8_t* shared) {
+  const int d = static_cast<int>(threadIdx.x);
+  if (d > kFlushShift) return;
+  constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  uint32_t words[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float value = ldexpf(kMagnitudes[j], 6 - d);
+    const auto code =
+        static_cast<uint32_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
+    words[j / 4] |= code << (8 * (j % 4));
+  }
+  reinterpret_cast<uint2*>(shared + kShiftTableOffset)[d] = make_uint2(words[0], words[1]);
+}
+
+// Eight fp4 codes (K 8t .. 8t + 7, two per byte, low nibble first) -> the e4m3 codes of the
+// shifted values, `low` K 8t + 2i in byte i and `high` K 8t + 2i + 1 (CodeLayout::kMmaHalves'
+// words t and 4 + t). The magnitudes of the low (high) nibbles are packed into one 16-bit
+// selector, two per byte, so one __byte_perm looks four up in the shift's table; the sign bits
+// only move to bit 7 of their byte.
+__device__ __forceinline__ void e2m1x8_to_e4m3_shifted(uint32_t codes, uint2 table, uint32_t& low,
+                                                       uint32_t& high) {
+  const uint32_t magnitudes = codes & 0x77777777u;
+  const uint32_t down4 = magnitudes >> 4;
+  // Byte 0: low nibbles of bytes 0 and 1; byte 2: of bytes 2 and 3 (the high ones likewise).
+  const uint32_t low_pairs = (magnitudes & 0x0F0F0F0Fu) | (down4 & 0xF0F0F0F0u);
+  const uint32_t high_pairs = (down4 & 0x0F0F0F0Fu) | ((magnitudes >> 8) & 0xF0F0F0F0u);
+  low = __byte_perm(table.x, table.y, __byte_perm(low_pairs, 0, 0x0020)) |
+        ((codes << 4) & 0x80808080u);
+  high = __byte_perm(table.x, table.y, __byte_perm(high_pairs, 0, 0x0020)) | (codes & 0x80808080u);
+}
+
+__device__ __forceinline__ uint32_t byte_of(uint32_t word, int b) {
+  return (word >> (8 * b)) & 0xFFu;
+}
+
+// One work item: weight rows [128 row_tile, +128) times one token tile of kTokens (128 or 32).
+// Step s's four wgmmas chain in one accumulator, its weights in buffer s % 3, its activations
+// and scale codes in slot s % kStages. A step: wait for this thread's copies of step s + 1,
+// barrier (step s's conversion and step s + 1's copies visible to all; every warpgroup has
+// waited for and folded step s - 1, so the buffers and slots of steps before s are free), issue
+// step s, refill step s - 2's slot with step s + kCopyAhead, convert step s + 1 (while step s is
+// on the tensor cores), wait for step s and fold it.
+template <int kTokens>
+__device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
+                                           const PrefillTokenTile& tile, int row_tile,
+                                           uint8_t* shared) {
+  constexpr int kWarpgroupTokens = kTokens / 2;   // the wgmma's N
+  constexpr int kPartial = kWarpgroupTokens / 2;  // f32 registers of one m64nNk32 result
+  const TileRows rows = tile_rows(args, tile, row_tile, kTokens);
+  const int thread = threadIdx.x;
+  const int warpgroup = thread / 128;
+  const int lane = thread & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  const int row_half = warpgroup % 2;
+  const int first_token = (warpgroup / 2) * kWarpgroupTokens;
+  // This thread's accumulator rows within the block: row and row + 8.
+  const int row = row_half * kWarpgroupRows + ((thread / 32) % 4) * 16 + group;
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  const int steps = static_cast<int>(args.k / kStepK);
+  // Tokens past the tile's rows load the last row and are never stored (as the mma.sync tile).
+  const auto token_row = [&](int token) -> int64_t {
+    return tile.first + min(token, rows.tokens - 1);
+  };
+  const auto slot_of = [&](int step) { return shared + (step % kStages) * kStageBytes; };
+  const auto weights_of = [&](int step) {
+    return shared + kWeightsOffset + (step % kWeightBuffers) * kWeightsBytes;
+  };
+  const auto weight_scales_of = [&](int step) {
+    return reinterpret_cast<float*>(shared + kWeightScalesOffset +
+                                    (step % kWeightBuffers) * kRows * 4);
+  };
+  const uint2* shift_table = reinterpret_cast<const uint2*>(shared + kShiftTableOffset);
+
+  const auto copy_stage = [&](int step) {
+    uint8_t* base = slot_of(step);
+    constexpr int kWeightChunks = kRows * (kStepK / 2) / 16;
+#pragma unroll
+    for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
+      const int r = chunk / 4;
+      const int c = chunk % 4;
+      copy_16_async(
+          shared_address(base + kRawWeightOffset + r * (kStepK / 2) + c * 16),
+          rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) + c * 16);
+    }
+    constexpr int kCodeChunks = kTokens * kStepK / 16;
+#pragma unroll
+    for (int chunk = thread; chunk < kCodeChunks; chunk += kThreads) {
+      const int token = chunk / 8;
+      const int c = chunk % 8;
+      copy_16_async(
+          shared_address(base + kCodesOffset + token * kStepK + ((c ^ (token & 7)) << 4)),
+          args.x_codes + token_row(token) * args.k + static_cast<int64_t>(step) * kStepK + c * 16);
+    }
+    if (thread < kRows) {
+      copy_4_async(shared_address(base + kWeightCodesOffset + thread * kStepBlocks),
+                   rows.w_scales + thread * k_blocks + static_cast<int64_t>(step) * kStepBlocks);
+    } else if (thread - kRows < kTokens) {
+      const int token = thread - kRows;
+      copy_4_async(shared_address(base + kTokenScalesOffset + quad_grouped(token) * 4),
+                   args.x_step_scales + token_row(token) * steps + step);
+    }
+  };
+
+  // A landed slot -> the step's shifted e4m3 weights and the rows' step scales.
+  const auto convert_step = [&](int step) {
+    const uint8_t* base = slot_of(step);
+    uint8_t* weights = weights_of(step);
+    float* weight_scales = weight_scales_of(step);
+    // One 16-byte fp4 block per chunk, one chunk per thread.
+    constexpr int kWeightChunks = kRows * kStepBlocks;
+#pragma unroll
+    for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
+      const int r = chunk / kStepBlocks;
+      const int b = chunk % kStepBlocks;
+      const uint32_t codes =
+          *reinterpret_cast<const uint32_t*>(base + kWeightCodesOffset + r * kStepBlocks);
+      const uint32_t top =
+          max(max(byte_of(codes, 0), byte_of(codes, 1)), max(byte_of(codes, 2), byte_of(codes, 3)));
+      const uint32_t shift = min(top - byte_of(codes, b), static_cast<uint32_t>(kFlushShift));
+      const uint2 table = shift_table[shift];
+      const uint4 packed =
+          *reinterpret_cast<const uint4*>(base + kRawWeightOffset + r * (kStepK / 2) + b * 16);
+      uint4 low;
+      uint4 high;
+      e2m1x8_to_e4m3_shifted(packed.x, table, low.x, high.x);
+      e2m1x8_to_e4m3_shifted(packed.y, table, low.y, high.y);
+      e2m1x8_to_e4m3_shifted(packed.z, table, low.z, high.z);
+      e2m1x8_to_e4m3_shifted(packed.w, table, low.w, high.w);
+      uint8_t* line = weights + r * kStepK;
+      *reinterpret_cast<uint4*>(line + (((2 * b) ^ (r & 7)) << 4)) = low;
+      *reinterpret_cast<uint4*>(line + (((2 * b + 1) ^ (r & 7)) << 4)) = high;
+      if (b == 0) {
+        weight_scales[r] =
+            deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) * kWeightShiftRescale;
+      }
+    }
+    // The next warp-collective instruction (wgmma.wait_group, .aligned) may follow without a
+    // barrier: the warp is whole again first.
+    __syncwarp();
+  };
+
+  float acc[kPartial] = {};
+  float partial[kPartial];
+  // acc += d * (x_step_scale * w_step_scale), the promotion of one step's FP8 accumulator.
+  const auto fold = [&](const float(&d)[kPartial], int step) {
+    const float* weight_scales = weight_scales_of(step);
+    const float w_scale_lo = weight_scales[row];
+    const float w_scale_hi = weight_scales[row + 8];
+    const float* quad_scales = reinterpret_cast<const float*>(slot_of(step) + kTokenScalesOffset) +
+                               quad * kQuadStride + first_token / 4;
+#pragma unroll
+    for (int pair = 0; pair < kWarpgroupTokens / 16; ++pair) {
+      // Tokens first_token + 16 pair + 2 quad + {0, 1} and first_token + 16 pair + 8 + 2 quad +
+      // {0, 1}.
+      const float4 x_scales = *reinterpret_cast<const float4*>(quad_scales + 4 * pair);
+      const float scale[2][2] = {{x_scales.x, x_scales.y}, {x_scales.z, x_scales.w}};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * pair + half;
+        acc[4 * j + 0] += d[4 * j + 0] * (scale[half][0] * w_scale_lo);
+        acc[4 * j + 1] += d[4 * j + 1] * (scale[half][1] * w_scale_lo);
+        acc[4 * j + 2] += d[4 * j + 2] * (scale[half][0] * w_scale_hi);
+        acc[4 * j + 3] += d[4 * j + 3] * (scale[half][1] * w_scale_hi);
+      }
+    }
+  };
+
+  // The step's four k32 wgmmas into d, one accumulator (fresh for the first), one group.
+  const auto issue_step = [&](float(&d)[kPartial], int step) {
+    const uint32_t weights_address =
+        shared_address(weights_of(step) + row_half * kWarpgroupRows * kStepK);
+    const uint32_t codes_address =
+        shared_address(slot_of(step) + kCodesOffset + first_token * kStepK);
+    wgmma_fence();  // d was read by a fold (or the registers are fresh)
+    wgmma_k32<kWarpgroupTokens, WgmmaWrite::kFresh>(d, swizzled_operand(weights_address),
+                                                    swizzled_operand(codes_address));
+#pragma unroll
+    for (int b = 1; b < kStepBlocks; ++b) {
+      wgmma_k32<kWarpgroupTokens, WgmmaWrite::kAdd>(
+          d, swizzled_operand(weights_address + b * kScaleBlock),
+          swizzled_operand(codes_address + b * kScaleBlock));
+    }
+    wgmma_commit();
+  };
+
+  // Before step s's barrier: this thread's copies of step s + 1 have landed. kCopyAhead + s
+  // groups are committed by then (group j: step j), s + 2 of them needed.
+  const auto wait_for_next = [&](int step) {
+    if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
+  };
+  // After the issue: refill step s - 2's slot, convert step s + 1.
+  const auto prepare_next = [&](int step) {
+    if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
+    commit_copies();
+    if (step + 1 < steps) {
+      convert_step(step + 1);
+      fence_shared_for_wgmma();
+    }
+  };
+  const auto run_step = [&](int step) {
+    wait_for_next(step);
+    __syncthreads();
+    issue_step(partial, step);
+    prepare_next(step);
+    wgmma_wait<0>();
+    hold_after_wait(partial);
+    fold(partial, step);
+  };
+  static_assert(kCopyAhead >= 2 && kStages >= kCopyAhead + 2 && kWeightBuffers == 3,
+                "step s refills step s - 2's slot and converts into step s - 2's buffer");
+
+#pragma unroll
+  for (int s = 0; s < kCopyAhead; ++s) {
+    if (s < steps) copy_stage(s);
+    commit_copies();
+  }
+  wait_copies<kCopyAhead - 1>();  // step 0
+  __syncthreads();
+  convert_step(0);
+  fence_shared_for_wgmma();
+  for (int step = 0; step < steps; ++step) run_step(step);
+  store_tile<kWarpgroupTokens>(args, tile, rows, row, quad, first_token, acc);
+}
+
+}  // namespace fold128
+
+// Persistent blocks (one per SM) walk the items (token tile, 128 weight rows) in list order,
+// weight rows fastest, as prefill_tile_kernel does.
+template <WgmmaFold kFold>
+constexpr int threads_of() {
+  return kFold == WgmmaFold::kPer128 ? fold128::kThreads : kThreads;
+}
+
+template <WgmmaFold kFold>
+__global__ void __launch_bounds__(threads_of<kFold>(), 1)
+    prefill_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
+                         const int* tile_count) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t dynamic_shared[];
+  uint8_t* shared = align_to_swizzle_atom(dynamic_shared);
+  if constexpr (kFold == WgmmaFold::kPer128) {
+    fold128::fill_shift_table(shared);
+    __syncthreads();
+  }
+  const int row_tiles = static_cast<int>(args.n / kRows);
+  const int64_t items = static_cast<int64_t>(*tile_count) * row_tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const PrefillTokenTile tile = tiles[item / row_tiles];
+    const int row_tile = static_cast<int>(item % row_tiles);
+    if constexpr (kFold == WgmmaFold::kPer128) {
+      if (tile.small != 0) {
+        fold128::wgmma_tile<kPrefillSmallTileTokens>(args, tile, row_tile, shared);
+      } else {
+        fold128::wgmma_tile<kPrefillBigTileTokens>(args, tile, row_tile, shared);
+      }
+    } else {
+      if (tile.small != 0) {
+        fold32::wgmma_tile<kPrefillSmallTileTokens>(args, tile, row_tile, shared);
+      } else {
+        fold32::wgmma_tile<kPrefillBigTileTokens>(args, tile, row_tile, shared);
+      }
+    }
+    __syncthreads();  // the next item's first copies overwrite what slow warps may still read
+  }
+#else
+  (void)args;
+  (void)tiles;
+  (void)tile_count;
+  __trap();  // the host launches it on sm_90 only
+#endif
+}
+
+// One warp per (row, 128 of K): lane l quantizes K 32b + l of the step's four blocks exactly as
+// moe_grouped_gemm.cu's store_quantized (the same scale and e4m3 value per block), then stores
+// each code re-expressed against the step's largest scale: value * 2^-(e_step - e_block),
+// rounded to nearest even by the e4m3 conversion (exact unless it becomes subnormal).
+template <bool kSwiglu>
+__global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* codes,
+                                            float* step_scales) {
+  const int64_t steps_per_row = source.cols / kStepK;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (warp >= source.rows * steps_per_row) return;
+  const int64_t row = warp / steps_per_row;  // the same for the whole warp
+  if (source.placed != nullptr && row >= *source.placed) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t first = (warp % steps_per_row) * kStepK;
+  float quantized[kStepBlocks];
+  float scale[kStepBlocks];
+  float step_scale = 0.0f;
+#pragma unroll
+  for (int b = 0; b < kStepBlocks; ++b) {
+    const float value = expert_row_value<kSwiglu>(source, row, first + b * kScaleBlock + lane);
+    scale[b] = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
+    quantized[b] = deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale[b], -448.0f), 448.0f));
+    step_scale = fmaxf(step_scale, scale[b]);
+  }
+  // kMmaHalves: K 8t + 2i at byte 4t + i of the block, K 8t + 2i + 1 at 16 + 4t + i.
+  const int in_block = ((lane & 1) << 4) | ((lane >> 3) << 2) | ((lane & 7) >> 1);
+  uint8_t* row_codes = codes + row * source.cols + first;
+#pragma unroll
+  for (int b = 0; b < kStepBlocks; ++b) {
+    // Both scales are powers of two: the product is exact before the one rounding.
+    const float shifted = quantized[b] * (scale[b] / step_scale);
+    row_codes[b * kScaleBlock + in_block] =
+        static_cast<uint8_t>(__nv_cvt_float_to_fp8(shifted, __NV_SATFINITE, __NV_E4M3));
+  }
+  if (lane == 0) step_scales[warp] = step_scale;
+}
+
+template <WgmmaFold kFold>
+void launch_kernel(const PrefillWgmmaArgs& args, unsigned blocks, int shared_bytes,
+                   const PrefillTokenTile* tiles, const int* tile_count) {
+  static const bool configured = [&] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<kFold>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    return true;
+  }();
+  (void)configured;
+  prefill_wgmma_kernel<kFold>
+      <<<blocks, threads_of<kFold>(), shared_bytes, current_stream()>>>(args, tiles, tile_count);
+  DI_CUDA_LAUNCHED(prefill_wgmma_kernel);
+}
+
+}  // namespace
+
+WgmmaFold moe_wgmma_fold() {
+  if (ops::batch_invariant() || !kMoeWgmma.enabled() || !device_is_sm90()) {
+    return WgmmaFold::kNone;
+  }
+  const int fold = kMoeWgmmaFold.value();
+  if (fold == 128) return WgmmaFold::kPer128;
+  if (fold == 32) return WgmmaFold::kPer32;
+  DI_THROW("DEEPINFER_MOE_WGMMA_FOLD=", fold, " is not accepted: 32 or 128");
+}
+
+void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
+                              const PrefillTokenTile* tiles, const int* tile_count,
+                              int64_t max_tiles) {
+  DI_CHECK(args.n % kRows == 0 && args.k % kStepK == 0, "launch_moe_prefill_wgmma: N ", args.n,
+           " and K ", args.k, " must be multiples of ", kRows, " and ", kStepK);
+  DI_CHECK(fold != WgmmaFold::kNone, "launch_moe_prefill_wgmma needs a wgmma fold");
+  int device = 0;
+  int sms = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&device));
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t max_items = max_tiles * (args.n / kRows);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(max_items, sms));
+  if (blocks == 0) return;
+  if (fold == WgmmaFold::kPer128) {
+    launch_kernel<WgmmaFold::kPer128>(args, blocks, fold128::kSharedAllocation, tiles, tile_count);
+  } else {
+    launch_kernel<WgmmaFold::kPer32>(args, blocks, fold32::kSharedAllocation, tiles, tile_count);
+  }
+}
+
+template <bool kSwiglu>
+void quantize_rows_per128(const ExpertRowsSource& source, uint8_t* codes, float* step_scales) {
+  DI_CHECK(source.cols % kStepK == 0, "quantize_rows_per128: ", source.cols,
+           " columns are not 128-wide steps");
+  constexpr int kQuantThreads = 256;
+  const int64_t warps = source.rows * (source.cols / kStepK);
+  if (warps == 0) return;
+  quantize_rows_per128_kernel<kSwiglu>
+      <<<blocks_for(warps * 32, kQuantThreads), kQuantThreads, 0, current_stream()>>>(source, codes,
+                                                                                      step_scales);
+  DI_CUDA_LAUNCHED(quantize_rows_per128_kernel);
+}
+
+template void quantize_rows_per128<false>(const ExpertRowsSource&, uint8_t*, float*);
+template void quantize_rows_per128<true>(const ExpertRowsSource&, uint8_t*, float*);
+
+}  // namespace deepinfer::ops::cuda

@@ -1,0 +1,90 @@
+// The routed experts' prefill GEMM on Hopper's warpgroup MMA (wgmma, sm_90a): the grouped
+// FP8 x FP4 GEMM's prefill tile (moe_grouped_gemm.cu) when batch invariance is off.
+//
+// Why only then: Hopper's FP8 wgmma accumulates with about 13 fraction bits where mma.sync rounds
+// like FP32 (docs/BENCHMARKS.md, "The wgmma numerics probe"), so its block dots do not have the
+// decode tile's bits, and the tile is chosen by rows per expert. With ops::batch_invariant() off
+// the op may follow DeepSeek's own SM90 numerics instead: promote the FP8 accumulator to FP32
+// once per 128 of K (as DeepGEMM and their SM90 MXFP4 MoE kernel do):
+//  - activations: the released per-32 quantization (the same e4m3 codes as today) re-expressed
+//    against the largest of the step's four scales, s128 = max_b s32_b: codes times
+//    s32_b / s128 rounded to nearest-even e4m3 (exact unless a code becomes subnormal);
+//  - weights: each 32-block's fp4 codes become e4m3 codes of value * 2^(6 - d), with
+//    d = max_b e_b - e_b over the row's four ue8m0 exponents of the step, exact for d <= 14
+//    (moe_prefill_wgmma.cu says why; beyond, nearest-even, and from d = 19 on, zero);
+//  - the four k32 wgmmas of a step add into one accumulator, folded once:
+//    acc += step_dot * (x_s128 * w_s128 * 2^-6).
+// DEEPINFER_MOE_WGMMA_FOLD=32 instead takes the first version of this tile (one fold per
+// 32-block from a fresh accumulator, today's per-32 codes and scales; the wgmma numerics but
+// the released block structure), kept for the comparison in cuda_layer_bench.
+// Internal to the CUDA backend.
+#pragma once
+
+#include <cstdint>
+
+namespace deepinfer::ops::cuda {
+
+struct DeviceWeight;
+struct ExpertRowsSource;
+
+// The prefill token tiles (listed on the device by moe_grouped_gemm.cu): rows
+// [first, min(first + tile tokens, end)) of `expert`, whose rows end at `end`; tile tokens is
+// kPrefillSmallTileTokens if `small`, else kPrefillBigTileTokens.
+struct PrefillTokenTile {
+  int expert;
+  int first;
+  int end;
+  int small;
+};
+inline constexpr int kPrefillBigTileTokens = 128;
+inline constexpr int kPrefillSmallTileTokens = 32;
+
+// kPer128's weight shift d (see above): exact up to kWgmmaExactWeightShift; from
+// kWgmmaFlushWeightShift on every code of the block becomes 0 (the tests count how often).
+inline constexpr int kWgmmaExactWeightShift = 14;
+inline constexpr int kWgmmaFlushWeightShift = 19;
+
+// How the fp4 prefill tile folds, chosen per call by moe_wgmma_fold().
+enum class WgmmaFold {
+  kNone,    // the mma.sync tile (batch invariance on, no sm_90 device, DEEPINFER_MOE_WGMMA=0)
+  kPer32,   // wgmma, one fold per 32-block (DEEPINFER_MOE_WGMMA_FOLD=32)
+  kPer128,  // wgmma, one fold per 128 of K (the default when batch invariance is off)
+};
+
+// kNone unless !ops::batch_invariant() and the device is sm_90; then DEEPINFER_MOE_WGMMA (on
+// by default; =0 keeps the mma.sync tile) and DEEPINFER_MOE_WGMMA_FOLD (128 by default, or 32;
+// another value is an Error naming the variable).
+WgmmaFold moe_wgmma_fold();
+
+// What the wgmma prefill kernel reads: activations already quantized in CodeLayout::kMmaHalves,
+// x_codes [R, K] e4m3 with x_scales [R, K / 32] ue8m0 (kPer32) or x_step_scales [R, K / 128]
+// f32 (kPer128, from quantize_rows_per128), and fp4 weights either as [E, N, K / 2] `weight` with
+// [E, N, K / 32] `w_scales`, or per expert through `experts` (then weight and w_scales are
+// unused). Rows of `out` outside every tile are not written.
+struct PrefillWgmmaArgs {
+  const uint8_t* x_codes = nullptr;
+  const uint8_t* x_scales = nullptr;
+  const float* x_step_scales = nullptr;
+  const uint8_t* weight = nullptr;
+  const uint8_t* w_scales = nullptr;
+  const DeviceWeight* experts = nullptr;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  int64_t n = 0;  // % 128 == 0
+  int64_t k = 0;  // % 128 == 0
+};
+
+// Runs the tiles (*tile_count of them, at most max_tiles) x all N / 128 weight row blocks on the
+// current stream, folding as `fold` says (kPer32 or kPer128).
+void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
+                              const PrefillTokenTile* tiles, const int* tile_count,
+                              int64_t max_tiles);
+
+// kPer128's activation quantizer: rows [0, source.rows) of `source` (skipping rows from
+// *source.placed on), each 128 of K as the released per-32 quantizer's four blocks (the same
+// codes and scales) re-expressed against the largest of the four scales. codes [rows, cols]
+// e4m3 in CodeLayout::kMmaHalves, step_scales [rows, cols / 128] f32. cols % 128 == 0.
+template <bool kSwiglu>
+void quantize_rows_per128(const ExpertRowsSource& source, uint8_t* codes, float* step_scales);
+
+}  // namespace deepinfer::ops::cuda

@@ -1,0 +1,354 @@
+// The wgmma prefill tile (moe_prefill_wgmma.h), which the grouped FP8 x FP4 GEMM and the routed
+// experts' op take when batch invariance is off on an sm_90 device: against the CPU reference
+// (ops::linear per expert, ops::cpu moe_experts), within the FP8 accumulator's bound below; with
+// batch invariance on, the mma.sync tile's bits exactly. Skips without a usable GPU, and the
+// wgmma cases without an sm_90 one.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_support.h"
+#include "ops/batch_invariance.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/moe_grouped_gemm.h"
+#include "ops/cuda/moe_prefill_wgmma.h"
+#include "ops/cuda/runtime_switch.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace deepinfer::ops {
+namespace {
+
+namespace rt = deepinfer::cuda;
+using testing::random_bytes;
+
+// The bound of one K-long dot through the wgmma tile, relative to the output's scale (the
+// largest |reference| of the call). The FP8 wgmma accumulator keeps about 13 fraction bits (the
+// probe of 2026-12-01: wgmma 0x1.47dp+15 where the exact dot is 0x1.47d5dbdp+15), so each
+// 128-wide step, four chained k32 products, is off by up to ~4 * 2^-13 = 2^-11 of the step's
+// magnitude before its FP32 fold; the K / 128 steps' errors add, and with the step partials of
+// random signs each is about the output's scale over sqrt(K / 128). Hence
+// 2^-11 * sqrt(K / 128) (3.1e-3 at K = 5120, 6.9e-4 at K = 256). The re-expression of the
+// activations against the step's scale (tiny codes turning subnormal: 2^-10 of the step scale
+// per element) and of the weights (exact for shifts up to 14) stay far below it. The invariant
+// path's bound (2e-5: summation order only) is not changed.
+double wgmma_dot_tolerance(int64_t k) {
+  return std::ldexp(1.0, -11) * std::sqrt(static_cast<double>(k) / 128.0);
+}
+
+// The op's bound: the one with batch invariance on (2e-3, moe_grouped_gemm_test: the
+// intermediate's quantizer can round a value computed a few ulp apart to a neighbouring e4m3
+// code), plus what the dots' error does through that quantizer. w1 and w3 off by eps = the dot
+// bound at K = dim move the SwiGLU product by ~2 eps of its scale, which moves a fraction
+// p ~ 2 eps / 2^-4 (half an e4m3 step relative to the value) of its codes by a whole step,
+// 2^-3 of the value; over w2's inter terms of random sign those flips add to ~2^-3 sqrt(p) of the
+// output's typical magnitude, i.e. ~0.7 sqrt(eps), and the worst output is ~3x the typical one
+// (hence 0.25 sqrt(eps) of the output's scale). w2's own dot adds its bound at K = inter.
+double wgmma_op_tolerance(int64_t dim, int64_t inter) {
+  return 2e-3 + 0.25 * std::sqrt(wgmma_dot_tolerance(dim)) + wgmma_dot_tolerance(inter);
+}
+
+// Worst |got - want| over max |want|; NaN must match NaN (unwritten rows).
+double worst_error(const Tensor& want, const Tensor& got) {
+  const float* w = want.data<float>();
+  const float* g = got.data<float>();
+  double scale = 1e-30;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (!std::isnan(w[i])) scale = std::max(scale, std::abs(static_cast<double>(w[i])));
+  }
+  double worst = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (std::isnan(w[i]) || std::isnan(g[i])) {
+      if (std::isnan(w[i]) != std::isnan(g[i])) return INFINITY;
+      continue;
+    }
+    worst = std::max(worst, std::abs(static_cast<double>(g[i]) - w[i]) / scale);
+  }
+  return worst;
+}
+
+Tensor random_f32(Shape shape, uint32_t seed) {
+  Tensor t = Tensor::empty(DType::kF32, shape);
+  const std::vector<float> values = testing::random_values(static_cast<size_t>(t.numel()), seed);
+  std::copy(values.begin(), values.end(), t.data<float>());
+  return t;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.view().raw_data(), b.view().raw_data(),
+                                               static_cast<size_t>(a.numel()) * 4) == 0;
+}
+
+// Of the 32-blocks of `scale` ([rows, K / 32] ue8m0 codes, any leading shape), how many sit more
+// than kWgmmaExactWeightShift exponents below the largest of their row's 128-wide step (their
+// e4m3 codes are rounded), and how many kWgmmaFlushWeightShift or more (all zero).
+struct ShiftCounts {
+  int64_t blocks = 0;
+  int64_t rounded = 0;
+  int64_t flushed = 0;
+};
+ShiftCounts count_weight_shifts(const Tensor& scale) {
+  ShiftCounts counts;
+  const auto* codes = static_cast<const uint8_t*>(scale.view().raw_data());
+  const int64_t cols = scale.view().size(scale.view().rank() - 1);
+  const int64_t rows = scale.numel() / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t step = 0; step < cols / 4; ++step) {
+      const uint8_t* block = codes + r * cols + 4 * step;
+      const int top = *std::max_element(block, block + 4);
+      for (int b = 0; b < 4; ++b) {
+        const int shift = top - block[b];
+        ++counts.blocks;
+        counts.rounded += shift > cuda::kWgmmaExactWeightShift;
+        counts.flushed += shift >= cuda::kWgmmaFlushWeightShift;
+      }
+    }
+  }
+  return counts;
+}
+
+class MoeWgmmaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DEEPINFER_SKIP_WITHOUT_GPU();
+    const ScopedBatchInvariance off(false);
+    if (cuda::moe_wgmma_fold() == cuda::WgmmaFold::kNone) {
+      GTEST_SKIP() << "the wgmma tile needs an sm_90 device";
+    }
+  }
+};
+
+// ---- the grouped GEMM (ops::cuda::moe_grouped_gemm_fp4) ------------------------------------
+
+struct Problem {
+  int64_t experts = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  std::vector<int32_t> offsets;  // E + 1
+  Tensor x;                      // host [R, K] f32
+  Tensor weight;                 // host [E, N, K] fp4
+  Tensor scale;                  // host [E, N, K/32] ue8m0
+};
+
+// Scale codes drawn from [lowest_scale, highest_scale]; 117..121 (near 2^-8) are realistic.
+Problem make_problem(int64_t n, int64_t k, const std::vector<int32_t>& counts, uint32_t seed,
+                     int lowest_scale = 117, int highest_scale = 121) {
+  Problem p;
+  p.experts = static_cast<int64_t>(counts.size());
+  p.n = n;
+  p.k = k;
+  p.offsets.push_back(0);
+  for (int32_t c : counts) p.offsets.push_back(p.offsets.back() + c);
+  const int64_t rows = p.offsets.back() + 3;  // rows past every expert stay unwritten
+  p.x = Tensor::empty(DType::kF32, {rows, k});
+  const std::vector<float> values = testing::random_values(static_cast<size_t>(rows * k), seed);
+  std::copy(values.begin(), values.end(), p.x.data<float>());
+  p.weight = random_bytes(DType::kF4E2M1x2, {p.experts, n, k}, seed + 1, 0, 255);
+  p.scale =
+      random_bytes(DType::kF8E8M0, {p.experts, n, k / 32}, seed + 2, lowest_scale, highest_scale);
+  return p;
+}
+
+// The CPU reference, expert by expert; rows outside every expert stay NaN.
+Tensor reference(const Problem& p) {
+  const int64_t rows = p.x.view().size(0);
+  Tensor want = Tensor::empty(DType::kF32, {rows, p.n});
+  std::fill(want.data<float>(), want.data<float>() + want.numel(), NAN);
+  for (int64_t e = 0; e < p.experts; ++e) {
+    const int64_t first = p.offsets[e];
+    const int64_t count = p.offsets[e + 1] - first;
+    if (count == 0) continue;
+    linear(p.x.view().narrow(0, first, count),
+           LinearWeight{p.weight.view().select(0, e), p.scale.view().select(0, e)},
+           want.view().narrow(0, first, count), ActivationQuant::kFp8PerBlock32);
+  }
+  return want;
+}
+
+Tensor run_gemm(const Problem& p) {
+  std::vector<int32_t> host_offsets = p.offsets;
+  Tensor d_offsets =
+      rt::to_device(testing::view_of(host_offsets, {static_cast<int64_t>(host_offsets.size())}));
+  Tensor dx = rt::to_device(p.x.view());
+  Tensor dw = rt::to_device(p.weight.view());
+  Tensor ds = rt::to_device(p.scale.view());
+  Tensor out = Tensor::empty(DType::kF32, {p.x.view().size(0), p.n}, rt::device_allocator());
+  rt::fill_bytes(out.view(), 0xFF);  // NaN: an element never written stays NaN
+  cuda::moe_grouped_gemm_fp4(dx.view(), d_offsets.view(), dw.view(), ds.view(), out.view());
+  rt::synchronize();
+  return rt::to_host(out.view());
+}
+
+// Both folds against the reference; with batch invariance on, the mma.sync tile's bits (the same
+// call with invariance off and DEEPINFER_MOE_WGMMA=0 runs that tile).
+void check_gemm(const Problem& p, const std::string& what) {
+  const Tensor want = reference(p);
+  const double tolerance = wgmma_dot_tolerance(p.k);
+  const ShiftCounts shifts = count_weight_shifts(p.scale);
+  for (const int fold : {128, 32}) {
+    const ScopedBatchInvariance off(false);
+    const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", fold);
+    const double error = worst_error(want, run_gemm(p));
+    std::printf(
+        "%s, fold per %d: worst error %.3g of the output's scale (bound %.3g); weight blocks "
+        "past the exact shift %lld of %lld, flushed %lld\n",
+        what.c_str(), fold, error, tolerance, static_cast<long long>(shifts.rounded),
+        static_cast<long long>(shifts.blocks), static_cast<long long>(shifts.flushed));
+    EXPECT_LE(error, tolerance) << what << ", fold per " << fold;
+  }
+  Tensor invariant;
+  {
+    const ScopedBatchInvariance on(true);
+    invariant = run_gemm(p);
+  }
+  Tensor mma_sync_tile;
+  {
+    const ScopedBatchInvariance off(false);
+    const rt::ScopedSwitch no_wgmma("DEEPINFER_MOE_WGMMA", false);
+    mma_sync_tile = run_gemm(p);
+  }
+  EXPECT_TRUE(same_bits(invariant, mma_sync_tile)) << what;
+  EXPECT_LE(worst_error(want, invariant), 2e-5) << what << ", batch invariant";
+}
+
+// Big (128) and small (32) token tiles, an empty expert, a remainder of 3 rows.
+TEST_F(MoeWgmmaTest, GroupedGemmSmallShapes) {
+  check_gemm(make_problem(256, 512, {150, 20, 0, 131}, 10), "256 x 512, 4 experts");
+  check_gemm(make_problem(128, 256, {97, 33}, 20), "128 x 256, 2 experts");
+}
+
+// Scale codes over [100, 127]: many blocks sit more than 14 exponents below their step's
+// largest (rounded or flushed codes); they are below 2^-14 of it, within the bound.
+TEST_F(MoeWgmmaTest, GroupedGemmWideScaleSpreadSmallShapes) {
+  const Problem p = make_problem(256, 512, {140, 60}, 30, 100, 127);
+  const ShiftCounts shifts = count_weight_shifts(p.scale);
+  EXPECT_GT(shifts.rounded, 0);
+  check_gemm(p, "256 x 512, scales 2^-27..2^0");
+}
+
+// The V4.1-Flash expert shapes: w1 / w3 (2304 x 5120) and w2 (5120 x 2304).
+TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
+  check_gemm(make_problem(2304, 5120, {130, 97, 40}, 40), "w1 2304 x 5120");
+  check_gemm(make_problem(5120, 2304, {130, 97, 40}, 50), "w2 5120 x 2304");
+}
+
+// ---- the routed experts' op (ops::cuda::moe_experts) ---------------------------------------
+
+struct ExpertSet {
+  std::vector<Tensor> host_storage, device_storage;
+  std::vector<ExpertWeights> host, device;
+};
+
+ExpertSet make_experts(int64_t count, int64_t dim, int64_t inter, uint32_t seed) {
+  ExpertSet set;
+  set.host.resize(count);
+  set.device.resize(count);
+  set.host_storage.reserve(6 * count);
+  set.device_storage.reserve(6 * count);
+  const auto make = [&](int64_t out, int64_t in, LinearWeight& host, LinearWeight& device) {
+    const Tensor& w =
+        set.host_storage.emplace_back(random_bytes(DType::kF4E2M1x2, {out, in}, ++seed, 0, 255));
+    const Tensor& sc = set.host_storage.emplace_back(
+        random_bytes(DType::kF8E8M0, {out, in / 32}, ++seed, 117, 121));
+    const Tensor& dw = set.device_storage.emplace_back(rt::to_device(w.view()));
+    const Tensor& dsc = set.device_storage.emplace_back(rt::to_device(sc.view()));
+    host = LinearWeight{w.view(), sc.view()};
+    device = LinearWeight{dw.view(), dsc.view()};
+  };
+  for (int64_t e = 0; e < count; ++e) {
+    make(inter, dim, set.host[e].w1, set.device[e].w1);
+    make(inter, dim, set.host[e].w3, set.device[e].w3);
+    make(dim, inter, set.host[e].w2, set.device[e].w2);
+  }
+  return set;
+}
+
+// top_k distinct experts per token, in random order.
+Tensor random_routes(int64_t tokens, int64_t experts, int64_t top_k, uint32_t seed) {
+  Tensor chosen = Tensor::empty(DType::kI32, {tokens, top_k});
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t e = 0; e < experts; ++e) ids[e] = static_cast<int32_t>(e);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::copy(ids.begin(), ids.begin() + top_k, chosen.data<int32_t>() + t * top_k);
+  }
+  return chosen;
+}
+
+Tensor run_moe_op(const ExpertSet& set, const Tensor& x, const Tensor& chosen,
+                  const Tensor& weights, int64_t first, int64_t count) {
+  const int64_t dim = x.view().size(1);
+  Tensor dx = rt::to_device(x.view().narrow(0, first, count));
+  Tensor dc = rt::to_device(chosen.view().narrow(0, first, count));
+  Tensor dwt = rt::to_device(weights.view().narrow(0, first, count));
+  Tensor out = Tensor::empty(DType::kF32, {count, dim}, rt::device_allocator());
+  rt::fill_bytes(out.view(), 0xFF);
+  cuda::moe_experts(dx.view(), dc.view(), dwt.view(), set.device, 10.0f,
+                    ActivationQuant::kFp8PerBlock32, out.view());
+  rt::synchronize();
+  return rt::to_host(out.view());
+}
+
+// The op without batch invariance (both folds) against the CPU op; with it, the mma.sync tile's
+// bits and each of a few tokens alone equal to itself in the batch (the decode tile).
+void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, int64_t top_k,
+                  uint32_t seed, const std::string& what) {
+  const ExpertSet set = make_experts(experts, dim, inter, seed);
+  const Tensor chosen = random_routes(tokens, experts, top_k, seed + 100);
+  const Tensor weights = random_f32({tokens, top_k}, seed + 101);
+  const Tensor x = random_f32({tokens, dim}, seed + 102);
+  Tensor want = Tensor::empty(DType::kF32, {tokens, dim});
+  moe_experts(x.view(), chosen.view(), weights.view(), set.host, 10.0f,
+              ActivationQuant::kFp8PerBlock32, want.view());
+  const double tolerance = wgmma_op_tolerance(dim, inter);
+  for (const int fold : {128, 32}) {
+    const ScopedBatchInvariance off(false);
+    const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", fold);
+    const double error = worst_error(want, run_moe_op(set, x, chosen, weights, 0, tokens));
+    std::printf(
+        "moe_experts %s, fold per %d: worst error %.3g of the output's scale (bound %.3g)\n",
+        what.c_str(), fold, error, tolerance);
+    EXPECT_LE(error, tolerance) << what << ", fold per " << fold;
+  }
+  Tensor invariant;
+  {
+    const ScopedBatchInvariance on(true);
+    invariant = run_moe_op(set, x, chosen, weights, 0, tokens);
+    for (const int64_t token : {int64_t{0}, tokens / 2, tokens - 1}) {
+      const Tensor alone = run_moe_op(set, x, chosen, weights, token, 1);
+      EXPECT_EQ(0, std::memcmp(invariant.data<float>() + token * dim, alone.data<float>(),
+                               static_cast<size_t>(dim) * sizeof(float)))
+          << what << ": token " << token << " alone";
+    }
+  }
+  Tensor mma_sync_tile;
+  {
+    const ScopedBatchInvariance off(false);
+    const rt::ScopedSwitch no_wgmma("DEEPINFER_MOE_WGMMA", false);
+    mma_sync_tile = run_moe_op(set, x, chosen, weights, 0, tokens);
+  }
+  EXPECT_TRUE(same_bits(invariant, mma_sync_tile)) << what;
+  EXPECT_LE(worst_error(want, invariant), 2e-3) << what << ", batch invariant";
+}
+
+// 4 experts, 200 tokens x top-2: ~100 rows per expert (big and small token tiles).
+TEST_F(MoeWgmmaTest, MoeExpertsSmallShapes) {
+  check_moe_op(4, 256, 512, 200, 2, 600, "4 experts 512 x 256, 200 tokens");
+}
+
+// The V4.1-Flash expert shapes, 8 experts, 136 tokens x top-6: ~102 rows per expert.
+TEST_F(MoeWgmmaTest, MoeExpertsV41FlashShapes) {
+  check_moe_op(8, 5120, 2304, 136, 6, 700, "8 experts 2304 x 5120, 136 tokens");
+}
+
+}  // namespace
+}  // namespace deepinfer::ops
