@@ -118,33 +118,32 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(WeightFormat::kReleased, Numerics::kDense),
                       std::make_tuple(WeightFormat::kReleased, Numerics::kReleased)));
 
-// Batch invariance off lets the GPU run calls of many rows on kernels with another summation
-// order (cuBLASLt for the dense roles, the wgmma tile for the routed experts: docs/CUDA.md,
-// "Batch invariance off"); prompts long enough to take them, and the same bounds as above: the
-// products are the same quantized operands, only the sums' order and (FP8 wgmma) accumulator
-// width differ, which the released numerics' 1e-3 rule covers.
+// Batch invariance off lets the GPU run calls of many rows on other kernels (cuBLASLt for the
+// dense bf16 / fp8 roles from DEEPINFER_CUBLASLT_MIN_ROWS = 65 rows: docs/CUDA.md, "Batch
+// invariance off"); the whole-prompt step of the prompts above is 82 rows and takes it. The same
+// bounds as above: the products are the same quantized operands, only the sums' order differs.
+// (The tiny models' hidden size 32 is too small for the routed experts' wgmma tile, which
+// moe_wgmma_test checks at the V4.1 shapes.)
 TEST_P(GpuForwardTest, LogitsMatchTheCpuBackendWithBatchInvarianceOff) {
   const auto [format, numerics] = GetParam();
   const ops::ScopedBatchInvariance variant_kernels(false);
   Models models(format, numerics);
   const int64_t vocab = models.config.vocab_size;
   const std::vector<std::vector<int32_t>> prompts = {
-      random_tokens(300, vocab, 4), random_tokens(45, vocab, 5), random_tokens(170, vocab, 6)};
+      random_tokens(45, vocab, 1), random_tokens(7, vocab, 2), random_tokens(30, vocab, 3)};
   const bool released = numerics == Numerics::kReleased;
   const double tolerance = released ? 1e-3 : 1e-5;
-  for (int64_t chunk : {int64_t{0}, int64_t{1}}) {
-    const std::vector<float> cpu = run_prompts(*models.cpu, prompts, chunk);
-    const std::vector<float> gpu = run_prompts(*models.gpu, prompts, chunk);
-    ASSERT_EQ(cpu.size(), gpu.size());
-    const Comparison c = compare(cpu, gpu, vocab, tolerance);
-    std::printf(
-        "[ gpu      ] batch invariance off, format %d numerics %d chunk %lld: max |gpu - cpu| / "
-        "max |cpu| %.3g, argmax mismatches %lld\n",
-        static_cast<int>(format), static_cast<int>(numerics), static_cast<long long>(chunk),
-        c.relative, static_cast<long long>(c.argmax_mismatches));
-    EXPECT_LE(c.relative, tolerance) << "chunk " << chunk;
-    EXPECT_EQ(c.argmax_mismatches, 0) << "chunk " << chunk;
-  }
+  const std::vector<float> cpu = run_prompts(*models.cpu, prompts, 0);
+  const std::vector<float> gpu = run_prompts(*models.gpu, prompts, 0);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  const Comparison c = compare(cpu, gpu, vocab, tolerance);
+  std::printf(
+      "[ gpu      ] batch invariance off, format %d numerics %d: max |gpu - cpu| / max |cpu| "
+      "%.3g, argmax mismatches %lld\n",
+      static_cast<int>(format), static_cast<int>(numerics), c.relative,
+      static_cast<long long>(c.argmax_mismatches));
+  EXPECT_LE(c.relative, tolerance);
+  EXPECT_EQ(c.argmax_mismatches, 0);
 }
 
 TEST_F(GpuForwardTest, ARequestsLogitsDoNotDependOnTheRestOfTheBatch) {
