@@ -346,12 +346,17 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
 // ---- the prefill kernel (batch invariance off) --------------------------------------------------
 
 // The op with batch invariance `invariant` and DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS `min_tokens`
-// (nullptr: its default, 256; "1": every call).
-Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const char* min_tokens) {
+// (nullptr: its default, 256; "1": every call) and the kernel's
+// DEEPINFER_ATTENTION_PREFILL_SCHEDULE `schedule` (nullptr: the default).
+Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const char* min_tokens,
+                      const char* schedule = nullptr) {
   const ScopedBatchInvariance invariance(invariant);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", min_tokens);
+  const ScopedOverride schedule_setting("DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule);
   return run_gpu(c, d, 0, c.tokens);
 }
+
+constexpr const char* kSchedules[] = {"0", "1"};
 
 // The prefill kernel against the CPU. `new_bits`: every token's keys are bf16-exact, so the kernel
 // computes them itself (another summation order than the old kernel: some bit differs); false: the
@@ -362,15 +367,19 @@ void check_prefill(const Case& c, const std::string& what, std::optional<bool> n
   const Tensor want = reference(c);
   const DeviceCase d(c);
   const Tensor old_path = run_gpu(c, d, 0, c.tokens, true, "0");
-  const Tensor got = run_gpu_policy(c, d, false, min_tokens);
-  const double error = worst_error(want, got);
-  std::printf(
-      "%s, prefill kernel: worst error %.3g of the output's scale (one-block kernel %.3g)\n",
-      what.c_str(), error, worst_error(want, old_path));
-  EXPECT_LE(error, kTolerance) << what;
-  if (new_bits.has_value()) {
-    EXPECT_EQ(!same_bits(got, old_path), *new_bits)
-        << what << (*new_bits ? ": the prefill kernel did not run" : ": fallback bits differ");
+  for (const char* schedule : kSchedules) {
+    const Tensor got = run_gpu_policy(c, d, false, min_tokens, schedule);
+    const double error = worst_error(want, got);
+    std::printf(
+        "%s, prefill kernel schedule %s: worst error %.3g of the output's scale (one-block kernel "
+        "%.3g)\n",
+        what.c_str(), schedule, error, worst_error(want, old_path));
+    EXPECT_LE(error, kTolerance) << what << ", schedule " << schedule;
+    if (new_bits.has_value()) {
+      EXPECT_EQ(!same_bits(got, old_path), *new_bits)
+          << what << ", schedule " << schedule
+          << (*new_bits ? ": the prefill kernel did not run" : ": fallback bits differ");
+    }
   }
 }
 
@@ -424,9 +433,10 @@ TEST_F(AttentionGpuTest, PrefillOffKeepsTheOldBits) {
 
 // A compressed index past the table is recorded and skipped; a bad window range is recorded and
 // its token's output is NaN (the other tokens' as before).
-TEST_F(AttentionGpuTest, PrefillBadIndicesAreReported) {
+void check_prefill_bad_indices(const char* schedule) {
   const ScopedBatchInvariance invariance(false);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1");
+  const ScopedOverride schedule_setting("DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule);
   Case c = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
   Case bad = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
   bad.index.data<int32_t>()[1 * 40 + 6] = 50;
@@ -454,6 +464,10 @@ TEST_F(AttentionGpuTest, PrefillBadIndicesAreReported) {
   for (int64_t i = 0; i < 2 * row; ++i) {
     ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5) << "element " << i;
   }
+}
+
+TEST_F(AttentionGpuTest, PrefillBadIndicesAreReported) {
+  for (const char* schedule : kSchedules) check_prefill_bad_indices(schedule);
 }
 
 // ---- the batched form -------------------------------------------------------------------------
@@ -546,18 +560,23 @@ void check_batch_against_cpu(const AttentionBatch& b, const std::string& what) {
 // The batched form on the prefill kernel: V4.1 requests (rings wrapping, chunks reading this
 // call's rows) against the CPU with bf16-exact keys; f32 keys fall back to the one-block kernel's
 // bits; invariance on keeps the old bits.
-TEST_F(AttentionGpuTest, PrefillBatchMatchesTheCpu) {
+void check_prefill_batch(const char* schedule) {
   AttentionBatch exact = real_batch();
   attention_cases::round_batch_keys(exact, KeyValues::kBf16);
-  const std::vector<Setting> prefill = {{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1"}};
+  const std::vector<Setting> prefill = {{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1"},
+                                        {"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule}};
   Tensor got, old_path;
   {
     const ScopedBatchInvariance invariance(false);
     got = run_gpu_batch(exact, prefill);
   }
   old_path = run_gpu_batch(exact, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
-  const double error = worst_error(cpu_batch(exact), got);
-  std::printf("batched v41 5 requests, bf16 keys, prefill kernel: worst error %.3g\n", error);
+  const Tensor want = cpu_batch(exact);
+  const double error = worst_error(want, got);
+  std::printf(
+      "batched v41 5 requests, bf16 keys, prefill kernel schedule %s: worst error %.3g "
+      "(one-block kernel %.3g)\n",
+      schedule, error, worst_error(want, old_path));
   EXPECT_LE(error, kTolerance);
   EXPECT_FALSE(same_bits(got, old_path)) << "the prefill kernel did not run";
   EXPECT_TRUE(same_bits(old_path, run_gpu_batch(exact, prefill))) << "invariance on";
@@ -570,6 +589,10 @@ TEST_F(AttentionGpuTest, PrefillBatchMatchesTheCpu) {
   }
   EXPECT_TRUE(same_bits(fallback, run_gpu_batch(f32, {{"DEEPINFER_ATTENTION_SPLIT", "0"}})))
       << "f32 keys: the fallback's bits";
+}
+
+TEST_F(AttentionGpuTest, PrefillBatchMatchesTheCpu) {
+  for (const char* schedule : kSchedules) check_prefill_batch(schedule);
 }
 
 TEST_F(AttentionGpuTest, BatchMatchesTheCpu) {

@@ -1276,9 +1276,12 @@ bool prefill_kernel_chosen(const AttentionArgs& args, int64_t tokens) {
 // that are not bf16-exact): that kernel's blocks for other tokens return at once.
 void launch_prefill(AttentionArgs args, int64_t tokens) {
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(prefill::sink_attention_prefill_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(prefill::kSharedBytes)));
+    for (const void* kernel :
+         {reinterpret_cast<const void*>(prefill::sink_attention_prefill_kernel<0>),
+          reinterpret_cast<const void*>(prefill::sink_attention_prefill_kernel<1>)}) {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(prefill::kSharedBytes)));
+    }
     return true;
   }();
   (void)configured;
@@ -1288,8 +1291,10 @@ void launch_prefill(AttentionArgs args, int64_t tokens) {
   DI_CUDA_CHECK(cudaMemsetAsync(redo.as<int>(), 0, static_cast<size_t>(tokens) * sizeof(int),
                                 current_stream()));
   args.redo_tokens = redo.as<int>();
-  prefill::sink_attention_prefill_kernel<<<static_cast<unsigned>(blocks), prefill::kThreads,
-                                           prefill::kSharedBytes, current_stream()>>>(args);
+  const auto kernel = prefill::kSchedule.value() == 0 ? prefill::sink_attention_prefill_kernel<0>
+                                                      : prefill::sink_attention_prefill_kernel<1>;
+  kernel<<<static_cast<unsigned>(blocks), prefill::kThreads, prefill::kSharedBytes,
+           current_stream()>>>(args);
   DI_CUDA_LAUNCHED(sink_attention_prefill_kernel);
   sink_attention_mma_kernel<<<static_cast<unsigned>(blocks), kGroupThreads, kMmaSharedBytes,
                               current_stream()>>>(args);

@@ -46,7 +46,8 @@ struct Shared {
   uint4 query_smallest[kWarps][kSteps][32];  // the smallest query term's A registers
   float rescale[kHeads];
   float denominator[kHeads];
-  int inexact[2];  // a block found a row of the buffer's tile that is not bf16-exact
+  int inexact[2];         // a block found a row of the buffer's tile that is not bf16-exact
+  int present[2][kKeys];  // the buffer's key rows that exist (written by the loading blocks)
   TokenKeys token_keys;
 };
 constexpr size_t kSharedBytes = sizeof(Shared);
@@ -55,6 +56,13 @@ static_assert(kSharedBytes <= 113 * 1024, "two blocks per SM");
 // The RuntimeSetting: calls of at least this many tokens take the kernel while batch invariance
 // is off; 0: never.
 RuntimeSetting kMinTokens{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", 256, 0, 1 << 30};
+
+// The kernel's schedule (DEEPINFER_ATTENTION_PREFILL_SCHEDULE). 0: the next tile's rows are
+// resolved and loaded after the softmax and the softmax looks up which keys exist in the token's
+// selection (global memory). 1 (the default): the next tile's row is resolved before this tile's
+// scores and loaded right after them, the loading blocks publish which rows exist with the tile,
+// and the scores' MMA chains are split in two (shorter dependency chains).
+RuntimeSetting kSchedule{"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", 1, 0, 1};
 
 __device__ __forceinline__ bool key_present(const TokenKeys& keys, int64_t slot) {
   if (slot < keys.window_count) return true;
@@ -83,6 +91,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t address, uint32_t (&r
 }
 
 // One block per (token, 16 heads); the 4 blocks of a token are one cluster (rank = head group).
+template <int kEarly>
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 2)
     sink_attention_prefill_kernel(AttentionArgs args) {
   extern __shared__ float4 shared_quads[];
@@ -150,13 +159,17 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   // This thread's share of a tile: row 8 rank + warp, float4 columns lane + 32 i.
   const int load_row = kRowsPerBlock * rank + warp;
   float4 staged[4];
-  const auto load_tile = [&](int64_t tile) {
-    const float* row = key_row(args, keys, tile * kKeys + load_row);
+  const float* staged_row = nullptr;
+  const auto load_rows = [&](const float* row) {
+    staged_row = row;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       staged[i] = row != nullptr ? reinterpret_cast<const float4*>(row)[lane + 32 * i]
                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+  };
+  const auto load_tile = [&](int64_t tile) {
+    load_rows(key_row(args, keys, tile * kKeys + load_row));
   };
   const auto store_tile = [&](int buffer) {
     bool exact = true;
@@ -173,6 +186,10 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
 #pragma unroll
       for (int i = 0; i < 4; ++i) *reinterpret_cast<uint2*>(row + 4 * (lane + 32 * i)) = words[i];
       if (!exact) *cluster.map_shared_rank(&shared.inexact[buffer], destination) = 1;
+      if (lane == 0) {
+        *cluster.map_shared_rank(&shared.present[buffer][load_row], destination) =
+            staged_row != nullptr;
+      }
     }
   };
 
@@ -192,15 +209,20 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
       break;
     }
     const uint32_t tile_base = shared_address(&shared.keys[buffer][0][0]);
+    const bool more = tile + 1 < tiles;
+    // Schedule 1: the next tile's row (a selected entry's index read) before the scores.
+    const float* next_row =
+        kEarly != 0 && more ? key_row(args, keys, (tile + 1) * kKeys + load_row) : nullptr;
 
     // Scores over this warp's 64 columns: key tile j (8 keys) is the MMA's N. The smallest
     // query term is read from shared memory where it is used (registers: see Shared).
     {
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float chains[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
         for (int pair = 0; pair < kSteps / 2; ++pair) {
+          float(&d)[4] = chains[kEarly != 0 ? pair : 0];
           // Matrices: keys 8 j + [0, 8) x columns 64 warp + 32 pair + 8 m, m = lane / 8.
           const int row = 8 * j + (lane & 7);
           const int column = warp * kWarpColumns + 32 * pair + 8 * (lane >> 3);
@@ -224,6 +246,11 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
             mma_term_pairs(a, b, d);
           }
         }
+        float d[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          d[i] = kEarly != 0 ? __fadd_rn(chains[0][i], chains[1][i]) : chains[0][i];
+        }
         *reinterpret_cast<float2*>(&shared.partial_scores[warp][group][8 * j + 2 * quad]) =
             make_float2(d[0], d[1]);
         *reinterpret_cast<float2*>(
@@ -231,13 +258,14 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
             make_float2(d[2], d[3]);
       }
     }
-    const bool more = tile + 1 < tiles;
+    if (kEarly != 0 && more) load_rows(next_row);
     __syncthreads();  // partial scores written; every thread has read inexact[buffer]
     if (tid == 0) shared.inexact[buffer] = 0;  // for the tile after next (written after a barrier)
 
     // Softmax: warp w updates heads 2w and 2w + 1, a lane per key.
     {
-      const bool present = key_present(keys, tile * kKeys + lane);
+      const bool present =
+          kEarly != 0 ? shared.present[buffer][lane] != 0 : key_present(keys, tile * kKeys + lane);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int head = 2 * warp + i;
@@ -259,7 +287,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
       }
     }
     // The next tile's rows in flight during this tile's weighted sum.
-    if (more) load_tile(tile + 1);
+    if (kEarly == 0 && more) load_tile(tile + 1);
     __syncthreads();
 
     // Weighted sum: this warp's 16 heads x 64 columns, the tile's 32 keys as two K steps.
