@@ -20,6 +20,10 @@
 // request's ring and this call's new rows, through a per-request table uploaded per call).
 // Thread 0 of a block resolves where its token's keys are (TokenKeys) into shared memory, so
 // the inner loops only change in how a key slot becomes a row pointer.
+// With batch invariance off (ops::batch_invariant() false), calls of at least
+// DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens at 64 heads take the prefill kernel instead
+// (attention_prefill.cuh: the 4 head-group blocks of a token as one cluster sharing each key
+// tile), so there the kernel, and the bits, depend on the token count.
 #include <cooperative_groups.h>
 
 #include <algorithm>
