@@ -14,7 +14,11 @@
 // the same bits), against the CPU within the same tolerance; the Mma* cases add key rows that are
 // bf16-exact (the model's: the one-term key path) or a mix of exact and f32 blocks, the split
 // path at decode shapes, and a token alone against the same token in a batch of 256.
-// Every GPU output starts as NaN, so an element never written fails. Skips without a GPU.
+// The prefill kernel (batch invariance off, at least DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens;
+// the Prefill* cases force it at any count with the setting at 1) against the CPU at V4.1 shapes
+// and small ones, single-matrix and batched, bad indices; key rows that are not bf16-exact give the
+// one-block tensor-core kernel's bits (its fallback); batch invariance on keeps the old path's
+// bits. Every GPU output starts as NaN, so an element never written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 #include "attention_batch_case.h"
 #include "core/error.h"
 #include "gpu_support.h"
+#include "ops/batch_invariance.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/runtime_switch.h"
@@ -338,6 +343,133 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
   }
 }
 
+// ---- the prefill kernel (batch invariance off) --------------------------------------------------
+
+// The op with batch invariance `invariant` and DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS `min_tokens`
+// (nullptr: its default, 256; "1": every call) and the kernel's
+// DEEPINFER_ATTENTION_PREFILL_SCHEDULE `schedule` (nullptr: the default).
+Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const char* min_tokens,
+                      const char* schedule = nullptr) {
+  const ScopedBatchInvariance invariance(invariant);
+  const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", min_tokens);
+  const ScopedOverride schedule_setting("DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule);
+  return run_gpu(c, d, 0, c.tokens);
+}
+
+constexpr const char* kSchedules[] = {"0", "1"};
+
+// The prefill kernel against the CPU. `new_bits`: every token's keys are bf16-exact, so the kernel
+// computes them itself (another summation order than the old kernel: some bit differs); false: the
+// keys are f32, so every token with a key falls back to the one-block tensor-core kernel (its
+// bits).
+void check_prefill(const Case& c, const std::string& what, std::optional<bool> new_bits,
+                   const char* min_tokens = "1") {
+  const Tensor want = reference(c);
+  const DeviceCase d(c);
+  const Tensor old_path = run_gpu(c, d, 0, c.tokens, true, "0");
+  for (const char* schedule : kSchedules) {
+    const Tensor got = run_gpu_policy(c, d, false, min_tokens, schedule);
+    const double error = worst_error(want, got);
+    std::printf(
+        "%s, prefill kernel schedule %s: worst error %.3g of the output's scale (one-block kernel "
+        "%.3g)\n",
+        what.c_str(), schedule, error, worst_error(want, old_path));
+    EXPECT_LE(error, kTolerance) << what << ", schedule " << schedule;
+    if (new_bits.has_value()) {
+      EXPECT_EQ(!same_bits(got, old_path), *new_bits)
+          << what << ", schedule " << schedule
+          << (*new_bits ? ": the prefill kernel did not run" : ": fallback bits differ");
+    }
+  }
+}
+
+// V4.1-Flash prefill: 64 heads x 512, window 128 (some tokens' short, empty or one row past a
+// tile), 512 selected of 2048 (holes, tokens without any), bf16-exact keys as the model's: at the
+// default threshold (256 tokens) and forced; fewer than 512 selected (100, 33: partial tiles).
+TEST_F(AttentionGpuTest, PrefillRealShapes) {
+  const Case c = make_case(256, 64, 512, 128, 512, 2048, 201, KeyValues::kBf16);
+  check_prefill(c, "v41 prefill 256 tokens, bf16 keys, default threshold", true, nullptr);
+  check_prefill(make_case(64, 64, 512, 128, 100, 300, 202, KeyValues::kBf16),
+                "v41 prefill 64 tokens, 100 selected, bf16 keys", true);
+  check_prefill(make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16),
+                "v41 prefill 40 tokens, 33 selected, bf16 keys", true);
+  // Below the default threshold the op keeps the head-group kernels.
+  const Case small = make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16);
+  const DeviceCase ds(small);
+  EXPECT_TRUE(same_bits(run_gpu_policy(small, ds, false, nullptr), run_gpu(small, ds, 0, 40)));
+}
+
+// Key rows that are not bf16-exact: every token falls back to the one-block tensor-core kernel
+// (f32 keys: the same bits); a mix of exact and f32 blocks (each token's own choice) within the
+// tolerance.
+TEST_F(AttentionGpuTest, PrefillFallback) {
+  check_prefill(make_case(40, 64, 512, 128, 64, 300, 211), "v41 prefill 40 tokens, f32 keys",
+                false);
+  check_prefill(make_case(40, 64, 512, 128, 64, 300, 212, KeyValues::kMixed),
+                "v41 prefill 40 tokens, mixed keys", std::nullopt);
+}
+
+// Small shapes (for the sanitizers): few keys, partial tiles, a token without any key, 2 tiles.
+TEST_F(AttentionGpuTest, PrefillSmallShapes) {
+  check_prefill(make_case(3, 64, 512, 40, 40, 50, 221, KeyValues::kBf16), "64 heads, 3 tokens",
+                true);
+  check_prefill(make_case(2, 64, 512, 3, 7, 9, 222, KeyValues::kBf16), "64 heads, 10 keys", true);
+  check_prefill(make_case(3, 64, 512, 40, 0, 0, 223, KeyValues::kBf16),
+                "64 heads, a token without keys", std::nullopt);
+  check_prefill(make_case(2, 64, 512, 3, 7, 9, 224), "64 heads, f32 keys", false);
+}
+
+// Batch invariance on: the prefill kernel never runs, whatever the threshold (the old bits);
+// invariance off with the threshold at 0: the old bits too.
+TEST_F(AttentionGpuTest, PrefillOffKeepsTheOldBits) {
+  const Case c = make_case(256, 64, 512, 128, 64, 300, 231, KeyValues::kBf16);
+  const DeviceCase d(c);
+  const Tensor old_path = run_gpu(c, d, 0, c.tokens);
+  EXPECT_TRUE(same_bits(old_path, run_gpu_policy(c, d, true, "1")));
+  EXPECT_TRUE(same_bits(old_path, run_gpu_policy(c, d, true, nullptr)));
+  EXPECT_TRUE(same_bits(old_path, run_gpu_policy(c, d, false, "0")));
+  EXPECT_FALSE(same_bits(old_path, run_gpu_policy(c, d, false, nullptr)));
+}
+
+// A compressed index past the table is recorded and skipped; a bad window range is recorded and
+// its token's output is NaN (the other tokens' as before).
+void check_prefill_bad_indices(const char* schedule) {
+  const ScopedBatchInvariance invariance(false);
+  const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1");
+  const ScopedOverride schedule_setting("DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule);
+  Case c = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
+  Case bad = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
+  bad.index.data<int32_t>()[1 * 40 + 6] = 50;
+  c.index.data<int32_t>()[1 * 40 + 6] = -1;
+  const DeviceCase d(bad);
+  Tensor out = Tensor::empty(DType::kF32, {3, 64, 512}, rt::device_allocator());
+  cuda::sink_attention(d.q, d.window, d.range, d.compressed, d.index, d.sink, c.scale, out);
+  EXPECT_THROW(rt::synchronize(), Error);
+  EXPECT_LE(worst_error(reference(c), rt::to_host(out.view())), kTolerance);
+  rt::synchronize();
+
+  Case bad_range = make_case(3, 64, 512, 40, 40, 50, 242, KeyValues::kBf16);
+  bad_range.range.data<int32_t>()[2 * 2 + 1] = 1000;
+  const DeviceCase dr(bad_range);
+  Tensor out2 = Tensor::empty(DType::kF32, {3, 64, 512}, rt::device_allocator());
+  cuda::sink_attention(dr.q, dr.window, dr.range, dr.compressed, dr.index, dr.sink, bad_range.scale,
+                       out2);
+  EXPECT_THROW(rt::synchronize(), Error);
+  const Tensor got = rt::to_host(out2.view());
+  const int64_t row = 64 * 512;
+  for (int64_t i = 2 * row; i < 3 * row; ++i) {
+    ASSERT_TRUE(std::isnan(got.data<float>()[i])) << "element " << i << " of the bad token";
+  }
+  const Tensor want = reference(make_case(3, 64, 512, 40, 40, 50, 242, KeyValues::kBf16));
+  for (int64_t i = 0; i < 2 * row; ++i) {
+    ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5) << "element " << i;
+  }
+}
+
+TEST_F(AttentionGpuTest, PrefillBadIndicesAreReported) {
+  for (const char* schedule : kSchedules) check_prefill_bad_indices(schedule);
+}
+
 // ---- the batched form -------------------------------------------------------------------------
 
 using attention_cases::AttentionBatch;
@@ -423,6 +555,44 @@ void check_batch_against_cpu(const AttentionBatch& b, const std::string& what) {
   EXPECT_TRUE(same_bits(fma_one_block, fma_split))
       << what << ": FMA split-KV and one-block bits differ";
   EXPECT_TRUE(same_bits(one_block, run_gpu_batch(b))) << what << ": the op's choice differs";
+}
+
+// The batched form on the prefill kernel: V4.1 requests (rings wrapping, chunks reading this
+// call's rows) against the CPU with bf16-exact keys; f32 keys fall back to the one-block kernel's
+// bits; invariance on keeps the old bits.
+void check_prefill_batch(const char* schedule) {
+  AttentionBatch exact = real_batch();
+  attention_cases::round_batch_keys(exact, KeyValues::kBf16);
+  const std::vector<Setting> prefill = {{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1"},
+                                        {"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule}};
+  Tensor got, old_path;
+  {
+    const ScopedBatchInvariance invariance(false);
+    got = run_gpu_batch(exact, prefill);
+  }
+  old_path = run_gpu_batch(exact, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
+  const Tensor want = cpu_batch(exact);
+  const double error = worst_error(want, got);
+  std::printf(
+      "batched v41 5 requests, bf16 keys, prefill kernel schedule %s: worst error %.3g "
+      "(one-block kernel %.3g)\n",
+      schedule, error, worst_error(want, old_path));
+  EXPECT_LE(error, kTolerance);
+  EXPECT_FALSE(same_bits(got, old_path)) << "the prefill kernel did not run";
+  EXPECT_TRUE(same_bits(old_path, run_gpu_batch(exact, prefill))) << "invariance on";
+
+  const AttentionBatch f32 = real_batch();
+  Tensor fallback;
+  {
+    const ScopedBatchInvariance invariance(false);
+    fallback = run_gpu_batch(f32, prefill);
+  }
+  EXPECT_TRUE(same_bits(fallback, run_gpu_batch(f32, {{"DEEPINFER_ATTENTION_SPLIT", "0"}})))
+      << "f32 keys: the fallback's bits";
+}
+
+TEST_F(AttentionGpuTest, PrefillBatchMatchesTheCpu) {
+  for (const char* schedule : kSchedules) check_prefill_batch(schedule);
 }
 
 TEST_F(AttentionGpuTest, BatchMatchesTheCpu) {

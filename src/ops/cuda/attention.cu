@@ -20,6 +20,12 @@
 // request's ring and this call's new rows, through a per-request table uploaded per call).
 // Thread 0 of a block resolves where its token's keys are (TokenKeys) into shared memory, so
 // the inner loops only change in how a key slot becomes a row pointer.
+// With batch invariance off (ops::batch_invariant() false), calls of at least
+// DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens at 64 heads take the prefill kernel instead
+// (attention_prefill.cuh: the 4 head-group blocks of a token as one cluster sharing each key
+// tile), so there the kernel, and the bits, depend on the token count.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ops/batch_invariance.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8_mma.cuh"
@@ -87,6 +94,9 @@ struct AttentionArgs {
   // The split path: per (token, head group) max_chunks chunk states.
   ChunkState* chunk_states;
   int64_t max_chunks;
+  // The prefill kernel's fallback (attention_prefill.cuh): non-null, the one-block tensor-core
+  // kernel computes only the tokens t with redo_tokens[t] != 0.
+  int* redo_tokens;
 };
 
 // Where one token's keys are. Window slot s is position first + s: before ring_end it is the
@@ -1052,6 +1062,7 @@ __global__ void __launch_bounds__(kGroupThreads, 2) sink_attention_mma_kernel(At
   MmaShared& shared = *reinterpret_cast<MmaShared*>(shared_quads);
   const int64_t groups = args.heads / kGroupHeads;
   const int64_t t = blockIdx.x / groups;
+  if (args.redo_tokens != nullptr && args.redo_tokens[t] == 0) return;  // the whole block
   const int64_t first_head = (blockIdx.x % groups) * kGroupHeads;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -1170,6 +1181,10 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
   }
 }
 
+// ---- the prefill kernel (batch invariance off) ---------------------------------------------
+
+#include "ops/cuda/attention_prefill.cuh"
+
 bool aligned_rows(const void* data, int64_t stride_elements) {
   return aligned_to(data, 16) && stride_elements % 4 == 0;
 }
@@ -1251,6 +1266,45 @@ bool attention_mma_chosen() {
   return kUseAttentionMma.enabled();
 }
 
+// Whether a head-group call takes the prefill kernel: batch invariance off, 64 heads (one
+// cluster of 4 head groups a token) and at least DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens
+// (0: never). With batch invariance on, never: the path and bits are the head-group kernels'.
+bool prefill_kernel_chosen(const AttentionArgs& args, int64_t tokens) {
+  if (ops::batch_invariant()) return false;
+  const int min_tokens = prefill::kMinTokens.value();
+  return min_tokens > 0 && tokens >= min_tokens &&
+         args.heads == prefill::kClusterBlocks * kGroupHeads;
+}
+
+// The prefill kernel, then the one-block tensor-core kernel for the tokens it flagged (key rows
+// that are not bf16-exact): that kernel's blocks for other tokens return at once.
+void launch_prefill(AttentionArgs args, int64_t tokens) {
+  static const bool configured = [] {
+    for (const void* kernel :
+         {reinterpret_cast<const void*>(prefill::sink_attention_prefill_kernel<0>),
+          reinterpret_cast<const void*>(prefill::sink_attention_prefill_kernel<1>)}) {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(prefill::kSharedBytes)));
+    }
+    return true;
+  }();
+  (void)configured;
+  const int64_t blocks = tokens * prefill::kClusterBlocks;
+  DI_CHECK(blocks <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
+  deepinfer::cuda::StreamBuffer redo(static_cast<size_t>(tokens) * sizeof(int));
+  DI_CUDA_CHECK(cudaMemsetAsync(redo.as<int>(), 0, static_cast<size_t>(tokens) * sizeof(int),
+                                current_stream()));
+  args.redo_tokens = redo.as<int>();
+  const auto kernel = prefill::kSchedule.value() == 0 ? prefill::sink_attention_prefill_kernel<0>
+                                                      : prefill::sink_attention_prefill_kernel<1>;
+  kernel<<<static_cast<unsigned>(blocks), prefill::kThreads, prefill::kSharedBytes,
+           current_stream()>>>(args);
+  DI_CUDA_LAUNCHED(sink_attention_prefill_kernel);
+  sink_attention_mma_kernel<<<static_cast<unsigned>(blocks), kGroupThreads, kMmaSharedBytes,
+                              current_stream()>>>(args);
+  DI_CUDA_LAUNCHED(sink_attention_mma_kernel);
+}
+
 // `max_keys`: no token of the call has more keys (window and selected entries together).
 void launch_attention(AttentionArgs args, int64_t tokens, bool key_rows_aligned, int64_t max_keys) {
   if (tokens * args.heads == 0) return;
@@ -1260,6 +1314,10 @@ void launch_attention(AttentionArgs args, int64_t tokens, bool key_rows_aligned,
     DI_CHECK(blocks <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
     const int64_t max_chunks = (max_keys + kChunkKeys - 1) / kChunkKeys;
     const bool mma = attention_mma_chosen();
+    if (mma && prefill_kernel_chosen(args, tokens)) {
+      launch_prefill(args, tokens);
+      return;
+    }
     if (split_keys_chosen(blocks, max_chunks)) {
       deepinfer::cuda::StreamBuffer scratch(static_cast<size_t>(blocks * max_chunks) *
                                             sizeof(ChunkState));

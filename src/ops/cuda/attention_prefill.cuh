@@ -1,0 +1,366 @@
+// The prefill attention kernel (batch invariance off, many tokens): included by attention.cu inside
+// its anonymous namespace, after the tensor-core head-group kernels, whose pieces it reuses
+// (TokenKeys, resolve_token_keys, attention_split_pair, mma_term_pairs, the AttentionArgs).
+//
+// Why not all 64 heads in one block: the products stay exact (queries and probabilities as three
+// bf16 terms), and a token's three-term queries are 64 x 512 x 3 bf16 = 192 KiB, more than the
+// registers of a block can hold next to its sums and, with a key tile, more than an SM's shared
+// memory. So each block keeps the head-group kernels' 16 heads (the query terms in registers), and
+// the 4 blocks of a token form a thread-block cluster that loads each key tile once: block r of
+// the cluster reads rows [8 r, 8 r + 8) of the 32-key tile from global memory, converts them to
+// bf16 once and writes them into the shared memory of all four blocks (distributed shared
+// memory), so a token's keys cross L2 once instead of four times, and the MMAs read bf16 tiles
+// with ldmatrix (no conversion in the inner loops). The next tile's rows are loaded into
+// registers while the current tile's products run (one cluster barrier a tile publishes them).
+// One online softmax over the whole token, from the sink (no 64-key chunk merges: batch
+// invariance is off, so the summation order need not match the decode kernels').
+//
+// Key rows that are not bf16-exact (the op takes any f32; every cached V4.1 row is exact): the
+// cluster finds out tile by tile (every block votes for its rows), stops, and flags the token;
+// the one-block tensor-core kernel then runs for the flagged tokens only (redo_tokens), so such a
+// token gets exactly the old path's bits.
+// (attention.cu includes <cooperative_groups.h> at its top: it cannot be included in a namespace.)
+namespace prefill {
+
+namespace cg = cooperative_groups;
+
+constexpr int kClusterBlocks = 4;  // head groups of a token: 64 heads
+constexpr int kHeads = kGroupHeads;
+constexpr int kKeys = 32;  // key rows a tile
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerBlock = kKeys / kClusterBlocks;
+// bf16 key rows: 1040 bytes = 260 words, 4 banks on per row, so the 8 rows of an ldmatrix 8x8
+// matrix (16 bytes each) fall in 8 different bank quads.
+constexpr int kRowHalves = kGroupHeadDim + 8;
+constexpr int kScoreRow = kKeys + 8;
+constexpr int kWarpColumns = kGroupHeadDim / kWarps;  // 64: 4 MMA K steps for the scores
+constexpr int kSteps = kWarpColumns / 16;
+static_assert(kRowsPerBlock == kWarps, "a warp loads one row of its block's share of a tile");
+static_assert(kGroupHeadDim == 32 * 4 * 4, "a lane loads 4 float4 of a row");
+
+struct Shared {
+  uint16_t keys[2][kKeys][kRowHalves];  // bf16 tiles, double-buffered; absent keys zeros
+  float partial_scores[kWarps][kHeads][kScoreRow];
+  float probs[kHeads][kScoreRow];
+  uint4 query_smallest[kWarps][kSteps][32];  // the smallest query term's A registers
+  float rescale[kHeads];
+  float denominator[kHeads];
+  int inexact[2];         // a block found a row of the buffer's tile that is not bf16-exact
+  int present[2][kKeys];  // the buffer's key rows that exist (written by the loading blocks)
+  TokenKeys token_keys;
+};
+constexpr size_t kSharedBytes = sizeof(Shared);
+static_assert(kSharedBytes <= 113 * 1024, "two blocks per SM");
+
+// The RuntimeSetting: calls of at least this many tokens take the kernel while batch invariance
+// is off; 0: never.
+RuntimeSetting kMinTokens{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", 256, 0, 1 << 30};
+
+// The kernel's schedule (DEEPINFER_ATTENTION_PREFILL_SCHEDULE). 0: the next tile's rows are
+// resolved and loaded after the softmax and the softmax looks up which keys exist in the token's
+// selection (global memory). 1 (the default): the next tile's row is resolved before this tile's
+// scores and loaded right after them, the loading blocks publish which rows exist with the tile,
+// and the scores' MMA chains are split in two (shorter dependency chains).
+RuntimeSetting kSchedule{"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", 1, 0, 1};
+
+__device__ __forceinline__ bool key_present(const TokenKeys& keys, int64_t slot) {
+  if (slot < keys.window_count) return true;
+  if (slot >= keys.total()) return false;
+  const int32_t j = keys.selected[slot - keys.window_count];
+  return j >= 0 && j < keys.compressed_rows;
+}
+
+__device__ __forceinline__ const float* key_row(const AttentionArgs& args, const TokenKeys& keys,
+                                                int64_t slot) {
+  if (slot < keys.window_count) return keys.window_row(slot);
+  if (slot < keys.total()) return keys.compressed_row(slot - keys.window_count, args.error);
+  return nullptr;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t address, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t address, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// One block per (token, 16 heads); the 4 blocks of a token are one cluster (rank = head group).
+template <int kEarly>
+__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 2)
+    sink_attention_prefill_kernel(AttentionArgs args) {
+  extern __shared__ float4 shared_quads[];
+  Shared& shared = *reinterpret_cast<Shared*>(shared_quads);
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t t = blockIdx.x / kClusterBlocks;
+  const int64_t first_head = static_cast<int64_t>(rank) * kHeads;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+
+  if (tid == 0) resolve_token_keys(args, t, shared.token_keys);
+  if (tid < 2) shared.inexact[tid] = 0;
+  if (tid < kHeads) shared.denominator[tid] = 1.0f;
+
+  // Query A registers, the standard m16n8k16 layout: step s covers columns 64 warp + 16 s + [0,
+  // 16); a0 / a2 head `group` columns 2 quad (+1) and 2 quad + 8 (+9), a1 / a3 head group + 8.
+  uint32_t query[kSteps][kMmaTerms - 1][4];
+  {
+    const float* q_low = args.q.row(t) + (first_head + group) * kGroupHeadDim;
+    const float* q_high = q_low + kMmaUpperHeads * kGroupHeadDim;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int column = warp * kWarpColumns + 16 * s + 2 * quad;
+      const float2 v[4] = {*reinterpret_cast<const float2*>(q_low + column),
+                           *reinterpret_cast<const float2*>(q_high + column),
+                           *reinterpret_cast<const float2*>(q_low + column + 8),
+                           *reinterpret_cast<const float2*>(q_high + column + 8)};
+      uint32_t words[4][kMmaTerms];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) attention_split_pair(v[r].x, v[r].y, words[r]);
+#pragma unroll
+      for (int term = 0; term < kMmaTerms - 1; ++term) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) query[s][term][r] = words[r][term];
+      }
+      constexpr int kSmallest = kMmaTerms - 1;
+      shared.query_smallest[warp][s][lane] = make_uint4(words[0][kSmallest], words[1][kSmallest],
+                                                        words[2][kSmallest], words[3][kSmallest]);
+    }
+  }
+  // Softmax state of heads 2 warp + i (the same in every lane).
+  float running_max[2], running_sum[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    running_max[i] = args.sinks[first_head + 2 * warp + i];
+    running_sum[i] = 1.0f;  // exp(sink - running_max)
+  }
+  float acc[8][4];  // 8-column tiles of this warp's 64 columns; heads group (0, 1), group + 8
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+  }
+
+  cluster.sync();  // token_keys written; every block's inexact flags cleared
+  const TokenKeys& keys = shared.token_keys;
+  const bool bad_range = keys.bad_range != 0;
+  const int64_t total_keys = keys.total();
+  const int64_t tiles = (total_keys + kKeys - 1) / kKeys;
+
+  // This thread's share of a tile: row 8 rank + warp, float4 columns lane + 32 i.
+  const int load_row = kRowsPerBlock * rank + warp;
+  float4 staged[4];
+  const float* staged_row = nullptr;
+  const auto load_rows = [&](const float* row) {
+    staged_row = row;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      staged[i] = row != nullptr ? reinterpret_cast<const float4*>(row)[lane + 32 * i]
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  const auto load_tile = [&](int64_t tile) {
+    load_rows(key_row(args, keys, tile * kKeys + load_row));
+  };
+  const auto store_tile = [&](int buffer) {
+    bool exact = true;
+    uint2 words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      exact = exact && bf16_exact(staged[i]);
+      words[i] = make_uint2(attention_bf16_pair(staged[i].x, staged[i].y),
+                            attention_bf16_pair(staged[i].z, staged[i].w));
+    }
+#pragma unroll
+    for (int destination = 0; destination < kClusterBlocks; ++destination) {
+      uint16_t* row = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) *reinterpret_cast<uint2*>(row + 4 * (lane + 32 * i)) = words[i];
+      if (!exact) *cluster.map_shared_rank(&shared.inexact[buffer], destination) = 1;
+      if (lane == 0) {
+        *cluster.map_shared_rank(&shared.present[buffer][load_row], destination) =
+            staged_row != nullptr;
+      }
+    }
+  };
+
+  if (tiles > 0) {
+    load_tile(0);
+    store_tile(0);
+  }
+  cluster.sync();  // tile 0 in every block
+
+  bool redo = false;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int buffer = static_cast<int>(tile & 1);
+    // The same flag in every block of the cluster: all stop at the same tile, before any block
+    // writes the next one.
+    if (shared.inexact[buffer] != 0) {
+      redo = true;
+      break;
+    }
+    const uint32_t tile_base = shared_address(&shared.keys[buffer][0][0]);
+    const bool more = tile + 1 < tiles;
+    // Schedule 1: the next tile's row (a selected entry's index read) before the scores.
+    const float* next_row =
+        kEarly != 0 && more ? key_row(args, keys, (tile + 1) * kKeys + load_row) : nullptr;
+
+    // Scores over this warp's 64 columns: key tile j (8 keys) is the MMA's N. The smallest
+    // query term is read from shared memory where it is used (registers: see Shared).
+    {
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        float chains[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int pair = 0; pair < kSteps / 2; ++pair) {
+          float(&d)[4] = chains[kEarly != 0 ? pair : 0];
+          // Matrices: keys 8 j + [0, 8) x columns 64 warp + 32 pair + 8 m, m = lane / 8.
+          const int row = 8 * j + (lane & 7);
+          const int column = warp * kWarpColumns + 32 * pair + 8 * (lane >> 3);
+          uint32_t r[4];
+          ldmatrix_x4(tile_base + static_cast<uint32_t>((row * kRowHalves + column) * 2), r);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int s = 2 * pair + half;
+            uint32_t a[kMmaTerms][4];
+#pragma unroll
+            for (int term = 0; term < kMmaTerms - 1; ++term) {
+#pragma unroll
+              for (int k = 0; k < 4; ++k) a[term][k] = query[s][term][k];
+            }
+            const uint4 smallest = shared.query_smallest[warp][s][lane];
+            a[kMmaTerms - 1][0] = smallest.x;
+            a[kMmaTerms - 1][1] = smallest.y;
+            a[kMmaTerms - 1][2] = smallest.z;
+            a[kMmaTerms - 1][3] = smallest.w;
+            const uint32_t b[1][2] = {{r[2 * half], r[2 * half + 1]}};
+            mma_term_pairs(a, b, d);
+          }
+        }
+        float d[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          d[i] = kEarly != 0 ? __fadd_rn(chains[0][i], chains[1][i]) : chains[0][i];
+        }
+        *reinterpret_cast<float2*>(&shared.partial_scores[warp][group][8 * j + 2 * quad]) =
+            make_float2(d[0], d[1]);
+        *reinterpret_cast<float2*>(
+            &shared.partial_scores[warp][group + kMmaUpperHeads][8 * j + 2 * quad]) =
+            make_float2(d[2], d[3]);
+      }
+    }
+    if (kEarly != 0 && more) load_rows(next_row);
+    __syncthreads();  // partial scores written; every thread has read inexact[buffer]
+    if (tid == 0) shared.inexact[buffer] = 0;  // for the tile after next (written after a barrier)
+
+    // Softmax: warp w updates heads 2w and 2w + 1, a lane per key.
+    {
+      const bool present =
+          kEarly != 0 ? shared.present[buffer][lane] != 0 : key_present(keys, tile * kKeys + lane);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int head = 2 * warp + i;
+        float dot = shared.partial_scores[0][head][lane];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) dot = __fadd_rn(dot, shared.partial_scores[w][head][lane]);
+        const float score = present ? __fmul_rn(dot, args.scale) : -INFINITY;
+        const float new_max = fmaxf(running_max[i], deepinfer::cuda::warp_max(score));
+        const float p = present ? expf(score - new_max) : 0.0f;
+        const float tile_sum = deepinfer::cuda::warp_sum(p);
+        const float rescale = running_max[i] == -INFINITY ? 0.0f : expf(running_max[i] - new_max);
+        running_sum[i] = __fadd_rn(__fmul_rn(running_sum[i], rescale), tile_sum);
+        running_max[i] = new_max;
+        shared.probs[head][lane] = p;
+        if (lane == 0) {
+          shared.rescale[head] = rescale;
+          shared.denominator[head] = running_sum[i];
+        }
+      }
+    }
+    // The next tile's rows in flight during this tile's weighted sum.
+    if (kEarly == 0 && more) load_tile(tile + 1);
+    __syncthreads();
+
+    // Weighted sum: this warp's 16 heads x 64 columns, the tile's 32 keys as two K steps.
+    {
+      const float rescale = shared.rescale[group];
+      const float rescale8 = shared.rescale[group + kMmaUpperHeads];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        acc[n][0] = __fmul_rn(acc[n][0], rescale);
+        acc[n][1] = __fmul_rn(acc[n][1], rescale);
+        acc[n][2] = __fmul_rn(acc[n][2], rescale8);
+        acc[n][3] = __fmul_rn(acc[n][3], rescale8);
+      }
+#pragma unroll
+      for (int step = 0; step < kKeys / 16; ++step) {
+        const int key = 16 * step + 2 * quad;
+        uint32_t probs[kMmaTerms][4];
+        {
+          const float2 v[4] = {
+              *reinterpret_cast<const float2*>(&shared.probs[group][key]),
+              *reinterpret_cast<const float2*>(&shared.probs[group + kMmaUpperHeads][key]),
+              *reinterpret_cast<const float2*>(&shared.probs[group][key + 8]),
+              *reinterpret_cast<const float2*>(&shared.probs[group + kMmaUpperHeads][key + 8])};
+          uint32_t words[4][kMmaTerms];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) attention_split_pair(v[r].x, v[r].y, words[r]);
+#pragma unroll
+          for (int term = 0; term < kMmaTerms; ++term) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) probs[term][r] = words[r][term];
+          }
+        }
+#pragma unroll
+        for (int pair = 0; pair < 4; ++pair) {
+          // Matrices (transposed): keys 16 step + [0, 8) and + [8, 16) x columns 64 warp +
+          // 16 pair + [0, 8), then the same keys x the next 8 columns.
+          const int row = 16 * step + (lane & 7) + 8 * ((lane >> 3) & 1);
+          const int column = warp * kWarpColumns + 16 * pair + 8 * (lane >> 4);
+          uint32_t r[4];
+          ldmatrix_x4_trans(tile_base + static_cast<uint32_t>((row * kRowHalves + column) * 2), r);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const uint32_t b[1][2] = {{r[2 * e], r[2 * e + 1]}};
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_term_pairs(probs, b, d);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              acc[2 * pair + e][i] = __fadd_rn(acc[2 * pair + e][i], d[i]);
+          }
+        }
+      }
+    }
+    if (more) store_tile(buffer ^ 1);
+    // The next tile in every block; every block done with this tile's buffer, scores and probs.
+    cluster.sync();
+  }
+
+  if (redo) {
+    if (rank == 0 && tid == 0) args.redo_tokens[t] = 1;
+    return;
+  }
+  // Denominators: written by the softmax warps before the last barrier (1 without keys).
+  const float inv = bad_range ? __int_as_float(0x7fc00000) : 1.0f / shared.denominator[group];
+  const float inv8 =
+      bad_range ? __int_as_float(0x7fc00000) : 1.0f / shared.denominator[group + kMmaUpperHeads];
+  float* y =
+      args.out.row(t) + (first_head + group) * kGroupHeadDim + warp * kWarpColumns + 2 * quad;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    *reinterpret_cast<float2*>(y + 8 * n) = make_float2(acc[n][0] * inv, acc[n][1] * inv);
+    *reinterpret_cast<float2*>(y + kMmaUpperHeads * kGroupHeadDim + 8 * n) =
+        make_float2(acc[n][2] * inv8, acc[n][3] * inv8);
+  }
+}
+
+}  // namespace prefill
