@@ -43,8 +43,8 @@
 #include "model/deepseek_v41/state.h"
 #include "model/deepseek_v41/weights.h"
 #include "model_bench_device.h"
-#include "ops/cuda/cuda_runtime.h"
 #include "ops/batch_invariance.h"
+#include "ops/cuda/cuda_runtime.h"
 #include "ops/ops.h"
 
 namespace deepinfer::model_bench {

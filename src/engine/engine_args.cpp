@@ -4,8 +4,8 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "ops/batch_invariance.h"
 #include "deepinfer/outputs.h"
+#include "ops/batch_invariance.h"
 
 namespace deepinfer {
 namespace {

@@ -37,6 +37,8 @@ bool batch_invariant() {
   return policy.load(std::memory_order_relaxed) == 1;
 }
 
-void set_batch_invariant(bool on) { policy.store(on ? 1 : 0, std::memory_order_release); }
+void set_batch_invariant(bool on) {
+  policy.store(on ? 1 : 0, std::memory_order_release);
+}
 
 }  // namespace deepinfer::ops
