@@ -756,6 +756,16 @@ TEST_F(BackendOpsTest, HyperConnectionMixesCollapseExpand) {
     // Twenty Sinkhorn passes divide by sums of the mixes' rounding differences again and
     // again: the comb matrix keeps ~1e-5 of its scale.
     expect_close(comb, dcomb, 5e-5, s.name + " hc_mixes comb");
+    {  // hc_mix_partials_rows_kernel at every row count (the default takes it from 128 rows)
+      const deepinfer::cuda::ScopedSetting every_row_count{"DEEPINFER_HC_ROWS_MIN", 1};
+      Tensor rpre = gpu_output(DType::kF32, {s.rows, hc});
+      Tensor rpost = gpu_output(DType::kF32, {s.rows, hc});
+      Tensor rcomb = gpu_output(DType::kF32, {s.rows, hc, hc});
+      cuda::hc_mixes(dx, gpu(fn), gpu(scale), gpu(base), params, rpre, rpost, rcomb);
+      expect_close(pre, rpre, kRowReductionTolerance, s.name + " hc_mixes rows kernel pre");
+      expect_close(post, rpost, kRowReductionTolerance, s.name + " hc_mixes rows kernel post");
+      expect_close(comb, rcomb, 5e-5, s.name + " hc_mixes rows kernel comb");
+    }
 
     // Collapse and expand take the CPU's mixes, so they are tested on their own.
     Tensor dpre_exact = gpu(pre), dpost_exact = gpu(post), dcomb_exact = gpu(comb);
@@ -1145,27 +1155,48 @@ TEST_F(BackendOpsTest, RmsnormRegistersMatchOldBitsRealShapes) {
   for (const int64_t cols : {5120, 1280, 512, 128, 8192, 20480}) rmsnorm_fast_vs_old(cols, "real");
 }
 
-void hc_mixes_fast_vs_old(int hc, int64_t hidden, int sinkhorn_iters, const std::string& what) {
+// Rows a prefill of 8192 tokens gives, less two: hc_mix_partials_rows_kernel's last tile and
+// chunk are partial.
+constexpr int64_t kPrefillRows = 8190;
+
+void hc_mixes_fast_vs_old(int hc, int64_t hidden, int sinkhorn_iters, const std::string& what,
+                          bool prefill_rows = false) {
   const int64_t mixes = static_cast<int64_t>(2 + hc) * hc;
   Tensor fn = gpu(host_f32({mixes, hc * hidden}, 61, 0.02f));
   Tensor scale = gpu(host_f32({3}, 62));
   Tensor base = gpu(host_f32({mixes}, 63));
   const HcParams params{hc, sinkhorn_iters, 1e-6f, 1e-6f};
-  for (const int64_t rows : kSwitchRowCounts) {
+  std::vector<int64_t> row_counts(std::begin(kSwitchRowCounts), std::end(kSwitchRowCounts));
+  if (prefill_rows) row_counts.push_back(kPrefillRows);
+  for (const int64_t rows : row_counts) {
     Tensor dx = gpu(host_f32({rows, hc, hidden}, 60));
+    const auto op = [&] {
+      Tensor pre = gpu_output(DType::kF32, {rows, hc});
+      Tensor post = gpu_output(DType::kF32, {rows, hc});
+      Tensor comb = gpu_output(DType::kF32, {rows, hc, hc});
+      cuda::hc_mixes(dx, fn, scale, base, params, pre, post, comb);
+      return outputs_of(pre, post, comb);
+    };
+    const std::string name = what + " hc_mixes hc " + std::to_string(hc) + " rows " +
+                             std::to_string(rows) + " hidden " + std::to_string(hidden);
+    // The default choice by rows (DEEPINFER_HC_ROWS_MIN), then the rows kernel at every row
+    // count with either tile: the old kernels' bits each time.
     expect_same_bits_with_switches(
-        [&] {
-          Tensor pre = gpu_output(DType::kF32, {rows, hc});
-          Tensor post = gpu_output(DType::kF32, {rows, hc});
-          Tensor comb = gpu_output(DType::kF32, {rows, hc, hc});
-          cuda::hc_mixes(dx, fn, scale, base, params, pre, post, comb);
-          return outputs_of(pre, post, comb);
-        },
-        {{"DEEPINFER_HC_PRELOAD"},
+        op,
+        {{"DEEPINFER_HC_ROWS"},
+         {"DEEPINFER_HC_ROWS", "DEEPINFER_HC_PRELOAD"},
          {"DEEPINFER_HC_WARP_FINISH"},
-         {"DEEPINFER_HC_PRELOAD", "DEEPINFER_HC_WARP_FINISH"}},
-        what + " hc_mixes hc " + std::to_string(hc) + " rows " + std::to_string(rows) + " hidden " +
-            std::to_string(hidden));
+         {"DEEPINFER_HC_ROWS", "DEEPINFER_HC_PRELOAD", "DEEPINFER_HC_WARP_FINISH"}},
+        name);
+    for (const int tile : {2, 4}) {
+      const deepinfer::cuda::ScopedSetting every_row_count{"DEEPINFER_HC_ROWS_MIN", 1};
+      const deepinfer::cuda::ScopedSetting rows_a_warp{"DEEPINFER_HC_ROWS_TILE", tile};
+      expect_same_bits_with_switches(op,
+                                     {{"DEEPINFER_HC_ROWS"},
+                                      {"DEEPINFER_HC_ROWS", "DEEPINFER_HC_PRELOAD"},
+                                      {"DEEPINFER_HC_ROWS", "DEEPINFER_HC_WARP_FINISH"}},
+                                     name + " rows kernel tile " + std::to_string(tile));
+    }
   }
 }
 
@@ -1178,7 +1209,49 @@ TEST_F(BackendOpsTest, HcMixesFastPathsMatchOldBitsSmallShapes) {
 
 TEST_F(BackendOpsTest, HcMixesFastPathsMatchOldBitsRealShapes) {
   if (tiny_shapes_only()) GTEST_SKIP() << "model widths: not under BACKEND_OPS_TINY_ONLY";
-  hc_mixes_fast_vs_old(4, 5120, 20, "real");
+  hc_mixes_fast_vs_old(4, 5120, 20, "real", /*prefill_rows=*/true);
+}
+
+// hc_collapse_vec_kernel and hc_expand_vec_kernel (also in place) against a thread per channel.
+void hc_collapse_expand_fast_vs_old(int hc, int64_t hidden, const std::string& what,
+                                    bool prefill_rows = false) {
+  std::vector<int64_t> row_counts(std::begin(kSwitchRowCounts), std::end(kSwitchRowCounts));
+  if (prefill_rows) row_counts.push_back(kPrefillRows);
+  for (const int64_t rows : row_counts) {
+    Tensor x = host_f32({rows, hc, hidden}, 70);
+    Tensor dx = gpu(x);
+    Tensor dy = gpu(host_f32({rows, hidden}, 71));
+    Tensor dpre = gpu(host_f32({rows, hc}, 72));
+    Tensor dpost = gpu(host_f32({rows, hc}, 73));
+    Tensor dcomb = gpu(host_f32({rows, hc, hc}, 74));
+    expect_same_bits_with_switches(
+        [&] {
+          Tensor collapsed = gpu_output(DType::kF32, {rows, hidden});
+          cuda::hc_collapse(dx, dpre, collapsed);
+          Tensor expanded = gpu_output(DType::kF32, {rows, hc, hidden});
+          cuda::hc_expand(dy, dx, dpost, dcomb, expanded);
+          Tensor in_place = gpu(x);
+          cuda::hc_expand(dy, in_place, dpost, dcomb, in_place);  // out aliases the residual
+          return outputs_of(collapsed, expanded, in_place);
+        },
+        {{"DEEPINFER_HC_COLLAPSE_VEC", "DEEPINFER_HC_EXPAND_VEC"}},
+        what + " hc_collapse/hc_expand hc " + std::to_string(hc) + " rows " + std::to_string(rows) +
+            " hidden " + std::to_string(hidden));
+  }
+}
+
+TEST_F(BackendOpsTest, HcCollapseExpandVectorsMatchOldBitsSmallShapes) {
+  hc_collapse_expand_fast_vs_old(4, 64, "small");
+  hc_collapse_expand_fast_vs_old(2, 300, "small");
+  hc_collapse_expand_fast_vs_old(1, 8, "small");
+  hc_collapse_expand_fast_vs_old(8, 36, "small");
+  hc_collapse_expand_fast_vs_old(3, 64, "small");  // no vector kernel: the old one both times
+  hc_collapse_expand_fast_vs_old(4, 30, "small");  // 30 channels: not float4 rows
+}
+
+TEST_F(BackendOpsTest, HcCollapseExpandVectorsMatchOldBitsRealShapes) {
+  if (tiny_shapes_only()) GTEST_SKIP() << "model widths: not under BACKEND_OPS_TINY_ONLY";
+  hc_collapse_expand_fast_vs_old(4, 5120, "real", /*prefill_rows=*/true);
 }
 
 void topk_fast_vs_old(int64_t cols, int k, const std::string& what) {

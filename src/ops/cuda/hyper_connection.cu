@@ -273,6 +273,99 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// hc_mix_partials_preload_kernel's partials (groups = 1) for many rows. The old kernel stages 8
+// rows of a slice in shared memory and reads each of them once per mix (24 reads of every x byte
+// from shared memory at hc 4: shared-memory bound at ~0.9 ms for 8192 rows). Here a block stages
+// one slice of fn (mix_count x kSliceCols, 96 KiB at hc 4) once, and warp w holds kRows rows of
+// the slice in registers (lane L: quads L + 32 s, the old lanes' quads), so a shared load of fn
+// feeds kRows dot products. Every partial is one lane's sum over its quads in order, then the
+// same fold: the old bits. The grid is the GPU's resident blocks; block b takes a contiguous run
+// of (slice, 8-tile chunk) items in slice-major order and restages fn when its slice changes.
+constexpr int kRowsMaxMixes = 24;  // hc <= 4
+constexpr int kSliceQuads = kSliceCols / 4;
+constexpr size_t kRowsFnBytes = size_t{kRowsMaxMixes} * kSliceCols * sizeof(float);
+
+template <int kRows>
+__global__ void __launch_bounds__(kThreads, kRows <= 2 ? 2 : 1)
+    hc_mix_partials_rows_kernel(MixArgs args, int slices, int64_t chunks_per_slice,
+                                float* partials) {
+  extern __shared__ float4 fn_slice[];  // [mix_count][kSliceQuads]
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int mix_count = (2 + args.hc) * args.hc;
+  const int stride = mix_count + 1;
+  const int64_t rows = args.x.rows;
+  const int64_t tiles = (rows + kRows - 1) / kRows;
+  const int64_t items = slices * chunks_per_slice;
+  const int64_t begin = items * blockIdx.x / gridDim.x;
+  const int64_t end = items * (blockIdx.x + 1) / gridDim.x;
+  int staged = -1;
+  int quads = 0;
+  int64_t first_col = 0;
+  for (int64_t item = begin; item < end; ++item) {
+    const int slice = static_cast<int>(item / chunks_per_slice);
+    if (slice != staged) {  // uniform over the block
+      first_col = static_cast<int64_t>(slice) * kSliceCols;
+      quads = static_cast<int>(deepinfer::cuda::min64(kSliceCols, args.x.cols - first_col) / 4);
+      __syncthreads();  // every warp is done with the previous slice's fn
+      for (int i = threadIdx.x; i < mix_count * kSliceQuads; i += kThreads) {
+        const int mix = i / kSliceQuads;
+        const int quad = i % kSliceQuads;
+        if (quad < quads) {
+          fn_slice[i] = __ldg(reinterpret_cast<const float4*>(args.fn.row(mix) + first_col) + quad);
+        }
+      }
+      __syncthreads();
+      staged = slice;
+    }
+    const int64_t tile = (item % chunks_per_slice) * kMixWarps + warp;
+    if (tile >= tiles) continue;
+    const int64_t first_row = tile * kRows;
+    const int row_count = static_cast<int>(deepinfer::cuda::min64(kRows, rows - first_row));
+    float4 x[kRows][kQuadsPerLane];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4* a = reinterpret_cast<const float4*>(
+          args.x.row(first_row + (r < row_count ? r : 0)) + first_col);
+#pragma unroll
+      for (int s = 0; s < kQuadsPerLane; ++s) {
+        const int quad = lane + 32 * s;
+        x[r][s] = quad < quads ? a[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+    for (int mix = 0; mix < mix_count; ++mix) {
+      const float4* f = fn_slice + mix * kSliceQuads;
+      float sums[kRows] = {};
+#pragma unroll
+      for (int s = 0; s < kQuadsPerLane; ++s) {
+        const int quad = lane + 32 * s;
+        if (quad < quads) {
+          const float4 weights = f[quad];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) sums[r] += dot4(x[r][s], weights);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float total = fold_warp(sums[r]);
+        if (lane == 0 && r < row_count)
+          partials[((first_row + r) * slices + slice) * stride + mix] = total;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float squares = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kQuadsPerLane; ++s) {
+        if (lane + 32 * s < quads) squares += dot4(x[r][s], x[r][s]);
+      }
+      squares = fold_warp(squares);
+      if (lane == 0 && r < row_count)
+        partials[((first_row + r) * slices + slice) * stride + mix_count] = squares;
+    }
+  }
+}
+
 // hc_mix_finish_kernel by one warp per row, for hc <= 4 (the mixes and the squares, 25 at hc 4,
 // fit the lanes): lane i adds mix i's slice partials in slice order (all loads issued first),
 // and lane j * hc + k owns comb[j, k], reading the others' elements by shuffles in the same index
@@ -344,6 +437,12 @@ __global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
 
 // false (or DEEPINFER_HC_PRELOAD=0): hc_mix_partials_kernel.
 RuntimeSwitch kPreloadPartials{"DEEPINFER_HC_PRELOAD", true};
+// false (or DEEPINFER_HC_ROWS=0): the preload kernel at every row count.
+RuntimeSwitch kRowsPartials{"DEEPINFER_HC_ROWS", true};
+// The fewest rows that take hc_mix_partials_rows_kernel (both kernels give the same bits).
+RuntimeSetting kRowsPartialsMinRows{"DEEPINFER_HC_ROWS_MIN", 128, 1, 1 << 30};
+// Rows a warp holds in hc_mix_partials_rows_kernel: 2 (two blocks an SM) or 4 (one).
+RuntimeSetting kRowsPartialsTile{"DEEPINFER_HC_ROWS_TILE", 4, 2, 4};
 // false (or DEEPINFER_HC_WARP_FINISH=0): hc_mix_finish_kernel.
 RuntimeSwitch kWarpFinish{"DEEPINFER_HC_WARP_FINISH", true};
 
@@ -356,6 +455,33 @@ bool split_mixes(const MixArgs& args) {
   return enabled && args.x.cols % 4 == 0 && args.x.stride % 4 == 0 && args.fn.stride % 4 == 0 &&
          deepinfer::cuda::aligned_to(args.x.data, 16) &&
          deepinfer::cuda::aligned_to(args.fn.data, 16);
+}
+
+template <int kRows>
+void launch_rows_partials(const MixArgs& args, int slices, float* partials) {
+  // Resident blocks of this kernel on the whole GPU (96 KiB of fn each), queried once.
+  static const int64_t resident = [] {
+    int device = 0;
+    int sms = 0;
+    int per_sm = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    DI_CUDA_CHECK(cudaFuncSetAttribute(hc_mix_partials_rows_kernel<kRows>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kRowsFnBytes)));
+    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, hc_mix_partials_rows_kernel<kRows>, kThreads, kRowsFnBytes));
+    return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  }();
+  const int64_t tiles = (args.x.rows + kRows - 1) / kRows;
+  const int64_t chunks_per_slice = (tiles + kMixWarps - 1) / kMixWarps;
+  const int64_t items = slices * chunks_per_slice;
+  const int64_t blocks = items < resident ? items : resident;
+  const size_t fn_bytes = static_cast<size_t>((2 + args.hc) * args.hc) * kSliceCols * sizeof(float);
+  hc_mix_partials_rows_kernel<kRows>
+      <<<static_cast<unsigned>(blocks), kThreads, fn_bytes, current_stream()>>>(
+          args, slices, chunks_per_slice, partials);
+  DI_CUDA_LAUNCHED(hc_mix_partials_rows_kernel);
 }
 
 __global__ void hc_collapse_kernel(DeviceRows<const float> x, int64_t hc, int64_t dim,
@@ -393,6 +519,86 @@ __global__ void hc_expand_kernel(DeviceRows<const float> y, DeviceRows<const flo
     }
     out.row(m)[k * dim + d] = post.row(m)[k] * value + sum;
   }
+}
+
+// hc_collapse_kernel and hc_expand_kernel four channels a thread: 16-byte loads and stores, the
+// row's pre / post / comb read once per four channels, 32-bit channel indices from a 2D grid
+// (no 64-bit division). Every output channel takes the old kernels' expression in the same order.
+// The old kernels: one thread per channel, 4-byte accesses and a 64-bit division each, at
+// ~30% of HBM for 8192 rows.
+template <int kHc>
+__global__ void __launch_bounds__(kThreads)
+    hc_collapse_vec_kernel(DeviceRows<const float> x, int quads, DeviceRows<const float> pre,
+                           DeviceRows<float> out) {
+  const int quad = blockIdx.x * kThreads + threadIdx.x;
+  if (quad >= quads) return;
+  for (int64_t m = blockIdx.y; m < x.rows; m += gridDim.y) {
+    const float4* streams = reinterpret_cast<const float4*>(x.row(m));
+    float4 in[kHc];
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) in[j] = streams[j * quads + quad];
+    float weights[kHc];
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) weights[j] = pre.row(m)[j];
+    float4 result;
+    float* r = &result.x;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) sum += weights[j] * (&in[j].x)[c];
+      r[c] = sum;
+    }
+    reinterpret_cast<float4*>(out.row(m))[quad] = result;
+  }
+}
+
+template <int kHc>
+__global__ void __launch_bounds__(kThreads)
+    hc_expand_vec_kernel(DeviceRows<const float> y, DeviceRows<const float> residual, int quads,
+                         DeviceRows<const float> post, DeviceRows<const float> comb,
+                         DeviceRows<float> out) {
+  const int quad = blockIdx.x * kThreads + threadIdx.x;
+  if (quad >= quads) return;
+  for (int64_t m = blockIdx.y; m < residual.rows; m += gridDim.y) {
+    const float4* in = reinterpret_cast<const float4*>(residual.row(m));
+    float4 streams[kHc];
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) streams[j] = in[j * quads + quad];
+    const float4 value = reinterpret_cast<const float4*>(y.row(m))[quad];
+    const float* weights = comb.row(m);
+    float4* o = reinterpret_cast<float4*>(out.row(m));
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      const float scale = post.row(m)[k];
+      float4 result;
+      float* r = &result.x;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kHc; ++j) sum += weights[j * kHc + k] * (&streams[j].x)[c];
+        r[c] = scale * (&value.x)[c] + sum;
+      }
+      o[k * quads + quad] = result;
+    }
+  }
+}
+
+// false (or DEEPINFER_HC_COLLAPSE_VEC=0 / DEEPINFER_HC_EXPAND_VEC=0): a thread per channel.
+RuntimeSwitch kCollapseVec{"DEEPINFER_HC_COLLAPSE_VEC", true};
+RuntimeSwitch kExpandVec{"DEEPINFER_HC_EXPAND_VEC", true};
+
+// float4 access: a multiple of 4 channels, 16-byte aligned rows.
+template <typename T>
+bool float4_rows(const DeviceRows<T>& rows) {
+  return rows.stride % 4 == 0 && deepinfer::cuda::aligned_to(rows.data, 16);
+}
+
+dim3 vec_grid(int64_t rows, int quads) {
+  const int64_t row_blocks = rows < 65535 ? rows : 65535;
+  return dim3(static_cast<unsigned>((quads + kThreads - 1) / kThreads),
+              static_cast<unsigned>(row_blocks));
 }
 
 }  // namespace
@@ -433,7 +639,15 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
   DI_CHECK(row_blocks <= 65535, "hc_mixes: ", args.x.rows, " rows exceed one launch");
   deepinfer::cuda::StreamBuffer partials(
       static_cast<size_t>(args.x.rows * slices * (mix_count + 1)) * sizeof(float));
-  if (kPreloadPartials.enabled()) {
+  const int tile = kRowsPartialsTile.value();
+  if (kRowsPartials.enabled() && args.x.rows >= kRowsPartialsMinRows.value() &&
+      mix_count <= kRowsMaxMixes && (tile == 2 || tile == 4)) {
+    if (tile == 2) {
+      launch_rows_partials<2>(args, slices, partials.as<float>());
+    } else {
+      launch_rows_partials<4>(args, slices, partials.as<float>());
+    }
+  } else if (kPreloadPartials.enabled()) {
     // Few rows: one mix per warp (3 groups at hc 4), enough blocks to read fn at the machine's
     // width. Many rows: one group, each block's rows reusing its fn slice for every mix.
     // The choice moves work between blocks only, never a partial's bits.
@@ -475,6 +689,27 @@ void hc_collapse(const TensorView& x, const TensorView& pre, const TensorView& o
   DI_CHECK(p.rows == in.rows && p.cols == hc && o.rows == in.rows && o.cols == dim,
            "hc_collapse shapes");
   if (in.rows * dim == 0) return;
+  if (kCollapseVec.enabled() && (hc == 1 || hc == 2 || hc == 4 || hc == 8) && dim % 4 == 0 &&
+      dim / 4 <= INT32_MAX && float4_rows(in) && float4_rows(o)) {
+    const int quads = static_cast<int>(dim / 4);
+    const dim3 grid = vec_grid(in.rows, quads);
+    switch (hc) {
+      case 1:
+        hc_collapse_vec_kernel<1><<<grid, kThreads, 0, current_stream()>>>(in, quads, p, o);
+        break;
+      case 2:
+        hc_collapse_vec_kernel<2><<<grid, kThreads, 0, current_stream()>>>(in, quads, p, o);
+        break;
+      case 4:
+        hc_collapse_vec_kernel<4><<<grid, kThreads, 0, current_stream()>>>(in, quads, p, o);
+        break;
+      default:
+        hc_collapse_vec_kernel<8><<<grid, kThreads, 0, current_stream()>>>(in, quads, p, o);
+        break;
+    }
+    DI_CUDA_LAUNCHED(hc_collapse_vec_kernel);
+    return;
+  }
   hc_collapse_kernel<<<blocks_for(in.rows * dim, kThreads), kThreads, 0, current_stream()>>>(
       in, hc, dim, p, o);
   DI_CUDA_LAUNCHED(hc_collapse_kernel);
@@ -495,6 +730,27 @@ void hc_expand(const TensorView& y, const TensorView& residual, const TensorView
                o.rows == r.rows && o.cols == hc * dim,
            "hc_expand shapes");
   if (r.rows * dim == 0) return;
+  if (kExpandVec.enabled() && (hc == 1 || hc == 2 || hc == 4 || hc == 8) && dim % 4 == 0 &&
+      dim / 4 <= INT32_MAX && float4_rows(in) && float4_rows(r) && float4_rows(o)) {
+    const int quads = static_cast<int>(dim / 4);
+    const dim3 grid = vec_grid(r.rows, quads);
+    switch (hc) {
+      case 1:
+        hc_expand_vec_kernel<1><<<grid, kThreads, 0, current_stream()>>>(in, r, quads, q, c, o);
+        break;
+      case 2:
+        hc_expand_vec_kernel<2><<<grid, kThreads, 0, current_stream()>>>(in, r, quads, q, c, o);
+        break;
+      case 4:
+        hc_expand_vec_kernel<4><<<grid, kThreads, 0, current_stream()>>>(in, r, quads, q, c, o);
+        break;
+      default:
+        hc_expand_vec_kernel<8><<<grid, kThreads, 0, current_stream()>>>(in, r, quads, q, c, o);
+        break;
+    }
+    DI_CUDA_LAUNCHED(hc_expand_vec_kernel);
+    return;
+  }
   hc_expand_kernel<<<blocks_for(r.rows * dim, kThreads), kThreads, 0, current_stream()>>>(
       in, r, static_cast<int>(hc), dim, q, c, o);
   DI_CUDA_LAUNCHED(hc_expand_kernel);
