@@ -144,28 +144,12 @@ void bench_rows(int64_t rows, double hbm) {
   row("hc_mixes", "old (DEEPINFER_HC_ROWS=0)", rows, old_ms, mix_bytes, hbm, "");
   row("hc_mixes", "default", rows, time_ms([&] { mixes(); }), mix_bytes, hbm,
       same_bits(old_out, mixes_out()) ? "same" : "DIFFER");
-  // The rows kernel's variants at every row count from 256 (DEEPINFER_HC_ROWS_* settings).
-  struct Variant {
-    int tile, order;
-    bool full, no_allocate;
-  };
-  for (const Variant v :
-       {Variant{2, 0, false, false}, Variant{4, 0, false, false}, Variant{2, 0, true, false},
-        Variant{4, 0, true, false}, Variant{2, 1, true, false}, Variant{4, 1, true, false},
-        Variant{2, 0, true, true}, Variant{4, 0, true, true}, Variant{2, 1, true, true},
-        Variant{4, 1, true, true}}) {
-    if (rows < 256) break;
+  for (const int tile : {2, 4}) {
     const rt::ScopedSetting all{"DEEPINFER_HC_ROWS_MIN", 1};
-    const rt::ScopedSetting tile{"DEEPINFER_HC_ROWS_TILE", v.tile};
-    const rt::ScopedSetting order{"DEEPINFER_HC_ROWS_ORDER", v.order};
-    const rt::ScopedSwitch full{"DEEPINFER_HC_ROWS_FULL", v.full};
-    const rt::ScopedSwitch no_allocate{"DEEPINFER_HC_ROWS_NO_ALLOCATE", v.no_allocate};
+    const rt::ScopedSetting t{"DEEPINFER_HC_ROWS_TILE", tile};
     const double ms = time_ms([&] { mixes(); });
-    char path[64];
-    std::snprintf(path, sizeof(path), "rows t%d o%d %s%s", v.tile, v.order,
-                  v.full ? "full" : "guarded", v.no_allocate ? " noalloc" : "");
-    row("hc_mixes", path, rows, ms, mix_bytes, hbm,
-        same_bits(old_out, mixes_out()) ? "same" : "DIFFER");
+    row("hc_mixes", tile == 2 ? "rows kernel, 2 rows a warp" : "rows kernel, 4 rows a warp", rows,
+        ms, mix_bytes, hbm, same_bits(old_out, mixes_out()) ? "same" : "DIFFER");
   }
 
   const double collapse_bytes = stream_bytes + row_bytes + rows * kHc * 4.0;

@@ -285,23 +285,10 @@ constexpr int kRowsMaxMixes = 24;  // hc <= 4
 constexpr int kSliceQuads = kSliceCols / 4;
 constexpr size_t kRowsFnBytes = size_t{kRowsMaxMixes} * kSliceCols * sizeof(float);
 
-// kFull: every slice is kSliceCols wide (cols % kSliceCols == 0, as at V4.1 widths): no per-quad
-// guards, so the compiler issues a mix's eight shared loads together and overlaps two mixes'
-// folds (a guard that always holds changes no operation, so no bit).
-// kNoAllocate: the rows through ld.global.nc.L1::no_allocate (the 96 KiB a block of fn leaves
-// little L1 for lines in flight).
-__device__ __forceinline__ float4 load_no_allocate(const float4* p) {
-  float4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
-      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-      : "l"(p));
-  return v;
-}
-
-template <int kRows, bool kFull, bool kNoAllocate>
+template <int kRows>
 __global__ void __launch_bounds__(kThreads, kRows <= 2 ? 2 : 1)
     hc_mix_partials_rows_kernel(MixArgs args, int slices, int64_t chunks_per_slice,
-                                bool interleaved, float* partials) {
+                                float* partials) {
   extern __shared__ float4 fn_slice[];  // [mix_count][kSliceQuads]
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -310,32 +297,21 @@ __global__ void __launch_bounds__(kThreads, kRows <= 2 ? 2 : 1)
   const int64_t rows = args.x.rows;
   const int64_t tiles = (rows + kRows - 1) / kRows;
   const int64_t items = slices * chunks_per_slice;
-  // Contiguous: block b takes items [items * b / blocks, items * (b + 1) / blocks). Interleaved
-  // (gridDim.x a multiple of slices): block b keeps slice b % slices and takes its chunks
-  // b / slices, + blocks / slices, ...; the blocks of one row run read whole rows together.
-  const int64_t lanes = gridDim.x / slices;
-  const int64_t begin = interleaved ? static_cast<int64_t>(blockIdx.x % slices) * chunks_per_slice +
-                                          blockIdx.x / slices
-                                    : items * blockIdx.x / gridDim.x;
-  const int64_t end = interleaved ? static_cast<int64_t>(blockIdx.x % slices + 1) * chunks_per_slice
-                                  : items * (blockIdx.x + 1) / gridDim.x;
-  const int64_t step = interleaved ? lanes : 1;
+  const int64_t begin = items * blockIdx.x / gridDim.x;
+  const int64_t end = items * (blockIdx.x + 1) / gridDim.x;
   int staged = -1;
   int quads = 0;
   int64_t first_col = 0;
-  for (int64_t item = begin; item < end; item += step) {
+  for (int64_t item = begin; item < end; ++item) {
     const int slice = static_cast<int>(item / chunks_per_slice);
     if (slice != staged) {  // uniform over the block
       first_col = static_cast<int64_t>(slice) * kSliceCols;
-      quads =
-          kFull ? kSliceQuads
-                : static_cast<int>(deepinfer::cuda::min64(kSliceCols, args.x.cols - first_col) / 4);
+      quads = static_cast<int>(deepinfer::cuda::min64(kSliceCols, args.x.cols - first_col) / 4);
       __syncthreads();  // every warp is done with the previous slice's fn
-#pragma unroll 4
       for (int i = threadIdx.x; i < mix_count * kSliceQuads; i += kThreads) {
         const int mix = i / kSliceQuads;
         const int quad = i % kSliceQuads;
-        if (kFull || quad < quads) {
+        if (quad < quads) {
           fn_slice[i] = __ldg(reinterpret_cast<const float4*>(args.fn.row(mix) + first_col) + quad);
         }
       }
@@ -354,21 +330,16 @@ __global__ void __launch_bounds__(kThreads, kRows <= 2 ? 2 : 1)
 #pragma unroll
       for (int s = 0; s < kQuadsPerLane; ++s) {
         const int quad = lane + 32 * s;
-        if (kFull || quad < quads) {
-          x[r][s] = kNoAllocate ? load_no_allocate(a + quad) : a[quad];
-        } else {
-          x[r][s] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        x[r][s] = quad < quads ? a[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
-#pragma unroll 2
     for (int mix = 0; mix < mix_count; ++mix) {
       const float4* f = fn_slice + mix * kSliceQuads;
       float sums[kRows] = {};
 #pragma unroll
       for (int s = 0; s < kQuadsPerLane; ++s) {
         const int quad = lane + 32 * s;
-        if (kFull || quad < quads) {
+        if (quad < quads) {
           const float4 weights = f[quad];
 #pragma unroll
           for (int r = 0; r < kRows; ++r) sums[r] += dot4(x[r][s], weights);
@@ -386,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, kRows <= 2 ? 2 : 1)
       float squares = 0.0f;
 #pragma unroll
       for (int s = 0; s < kQuadsPerLane; ++s) {
-        if (kFull || lane + 32 * s < quads) squares += dot4(x[r][s], x[r][s]);
+        if (lane + 32 * s < quads) squares += dot4(x[r][s], x[r][s]);
       }
       squares = fold_warp(squares);
       if (lane == 0 && r < row_count)
@@ -472,12 +443,6 @@ RuntimeSwitch kRowsPartials{"DEEPINFER_HC_ROWS", true};
 RuntimeSetting kRowsPartialsMinRows{"DEEPINFER_HC_ROWS_MIN", 128, 1, 1 << 30};
 // Rows a warp holds in hc_mix_partials_rows_kernel: 2 (two blocks an SM) or 4 (one).
 RuntimeSetting kRowsPartialsTile{"DEEPINFER_HC_ROWS_TILE", 4, 2, 4};
-// The rows kernel's item order: 0 contiguous runs of (slice, chunk) a block, 1 a slice a block.
-RuntimeSetting kRowsPartialsOrder{"DEEPINFER_HC_ROWS_ORDER", 0, 0, 1};
-// true (DEEPINFER_HC_ROWS_NO_ALLOCATE=1): the full-slice rows kernel loads x past the L1.
-RuntimeSwitch kRowsNoAllocate{"DEEPINFER_HC_ROWS_NO_ALLOCATE", false};
-// false (or DEEPINFER_HC_ROWS_FULL=0): the guarded rows kernel also when every slice is full.
-RuntimeSwitch kRowsFullSlices{"DEEPINFER_HC_ROWS_FULL", true};
 // false (or DEEPINFER_HC_WARP_FINISH=0): hc_mix_finish_kernel.
 RuntimeSwitch kWarpFinish{"DEEPINFER_HC_WARP_FINISH", true};
 
@@ -492,7 +457,7 @@ bool split_mixes(const MixArgs& args) {
          deepinfer::cuda::aligned_to(args.fn.data, 16);
 }
 
-template <int kRows, bool kFull, bool kNoAllocate>
+template <int kRows>
 void launch_rows_partials(const MixArgs& args, int slices, float* partials) {
   // Resident blocks of this kernel on the whole GPU (96 KiB of fn each), queried once.
   static const int64_t resident = [] {
@@ -501,23 +466,21 @@ void launch_rows_partials(const MixArgs& args, int slices, float* partials) {
     int per_sm = 0;
     DI_CUDA_CHECK(cudaGetDevice(&device));
     DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    DI_CUDA_CHECK(cudaFuncSetAttribute(hc_mix_partials_rows_kernel<kRows, kFull, kNoAllocate>,
+    DI_CUDA_CHECK(cudaFuncSetAttribute(hc_mix_partials_rows_kernel<kRows>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(kRowsFnBytes)));
     DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, hc_mix_partials_rows_kernel<kRows, kFull, kNoAllocate>, kThreads, kRowsFnBytes));
+        &per_sm, hc_mix_partials_rows_kernel<kRows>, kThreads, kRowsFnBytes));
     return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   }();
   const int64_t tiles = (args.x.rows + kRows - 1) / kRows;
   const int64_t chunks_per_slice = (tiles + kMixWarps - 1) / kMixWarps;
   const int64_t items = slices * chunks_per_slice;
-  const bool interleaved = kRowsPartialsOrder.value() == 1 && resident >= slices;
-  int64_t blocks = items < resident ? items : resident;
-  if (interleaved) blocks = resident / slices * slices;
+  const int64_t blocks = items < resident ? items : resident;
   const size_t fn_bytes = static_cast<size_t>((2 + args.hc) * args.hc) * kSliceCols * sizeof(float);
-  hc_mix_partials_rows_kernel<kRows, kFull, kNoAllocate>
+  hc_mix_partials_rows_kernel<kRows>
       <<<static_cast<unsigned>(blocks), kThreads, fn_bytes, current_stream()>>>(
-          args, slices, chunks_per_slice, interleaved, partials);
+          args, slices, chunks_per_slice, partials);
   DI_CUDA_LAUNCHED(hc_mix_partials_rows_kernel);
 }
 
@@ -679,18 +642,10 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
   const int tile = kRowsPartialsTile.value();
   if (kRowsPartials.enabled() && args.x.rows >= kRowsPartialsMinRows.value() &&
       mix_count <= kRowsMaxMixes && (tile == 2 || tile == 4)) {
-    float* out = partials.as<float>();
-    if (args.x.cols % kSliceCols == 0 && kRowsFullSlices.enabled()) {
-      if (kRowsNoAllocate.enabled()) {
-        tile == 2 ? launch_rows_partials<2, true, true>(args, slices, out)
-                  : launch_rows_partials<4, true, true>(args, slices, out);
-      } else {
-        tile == 2 ? launch_rows_partials<2, true, false>(args, slices, out)
-                  : launch_rows_partials<4, true, false>(args, slices, out);
-      }
+    if (tile == 2) {
+      launch_rows_partials<2>(args, slices, partials.as<float>());
     } else {
-      tile == 2 ? launch_rows_partials<2, false, false>(args, slices, out)
-                : launch_rows_partials<4, false, false>(args, slices, out);
+      launch_rows_partials<4>(args, slices, partials.as<float>());
     }
   } else if (kPreloadPartials.enabled()) {
     // Few rows: one mix per warp (3 groups at hc 4), enough blocks to read fn at the machine's
