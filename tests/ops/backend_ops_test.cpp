@@ -756,7 +756,7 @@ TEST_F(BackendOpsTest, HyperConnectionMixesCollapseExpand) {
     // Twenty Sinkhorn passes divide by sums of the mixes' rounding differences again and
     // again: the comb matrix keeps ~1e-5 of its scale.
     expect_close(comb, dcomb, 5e-5, s.name + " hc_mixes comb");
-    {  // hc_mix_partials_rows_kernel at every row count (the default takes it from 128 rows)
+    {  // hc_mix_partials_rows_kernel at every row count (the default takes it from 1024 rows)
       const deepinfer::cuda::ScopedSetting every_row_count{"DEEPINFER_HC_ROWS_MIN", 1};
       Tensor rpre = gpu_output(DType::kF32, {s.rows, hc});
       Tensor rpost = gpu_output(DType::kF32, {s.rows, hc});

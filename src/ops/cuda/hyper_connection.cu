@@ -274,13 +274,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // hc_mix_partials_preload_kernel's partials (groups = 1) for many rows. The old kernel stages 8
-// rows of a slice in shared memory and reads each of them once per mix (24 reads of every x byte
-// from shared memory at hc 4: shared-memory bound at ~0.9 ms for 8192 rows). Here a block stages
-// one slice of fn (mix_count x kSliceCols, 96 KiB at hc 4) once, and warp w holds kRows rows of
-// the slice in registers (lane L: quads L + 32 s, the old lanes' quads), so a shared load of fn
-// feeds kRows dot products. Every partial is one lane's sum over its quads in order, then the
-// same fold: the old bits. The grid is the GPU's resident blocks; block b takes a contiguous run
-// of (slice, 8-tile chunk) items in slice-major order and restages fn when its slice changes.
+// rows of a slice in shared memory, reads each of them once per mix (24 shared reads of every x
+// byte at hc 4) and all of fn from L2 per 8 rows: 0.96 ms for 8192 rows. Here a block stages one
+// slice of fn (mix_count x kSliceCols, 96 KiB at hc 4) once, and warp w holds kRows rows of the
+// slice in registers (lane L: quads L + 32 s, the old lanes' quads), so a shared load of fn feeds
+// kRows dot products. Every partial is one lane's sum over its quads in order, then the same
+// fold: the old bits. The grid is the GPU's resident blocks; block b takes a contiguous run of
+// (slice, 8-tile chunk) items in slice-major order and restages fn when its slice changes.
+// Measured 0.84 ms at 8192 rows (kRows 2, whole op): still ~19% of HBM, so it is latency bound,
+// not byte bound; the per-quad guards below keep a mix's eight shared loads in separate branches
+// (997bd8d has an unguarded full-slice variant, unmeasured).
 constexpr int kRowsMaxMixes = 24;  // hc <= 4
 constexpr int kSliceQuads = kSliceCols / 4;
 constexpr size_t kRowsFnBytes = size_t{kRowsMaxMixes} * kSliceCols * sizeof(float);
@@ -439,10 +442,13 @@ __global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
 RuntimeSwitch kPreloadPartials{"DEEPINFER_HC_PRELOAD", true};
 // false (or DEEPINFER_HC_ROWS=0): the preload kernel at every row count.
 RuntimeSwitch kRowsPartials{"DEEPINFER_HC_ROWS", true};
-// The fewest rows that take hc_mix_partials_rows_kernel (both kernels give the same bits).
-RuntimeSetting kRowsPartialsMinRows{"DEEPINFER_HC_ROWS_MIN", 128, 1, 1 << 30};
-// Rows a warp holds in hc_mix_partials_rows_kernel: 2 (two blocks an SM) or 4 (one).
-RuntimeSetting kRowsPartialsTile{"DEEPINFER_HC_ROWS_TILE", 4, 2, 4};
+// The fewest rows that take hc_mix_partials_rows_kernel (both kernels give the same bits). H200,
+// hc 4 x 5120, whole op: 256 rows 0.059 ms against the preload kernel's 0.052, 1024 rows 0.123
+// against 0.140, 8192 rows 0.838 against 0.960 (cuda_hc_bench).
+RuntimeSetting kRowsPartialsMinRows{"DEEPINFER_HC_ROWS_MIN", 1024, 1, 1 << 30};
+// Rows a warp holds in hc_mix_partials_rows_kernel: 2 (two blocks an SM) or 4 (one: 8 warps an
+// SM, 1.14 ms at 8192 rows, slower than 2).
+RuntimeSetting kRowsPartialsTile{"DEEPINFER_HC_ROWS_TILE", 2, 2, 4};
 // false (or DEEPINFER_HC_WARP_FINISH=0): hc_mix_finish_kernel.
 RuntimeSwitch kWarpFinish{"DEEPINFER_HC_WARP_FINISH", true};
 
