@@ -282,8 +282,8 @@ __global__ void __launch_bounds__(kThreads)
 // fold: the old bits. The grid is the GPU's resident blocks; block b takes a contiguous run of
 // (slice, 8-tile chunk) items in slice-major order and restages fn when its slice changes.
 // Measured 0.84 ms at 8192 rows (kRows 2, whole op): still ~19% of HBM, so it is latency bound,
-// not byte bound; the per-quad guards below keep a mix's eight shared loads in separate branches
-// (997bd8d has an unguarded full-slice variant, unmeasured).
+// not byte bound; likely the per-quad guards below, which keep a mix's eight shared loads in
+// separate branches (997bd8d has an unguarded full-slice variant, unmeasured).
 constexpr int kRowsMaxMixes = 24;  // hc <= 4
 constexpr int kSliceQuads = kSliceCols / 4;
 constexpr size_t kRowsFnBytes = size_t{kRowsMaxMixes} * kSliceCols * sizeof(float);
