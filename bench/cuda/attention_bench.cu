@@ -107,38 +107,6 @@ Tensor device_i32(Shape shape, const std::vector<int32_t>& values) {
   return rt::to_device(host.view());
 }
 
-// Median milliseconds per call: a warm-up call, then rounds of `inner` calls between two events,
-// `inner` sized so a round lasts about 2 ms.
-double time_ms(const std::function<void()>& call) {
-  cudaEvent_t start, stop;
-  DI_CUDA_CHECK(cudaEventCreate(&start));
-  DI_CUDA_CHECK(cudaEventCreate(&stop));
-  call();
-  DI_CUDA_CHECK(cudaEventRecord(start));
-  call();
-  DI_CUDA_CHECK(cudaEventRecord(stop));
-  DI_CUDA_CHECK(cudaEventSynchronize(stop));
-  float first = 0;
-  DI_CUDA_CHECK(cudaEventElapsedTime(&first, start, stop));
-  const int inner = std::clamp(static_cast<int>(2.0 / std::max(first, 1e-4f)), 1, 200);
-  const int rounds = std::clamp(static_cast<int>(300.0 / (std::max(first, 1e-4f) * inner)), 3, 15);
-  std::vector<double> per_call;
-  for (int r = 0; r < rounds; ++r) {
-    DI_CUDA_CHECK(cudaEventRecord(start));
-    for (int i = 0; i < inner; ++i) call();
-    DI_CUDA_CHECK(cudaEventRecord(stop));
-    DI_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    DI_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    per_call.push_back(ms / inner);
-  }
-  DI_CUDA_CHECK(cudaEventDestroy(start));
-  DI_CUDA_CHECK(cudaEventDestroy(stop));
-  rt::synchronize();
-  std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
-  return per_call[per_call.size() / 2];
-}
-
 // ---- cases ----------------------------------------------------------------------------------
 
 // Ring rows per request: the window plus a rollback margin, as RequestState keeps.

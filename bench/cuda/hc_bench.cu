@@ -58,35 +58,6 @@ Tensor device_f32(Shape shape, uint64_t seed, float scale) {
   return t;
 }
 
-// Median ms a call: a warm-up, then rounds of calls sized to ~2 ms between two events.
-double time_ms(const std::function<void()>& call) {
-  cudaEvent_t start, stop;
-  DI_CUDA_CHECK(cudaEventCreate(&start));
-  DI_CUDA_CHECK(cudaEventCreate(&stop));
-  call();
-  DI_CUDA_CHECK(cudaEventRecord(start));
-  call();
-  DI_CUDA_CHECK(cudaEventRecord(stop));
-  DI_CUDA_CHECK(cudaEventSynchronize(stop));
-  float first = 0;
-  DI_CUDA_CHECK(cudaEventElapsedTime(&first, start, stop));
-  const int inner = std::clamp(static_cast<int>(2.0 / std::max(first, 1e-4f)), 1, 200);
-  std::vector<double> per_call;
-  for (int r = 0; r < 7; ++r) {
-    DI_CUDA_CHECK(cudaEventRecord(start));
-    for (int i = 0; i < inner; ++i) call();
-    DI_CUDA_CHECK(cudaEventRecord(stop));
-    DI_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    DI_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    per_call.push_back(ms / inner);
-  }
-  DI_CUDA_CHECK(cudaEventDestroy(start));
-  DI_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
-}
-
 bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   for (size_t i = 0; i < a.size(); ++i) {
     const Tensor x = rt::to_host(a[i].view());

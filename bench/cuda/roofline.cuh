@@ -1,4 +1,5 @@
-// The HBM read roofline the GPU benchmarks hold their kernels against: a grid-stride pass of
+// The measurements the GPU benchmarks share: a kernel's median time per call, and the HBM read
+// roofline they hold their kernels against: a grid-stride pass of
 // 16-byte streaming loads (__ldcs, evict-first) over a buffer far larger than the L2, 8 blocks of
 // 512 threads per SM. One copy for every benchmark (cuda_layer_bench, cuda_model_bench, and
 // cuda_attention_bench can include it too: the names do not meet its own), so their "% of the
@@ -11,9 +12,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_runtime.h"
 
 namespace deepinfer::bench {
 namespace {
@@ -73,6 +76,38 @@ inline double measure_hbm_read_gbps(size_t bytes) {
   DI_CUDA_CHECK(cudaFree(data));
   std::sort(gbps.begin(), gbps.end());
   return gbps[gbps.size() / 2];
+}
+
+// Median milliseconds per call: a warm-up call, then rounds of `inner` calls between two events,
+// `inner` sized so a round lasts about 2 ms.
+inline double time_ms(const std::function<void()>& call) {
+  cudaEvent_t start, stop;
+  DI_CUDA_CHECK(cudaEventCreate(&start));
+  DI_CUDA_CHECK(cudaEventCreate(&stop));
+  call();
+  DI_CUDA_CHECK(cudaEventRecord(start));
+  call();
+  DI_CUDA_CHECK(cudaEventRecord(stop));
+  DI_CUDA_CHECK(cudaEventSynchronize(stop));
+  float first = 0;
+  DI_CUDA_CHECK(cudaEventElapsedTime(&first, start, stop));
+  const int inner = std::clamp(static_cast<int>(2.0 / std::max(first, 1e-4f)), 1, 200);
+  const int rounds = std::clamp(static_cast<int>(300.0 / (std::max(first, 1e-4f) * inner)), 3, 15);
+  std::vector<double> per_call;
+  for (int r = 0; r < rounds; ++r) {
+    DI_CUDA_CHECK(cudaEventRecord(start));
+    for (int i = 0; i < inner; ++i) call();
+    DI_CUDA_CHECK(cudaEventRecord(stop));
+    DI_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    DI_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    per_call.push_back(ms / inner);
+  }
+  DI_CUDA_CHECK(cudaEventDestroy(start));
+  DI_CUDA_CHECK(cudaEventDestroy(stop));
+  deepinfer::cuda::synchronize();
+  std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
+  return per_call[per_call.size() / 2];
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ class GpuForwardTest : public ::testing::TestWithParam<std::tuple<WeightFormat, 
   void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
 
-TEST_P(GpuForwardTest, LogitsMatchTheCpuBackendInEveryMode) {
+TEST_P(GpuForwardTest, LogitsMatchTheCpuBackendInEveryModeAndPolicy) {
   const auto [format, numerics] = GetParam();
   Models models(format, numerics);
   const int64_t vocab = models.config.vocab_size;
@@ -97,18 +97,27 @@ TEST_P(GpuForwardTest, LogitsMatchTheCpuBackendInEveryMode) {
   // rule's 1e-3, with the same argmax wherever the CPU's margin exceeds it.
   const bool released = numerics == Numerics::kReleased;
   const double tolerance = released ? 1e-3 : 1e-5;
-  for (int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{1}}) {
-    const std::vector<float> cpu = run_prompts(*models.cpu, prompts, chunk);
-    const std::vector<float> gpu = run_prompts(*models.gpu, prompts, chunk);
-    ASSERT_EQ(cpu.size(), gpu.size());
-    const Comparison c = compare(cpu, gpu, vocab, tolerance);
-    std::printf(
-        "[ gpu      ] format %d numerics %d chunk %lld: max |gpu - cpu| / max |cpu| %.3g, "
-        "argmax mismatches %lld\n",
-        static_cast<int>(format), static_cast<int>(numerics), static_cast<long long>(chunk),
-        c.relative, static_cast<long long>(c.argmax_mismatches));
-    EXPECT_LE(c.relative, tolerance) << "chunk " << chunk;
-    EXPECT_EQ(c.argmax_mismatches, 0) << "chunk " << chunk;
+  // Batch invariance off lets the GPU run calls of many rows on other kernels (cuBLASLt for the
+  // dense bf16 / fp8 roles from DEEPINFER_CUBLASLT_MIN_ROWS = 65 rows: docs/CUDA.md, "Batch
+  // invariance off"); the whole-prompt step (chunk 0) is 82 rows and takes it. The same bounds:
+  // the products are the same quantized operands, only the sums' order differs. (The tiny
+  // models' hidden size 32 is too small for the routed experts' wgmma tile, which moe_wgmma_test
+  // checks at the V4.1 shapes.)
+  for (const bool invariant : {true, false}) {
+    const ops::ScopedBatchInvariance policy(invariant);
+    for (int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{1}}) {
+      const std::vector<float> cpu = run_prompts(*models.cpu, prompts, chunk);
+      const std::vector<float> gpu = run_prompts(*models.gpu, prompts, chunk);
+      ASSERT_EQ(cpu.size(), gpu.size());
+      const Comparison c = compare(cpu, gpu, vocab, tolerance);
+      std::printf(
+          "[ gpu      ] batch invariance %s, format %d numerics %d chunk %lld: max |gpu - cpu| / "
+          "max |cpu| %.3g, argmax mismatches %lld\n",
+          invariant ? "on" : "off", static_cast<int>(format), static_cast<int>(numerics),
+          static_cast<long long>(chunk), c.relative, static_cast<long long>(c.argmax_mismatches));
+      EXPECT_LE(c.relative, tolerance) << "chunk " << chunk << ", invariance " << invariant;
+      EXPECT_EQ(c.argmax_mismatches, 0) << "chunk " << chunk << ", invariance " << invariant;
+    }
   }
 }
 
@@ -117,34 +126,6 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple(WeightFormat::kDense, Numerics::kDense),
                       std::make_tuple(WeightFormat::kReleased, Numerics::kDense),
                       std::make_tuple(WeightFormat::kReleased, Numerics::kReleased)));
-
-// Batch invariance off lets the GPU run calls of many rows on other kernels (cuBLASLt for the
-// dense bf16 / fp8 roles from DEEPINFER_CUBLASLT_MIN_ROWS = 65 rows: docs/CUDA.md, "Batch
-// invariance off"); the whole-prompt step of the prompts above is 82 rows and takes it. The same
-// bounds as above: the products are the same quantized operands, only the sums' order differs.
-// (The tiny models' hidden size 32 is too small for the routed experts' wgmma tile, which
-// moe_wgmma_test checks at the V4.1 shapes.)
-TEST_P(GpuForwardTest, LogitsMatchTheCpuBackendWithBatchInvarianceOff) {
-  const auto [format, numerics] = GetParam();
-  const ops::ScopedBatchInvariance variant_kernels(false);
-  Models models(format, numerics);
-  const int64_t vocab = models.config.vocab_size;
-  const std::vector<std::vector<int32_t>> prompts = {
-      random_tokens(45, vocab, 1), random_tokens(7, vocab, 2), random_tokens(30, vocab, 3)};
-  const bool released = numerics == Numerics::kReleased;
-  const double tolerance = released ? 1e-3 : 1e-5;
-  const std::vector<float> cpu = run_prompts(*models.cpu, prompts, 0);
-  const std::vector<float> gpu = run_prompts(*models.gpu, prompts, 0);
-  ASSERT_EQ(cpu.size(), gpu.size());
-  const Comparison c = compare(cpu, gpu, vocab, tolerance);
-  std::printf(
-      "[ gpu      ] batch invariance off, format %d numerics %d: max |gpu - cpu| / max |cpu| "
-      "%.3g, argmax mismatches %lld\n",
-      static_cast<int>(format), static_cast<int>(numerics), c.relative,
-      static_cast<long long>(c.argmax_mismatches));
-  EXPECT_LE(c.relative, tolerance);
-  EXPECT_EQ(c.argmax_mismatches, 0);
-}
 
 TEST_F(GpuForwardTest, ARequestsLogitsDoNotDependOnTheRestOfTheBatch) {
   const ops::ScopedBatchInvariance invariant(true);

@@ -41,11 +41,13 @@
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
+#include "test_util.h"
 
 namespace deepinfer::ops {
 namespace {
 
 namespace rt = deepinfer::cuda;
+using testing::same_bits;
 
 // As backend_ops_test's sink_attention cases (kRowReductionTolerance): online softmax in tiles
 // vs. max-first, expf and summation order: a few ulp of the output's scale.
@@ -194,11 +196,6 @@ bool equal_rows(const Tensor& a, int64_t a_row, const Tensor& b, int64_t b_row) 
   const int64_t row = a.numel() / a.view().size(0);
   return std::memcmp(a.data<float>() + a_row * row, b.data<float>() + b_row * row,
                      static_cast<size_t>(row) * sizeof(float)) == 0;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
-                                               static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
 }
 
 class AttentionGpuTest : public ::testing::Test {

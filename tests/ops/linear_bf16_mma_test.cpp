@@ -22,11 +22,13 @@
 #include "ops/cuda/linear_bf16_mma.h"
 #include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
+#include "test_util.h"
 
 namespace deepinfer::ops {
 namespace {
 
 namespace rt = deepinfer::cuda;
+using testing::same_bits;
 
 // As ops::linear's FMA kernel against the same reference (backend_ops_test): the tensor-core
 // path differs in summation order and, with two bf16 terms per activation, in x's remainder
@@ -305,11 +307,6 @@ class DecodeVariantsForEveryWeight {
   DecodeVariantsForEveryWeight(const DecodeVariantsForEveryWeight&) = delete;
   DecodeVariantsForEveryWeight& operator=(const DecodeVariantsForEveryWeight&) = delete;
 };
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
-                                               static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
-}
 
 // Rows [0, rows) of r through the decode tile (every decode variant) and through the register
 // kernel, with the model's term count and both explicit ones: the same bits, and within the

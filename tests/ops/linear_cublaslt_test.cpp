@@ -33,6 +33,7 @@ namespace {
 namespace rt = deepinfer::cuda;
 using testing::random_bytes;
 using testing::random_e4m3;
+using testing::same_bits;
 
 // The GPU linear tests' tolerance (linear_fp8_dense_test, linear_bf16_mma_test): the worst
 // |got - want| over the largest |want| of the checked rows. The path differs from the reference in
@@ -166,49 +167,12 @@ Tensor run_gpu(const Case& c, int64_t first, int64_t count, Path path) {
       break;
   }
   rt::synchronize();
-  const Tensor host = rt::to_host(wide.view());
-  Tensor got = Tensor::empty(DType::kF32, {count, c.n});
-  int64_t outside = 0;
-  int64_t unwritten = 0;
-  for (int64_t m = 0; m < count; ++m) {
-    const float* row = host.data<float>() + m * 2 * c.n;
-    for (int64_t n = 0; n < c.n; ++n) {
-      outside += std::isnan(row[n]) ? 0 : 1;
-      unwritten += std::isfinite(row[c.n + n]) ? 0 : 1;
-    }
-    std::copy(row + c.n, row + 2 * c.n, got.data<float>() + m * c.n);
-  }
-  EXPECT_EQ(outside, 0) << c.name << ", " << count << " rows: elements written outside the output";
-  EXPECT_EQ(unwritten, 0) << c.name << ", " << count << " rows: output elements not written";
-  return got;
+  return testing::output_between_guards(rt::to_host(wide.view()), count, c.n, c.name);
 }
 
 // Worst |got - want| over the sampled rows in [first, first + count), over their max |want|.
 double sample_error(const Case& c, const Tensor& got, int64_t first, int64_t count) {
-  double scale = 1e-30;
-  double worst = 0.0;
-  for (size_t i = 0; i < c.sample.size(); ++i) {
-    const int64_t row = c.sample[i];
-    if (row < first || row >= first + count) continue;
-    const float* want = c.want.data<float>() + static_cast<int64_t>(i) * c.n;
-    for (int64_t n = 0; n < c.n; ++n) scale = std::max(scale, std::abs(double{want[n]}));
-  }
-  for (size_t i = 0; i < c.sample.size(); ++i) {
-    const int64_t row = c.sample[i];
-    if (row < first || row >= first + count) continue;
-    const float* want = c.want.data<float>() + static_cast<int64_t>(i) * c.n;
-    const float* g = got.data<float>() + (row - first) * c.n;
-    for (int64_t n = 0; n < c.n; ++n) {
-      if (!std::isfinite(g[n])) return INFINITY;
-      worst = std::max(worst, std::abs(static_cast<double>(g[n]) - want[n]) / scale);
-    }
-  }
-  return worst;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.view().nbytes() == b.view().nbytes() &&
-         std::memcmp(a.view().raw_data(), b.view().raw_data(), a.view().nbytes()) == 0;
+  return testing::sampled_rows_error(c.sample, c.want, c.n, got, first, count);
 }
 
 class LinearCublasLtTest : public ::testing::Test {

@@ -138,45 +138,13 @@ Tensor run_gpu(const Role& r, int64_t first, int64_t count, Path path,
       break;
   }
   rt::synchronize();
-  const Tensor host = rt::to_host(wide.view());
-  Tensor got = Tensor::empty(DType::kF32, {count, r.n});
-  int64_t outside = 0;
-  int64_t unwritten = 0;
-  for (int64_t m = 0; m < count; ++m) {
-    const float* row = host.data<float>() + m * 2 * r.n;
-    for (int64_t n = 0; n < r.n; ++n) {
-      outside += std::isnan(row[n]) ? 0 : 1;
-      unwritten += std::isfinite(row[r.n + n]) ? 0 : 1;
-    }
-    std::copy(row + r.n, row + 2 * r.n, got.data<float>() + m * r.n);
-  }
-  EXPECT_EQ(outside, 0) << r.name << ", " << count << " rows: elements written outside the output";
-  EXPECT_EQ(unwritten, 0) << r.name << ", " << count << " rows: output elements not written";
-  return got;
+  return testing::output_between_guards(rt::to_host(wide.view()), count, r.n, r.name);
 }
 
 // Worst |got - want| over the sampled rows below `count` (rows offset by `first`), over
 // max |want| of those rows.
 double sample_error(const Role& r, const Tensor& got, int64_t first, int64_t count) {
-  double scale = 1e-30;
-  double worst = 0.0;
-  for (size_t i = 0; i < r.sample.size(); ++i) {
-    const int64_t row = r.sample[i];
-    if (row < first || row >= first + count) continue;
-    const float* want = r.want.data<float>() + static_cast<int64_t>(i) * r.n;
-    for (int64_t n = 0; n < r.n; ++n) scale = std::max(scale, std::abs(double{want[n]}));
-  }
-  for (size_t i = 0; i < r.sample.size(); ++i) {
-    const int64_t row = r.sample[i];
-    if (row < first || row >= first + count) continue;
-    const float* want = r.want.data<float>() + static_cast<int64_t>(i) * r.n;
-    const float* g = got.data<float>() + (row - first) * r.n;
-    for (int64_t n = 0; n < r.n; ++n) {
-      if (!std::isfinite(g[n])) return INFINITY;
-      worst = std::max(worst, std::abs(static_cast<double>(g[n]) - want[n]) / scale);
-    }
-  }
-  return worst;
+  return testing::sampled_rows_error(r.sample, r.want, r.n, got, first, count);
 }
 
 // Rows of `part` (rows [first, first + part rows) of the call) that differ from `all`'s.

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "gpu_support.h"
+#include "moe_test_util.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/linear_fp8_dense.h"
@@ -26,58 +27,23 @@ namespace deepinfer::ops {
 namespace {
 
 namespace rt = deepinfer::cuda;
+using testing::ExpertSet;
+using testing::make_experts;
+using testing::make_problem;
+using testing::Problem;
 using testing::random_bytes;
 using testing::random_e4m3;
+using testing::random_f32;
+using testing::random_routes;
+using testing::reference;
+using testing::run_moe_op;
+using testing::worst_error_matching_nans;
 
 // Summation order only: each 32-block's products are exact in fp32 (e2m1 and e4m3 significands
 // are short), the reference adds them in another order. Hopper's FP8 tensor cores add with
 // fewer bits than fp32 over long K (DeepSeek-V3 report, 3.3.2), but one 32-wide step starts
 // from zero here; the H200 gave 1.4e-7 (2026-11-30), the same bound as ops::linear's.
 constexpr double kTolerance = 2e-5;
-
-struct Problem {
-  int64_t experts = 0;
-  int64_t n = 0;
-  int64_t k = 0;
-  std::vector<int32_t> offsets;  // E + 1
-  Tensor x;                      // host [R, K] f32
-  Tensor weight;                 // host [E, N, K] fp4
-  Tensor scale;                  // host [E, N, K/32] ue8m0
-};
-
-Problem make_problem(int64_t experts, int64_t n, int64_t k, const std::vector<int32_t>& counts,
-                     int64_t extra_rows, uint32_t seed) {
-  Problem p;
-  p.experts = experts;
-  p.n = n;
-  p.k = k;
-  p.offsets.push_back(0);
-  for (int32_t c : counts) p.offsets.push_back(p.offsets.back() + c);
-  const int64_t rows = p.offsets.back() + extra_rows;
-  p.x = Tensor::empty(DType::kF32, {rows, k});
-  const std::vector<float> values = testing::random_values(static_cast<size_t>(rows * k), seed);
-  std::copy(values.begin(), values.end(), p.x.data<float>());
-  p.weight = random_bytes(DType::kF4E2M1x2, {experts, n, k}, seed + 1, 0, 255);
-  // ue8m0 codes near 2^-8: realistic weight magnitudes.
-  p.scale = random_bytes(DType::kF8E8M0, {experts, n, k / 32}, seed + 2, 117, 121);
-  return p;
-}
-
-// The CPU reference, expert by expert; rows outside every expert stay NaN.
-Tensor reference(const Problem& p) {
-  const int64_t rows = p.x.view().size(0);
-  Tensor want = Tensor::empty(DType::kF32, {rows, p.n});
-  std::fill(want.data<float>(), want.data<float>() + want.numel(), NAN);
-  for (int64_t e = 0; e < p.experts; ++e) {
-    const int64_t first = p.offsets[e];
-    const int64_t count = p.offsets[e + 1] - first;
-    if (count == 0) continue;
-    linear(p.x.view().narrow(0, first, count),
-           LinearWeight{p.weight.view().select(0, e), p.scale.view().select(0, e)},
-           want.view().narrow(0, first, count), ActivationQuant::kFp8PerBlock32);
-  }
-  return want;
-}
 
 // Runs the GPU op over x's rows [first_row, first_row + row_count) (all by default).
 Tensor run_gpu(const Problem& p, const std::vector<int32_t>& offsets, int64_t first_row = 0,
@@ -96,25 +62,6 @@ Tensor run_gpu(const Problem& p, const std::vector<int32_t>& offsets, int64_t fi
   return rt::to_host(out.view());
 }
 
-// Worst |got - want| over max |want|; NaN must match NaN (unwritten rows).
-double worst_error(const Tensor& want, const Tensor& got) {
-  const float* w = want.data<float>();
-  const float* g = got.data<float>();
-  double scale = 1e-30;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    if (!std::isnan(w[i])) scale = std::max(scale, std::abs(static_cast<double>(w[i])));
-  }
-  double worst = 0.0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    if (std::isnan(w[i]) || std::isnan(g[i])) {
-      if (std::isnan(w[i]) != std::isnan(g[i])) return INFINITY;
-      continue;
-    }
-    worst = std::max(worst, std::abs(static_cast<double>(g[i]) - w[i]) / scale);
-  }
-  return worst;
-}
-
 class MoeGroupedGemmTest : public ::testing::Test {
  protected:
   void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
@@ -123,7 +70,7 @@ class MoeGroupedGemmTest : public ::testing::Test {
 void check_against_reference(const Problem& p, const std::string& what) {
   const Tensor want = reference(p);
   const Tensor got = run_gpu(p, p.offsets);
-  const double error = worst_error(want, got);
+  const double error = worst_error_matching_nans(want, got);
   std::printf("%s: worst error %.3g of the output's scale\n", what.c_str(), error);
   EXPECT_LE(error, kTolerance) << what;
 }
@@ -306,7 +253,7 @@ TEST_F(MoeGroupedGemmTest, PrefillTileSmallShapes) {
   const Tensor clamped = call_gpu(d, p.n, {0, 130, 130, 100000}, 0, p.x.view().size(0));
   // The same seed and row count: the same x and weights with the last expert's end at 177.
   const Problem clamped_problem = make_problem(3, 256, 512, {130, 0, 47}, 0, 111);
-  EXPECT_LE(worst_error(reference(clamped_problem), clamped), kTolerance);
+  EXPECT_LE(worst_error_matching_nans(reference(clamped_problem), clamped), kTolerance);
   // Two experts over the same 177 rows (decreasing offsets): tiles for both, each row written by
   // one of them; nothing outside the buffers (memcheck says so).
   EXPECT_NO_THROW(call_gpu(d, p.n, {0, 177, 0, 177}, 0, p.x.view().size(0)));
@@ -340,13 +287,6 @@ TEST_F(MoeGroupedGemmTest, PrefillTileV41FlashExpertShapes) {
 
 // ---- the dense FP8 path (linear_fp8_mma) ----------------------------------------------------
 
-Tensor random_f32(Shape shape, uint32_t seed) {
-  Tensor t = Tensor::empty(DType::kF32, shape);
-  const std::vector<float> values = testing::random_values(static_cast<size_t>(t.numel()), seed);
-  std::copy(values.begin(), values.end(), t.data<float>());
-  return t;
-}
-
 // Worst error of linear_fp8_mma on x rows [first, first + count) against the CPU reference,
 // and the GPU output.
 std::pair<double, Tensor> fp8_case(const Tensor& x, const Tensor& w, const Tensor& s, int64_t first,
@@ -362,7 +302,7 @@ std::pair<double, Tensor> fp8_case(const Tensor& x, const Tensor& w, const Tenso
   cuda::linear_fp8_mma(dx.view(), LinearWeight{dw.view(), ds.view()}, out.view());
   rt::synchronize();
   Tensor got = rt::to_host(out.view());
-  return {worst_error(want, got), std::move(got)};
+  return {worst_error_matching_nans(want, got), std::move(got)};
 }
 
 TEST_F(MoeGroupedGemmTest, DenseFp8MatchesReference) {
@@ -420,7 +360,7 @@ TEST_F(MoeGroupedGemmTest, ModelLinearUsesTheTensorCoresForReleasedFp8) {
     }
     Tensor want = Tensor::empty(DType::kF32, {3, 64});
     linear(x.view(), LinearWeight{w.view(), s.view()}, want.view(), quant);
-    EXPECT_LE(worst_error(want, got), kTolerance);
+    EXPECT_LE(worst_error_matching_nans(want, got), kTolerance);
   }
 }
 
@@ -476,7 +416,7 @@ TEST_F(MoeGroupedGemmTest, ModelMoeExpertsUsesTheGroupedKernel) {
               ActivationQuant::kFp8PerBlock32, want.view());
   // As backend_ops_test's moe_experts bound: the intermediate's quantizer can round a value the
   // backends computed a few ulp apart (summation order) to neighbouring e4m3 codes.
-  const double error = worst_error(want, got);
+  const double error = worst_error_matching_nans(want, got);
   std::printf("moe_experts fp4 fp8-act 4 experts %ldx%ld: worst error %.3g of the output's scale\n",
               static_cast<long>(kInter), static_cast<long>(kDim), error);
   EXPECT_LE(error, 2e-3);
@@ -486,68 +426,6 @@ TEST_F(MoeGroupedGemmTest, ModelMoeExpertsUsesTheGroupedKernel) {
         0, std::memcmp(got.data<float>() + token * kDim, alone.data<float>(), kDim * sizeof(float)))
         << "token " << token;
   }
-}
-
-// Random FP4 experts of one layer, host and device (each weight its own allocation, as in the
-// model).
-struct ExpertSet {
-  std::vector<Tensor> host_storage, device_storage;
-  std::vector<ExpertWeights> host, device;
-};
-
-ExpertSet make_experts(int64_t count, int64_t dim, int64_t inter, uint32_t seed) {
-  ExpertSet set;
-  set.host.resize(count);
-  set.device.resize(count);
-  set.host_storage.reserve(6 * count);
-  set.device_storage.reserve(6 * count);
-  const auto make = [&](int64_t out, int64_t in, LinearWeight& host, LinearWeight& device) {
-    const Tensor& w =
-        set.host_storage.emplace_back(random_bytes(DType::kF4E2M1x2, {out, in}, ++seed, 0, 255));
-    const Tensor& sc = set.host_storage.emplace_back(
-        random_bytes(DType::kF8E8M0, {out, in / 32}, ++seed, 117, 121));
-    const Tensor& dw = set.device_storage.emplace_back(rt::to_device(w.view()));
-    const Tensor& dsc = set.device_storage.emplace_back(rt::to_device(sc.view()));
-    host = LinearWeight{w.view(), sc.view()};
-    device = LinearWeight{dw.view(), dsc.view()};
-  };
-  for (int64_t e = 0; e < count; ++e) {
-    make(inter, dim, set.host[e].w1, set.device[e].w1);
-    make(inter, dim, set.host[e].w3, set.device[e].w3);
-    make(dim, inter, set.host[e].w2, set.device[e].w2);
-  }
-  return set;
-}
-
-// top_k distinct experts per token, in random order.
-Tensor random_routes(int64_t tokens, int64_t experts, int64_t top_k, uint32_t seed) {
-  Tensor chosen = Tensor::empty(DType::kI32, {tokens, top_k});
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(static_cast<size_t>(experts));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t e = 0; e < experts; ++e) ids[e] = static_cast<int32_t>(e);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    std::copy(ids.begin(), ids.begin() + top_k, chosen.data<int32_t>() + t * top_k);
-  }
-  return chosen;
-}
-
-// ops::cuda::moe_experts over tokens [first, first + count), fused path or not.
-Tensor run_moe_op(const ExpertSet& set, const Tensor& x, const Tensor& chosen,
-                  const Tensor& weights, int64_t first, int64_t count, bool fused) {
-  const int64_t dim = x.view().size(1);
-  Tensor dx = rt::to_device(x.view().narrow(0, first, count));
-  Tensor dc = rt::to_device(chosen.view().narrow(0, first, count));
-  Tensor dwt = rt::to_device(weights.view().narrow(0, first, count));
-  Tensor out = Tensor::empty(DType::kF32, {count, dim}, rt::device_allocator());
-  rt::fill_bytes(out.view(), 0xFF);
-  {
-    const rt::ScopedSwitch fused_path("DEEPINFER_MOE_FUSED", fused);
-    cuda::moe_experts(dx.view(), dc.view(), dwt.view(), set.device, 10.0f,
-                      ActivationQuant::kFp8PerBlock32, out.view());
-  }
-  rt::synchronize();
-  return rt::to_host(out.view());
 }
 
 bool same_bits(const float* a, const float* b, int64_t count) {
@@ -575,7 +453,7 @@ TEST_F(MoeGroupedGemmTest, ModelMoeExpertsV41FlashShapes) {
     Tensor want_rows = Tensor::empty(DType::kF32, {tokens, kDim});
     std::memcpy(want_rows.data<float>(), want.data<float>(),
                 static_cast<size_t>(tokens * kDim) * sizeof(float));
-    const double error = worst_error(want_rows, got);
+    const double error = worst_error_matching_nans(want_rows, got);
     std::printf("moe_experts V4.1 shapes, %ld tokens: worst error %.3g of the output's scale\n",
                 static_cast<long>(tokens), error);
     EXPECT_LE(error, 2e-3) << tokens << " tokens";
@@ -606,7 +484,7 @@ TEST_F(MoeGroupedGemmTest, FusedMoeExpertsSmallShapes) {
     Tensor want_rows = Tensor::empty(DType::kF32, {tokens, kDim});
     std::memcpy(want_rows.data<float>(), want.data<float>(),
                 static_cast<size_t>(tokens * kDim) * sizeof(float));
-    EXPECT_LE(worst_error(want_rows, got), 2e-3) << tokens << " tokens";
+    EXPECT_LE(worst_error_matching_nans(want_rows, got), 2e-3) << tokens << " tokens";
     EXPECT_TRUE(same_bits(got.data<float>(), earlier.data<float>(), tokens * kDim))
         << tokens << " tokens";
   }
@@ -807,7 +685,7 @@ TEST_F(MoeGroupedGemmTest, BadInput) {
   // are still right.
   const Tensor got = run_gpu(p, {0, 3, 1000});
   const Tensor want = reference(p);
-  EXPECT_LE(worst_error(want, got), kTolerance);
+  EXPECT_LE(worst_error_matching_nans(want, got), kTolerance);
   // K not a multiple of 256 and mismatched scales are refused on the host.
   Problem odd = make_problem(2, 32, 288, {3, 2}, 0, 71);
   EXPECT_THROW(run_gpu(odd, odd.offsets), Error);

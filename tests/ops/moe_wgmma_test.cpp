@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu_support.h"
+#include "moe_test_util.h"
 #include "ops/batch_invariance.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
@@ -28,7 +29,16 @@ namespace deepinfer::ops {
 namespace {
 
 namespace rt = deepinfer::cuda;
+using testing::ExpertSet;
+using testing::make_experts;
+using testing::Problem;
 using testing::random_bytes;
+using testing::random_f32;
+using testing::random_routes;
+using testing::reference;
+using testing::run_moe_op;
+using testing::same_bits;
+using testing::worst_error_matching_nans;
 
 // The bound of one K-long dot through the wgmma tile, relative to the output's scale (the
 // largest |reference| of the call). The FP8 wgmma accumulator keeps about 13 fraction bits (the
@@ -54,37 +64,6 @@ double wgmma_dot_tolerance(int64_t k) {
 // (hence 0.25 sqrt(eps) of the output's scale). w2's own dot adds its bound at K = inter.
 double wgmma_op_tolerance(int64_t dim, int64_t inter) {
   return 2e-3 + 0.25 * std::sqrt(wgmma_dot_tolerance(dim)) + wgmma_dot_tolerance(inter);
-}
-
-// Worst |got - want| over max |want|; NaN must match NaN (unwritten rows).
-double worst_error(const Tensor& want, const Tensor& got) {
-  const float* w = want.data<float>();
-  const float* g = got.data<float>();
-  double scale = 1e-30;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    if (!std::isnan(w[i])) scale = std::max(scale, std::abs(static_cast<double>(w[i])));
-  }
-  double worst = 0.0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    if (std::isnan(w[i]) || std::isnan(g[i])) {
-      if (std::isnan(w[i]) != std::isnan(g[i])) return INFINITY;
-      continue;
-    }
-    worst = std::max(worst, std::abs(static_cast<double>(g[i]) - w[i]) / scale);
-  }
-  return worst;
-}
-
-Tensor random_f32(Shape shape, uint32_t seed) {
-  Tensor t = Tensor::empty(DType::kF32, shape);
-  const std::vector<float> values = testing::random_values(static_cast<size_t>(t.numel()), seed);
-  std::copy(values.begin(), values.end(), t.data<float>());
-  return t;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.view().raw_data(), b.view().raw_data(),
-                                               static_cast<size_t>(a.numel()) * 4) == 0;
 }
 
 // Of the 32-blocks of `scale` ([rows, K / 32] ue8m0 codes, any leading shape), how many sit more
@@ -128,49 +107,11 @@ class MoeWgmmaTest : public ::testing::Test {
 
 // ---- the grouped GEMM (ops::cuda::moe_grouped_gemm_fp4) ------------------------------------
 
-struct Problem {
-  int64_t experts = 0;
-  int64_t n = 0;
-  int64_t k = 0;
-  std::vector<int32_t> offsets;  // E + 1
-  Tensor x;                      // host [R, K] f32
-  Tensor weight;                 // host [E, N, K] fp4
-  Tensor scale;                  // host [E, N, K/32] ue8m0
-};
-
-// Scale codes drawn from [lowest_scale, highest_scale]; 117..121 (near 2^-8) are realistic.
+// Rows past every expert (3) stay unwritten.
 Problem make_problem(int64_t n, int64_t k, const std::vector<int32_t>& counts, uint32_t seed,
                      int lowest_scale = 117, int highest_scale = 121) {
-  Problem p;
-  p.experts = static_cast<int64_t>(counts.size());
-  p.n = n;
-  p.k = k;
-  p.offsets.push_back(0);
-  for (int32_t c : counts) p.offsets.push_back(p.offsets.back() + c);
-  const int64_t rows = p.offsets.back() + 3;  // rows past every expert stay unwritten
-  p.x = Tensor::empty(DType::kF32, {rows, k});
-  const std::vector<float> values = testing::random_values(static_cast<size_t>(rows * k), seed);
-  std::copy(values.begin(), values.end(), p.x.data<float>());
-  p.weight = random_bytes(DType::kF4E2M1x2, {p.experts, n, k}, seed + 1, 0, 255);
-  p.scale =
-      random_bytes(DType::kF8E8M0, {p.experts, n, k / 32}, seed + 2, lowest_scale, highest_scale);
-  return p;
-}
-
-// The CPU reference, expert by expert; rows outside every expert stay NaN.
-Tensor reference(const Problem& p) {
-  const int64_t rows = p.x.view().size(0);
-  Tensor want = Tensor::empty(DType::kF32, {rows, p.n});
-  std::fill(want.data<float>(), want.data<float>() + want.numel(), NAN);
-  for (int64_t e = 0; e < p.experts; ++e) {
-    const int64_t first = p.offsets[e];
-    const int64_t count = p.offsets[e + 1] - first;
-    if (count == 0) continue;
-    linear(p.x.view().narrow(0, first, count),
-           LinearWeight{p.weight.view().select(0, e), p.scale.view().select(0, e)},
-           want.view().narrow(0, first, count), ActivationQuant::kFp8PerBlock32);
-  }
-  return want;
+  return testing::make_problem(static_cast<int64_t>(counts.size()), n, k, counts, 3, seed,
+                               lowest_scale, highest_scale);
 }
 
 Tensor run_gemm(const Problem& p) {
@@ -196,7 +137,7 @@ void check_gemm(const Problem& p, const std::string& what) {
   for (const int fold : {128, 32}) {
     const ScopedBatchInvariance off(false);
     const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", fold);
-    const double error = worst_error(want, run_gemm(p));
+    const double error = worst_error_matching_nans(want, run_gemm(p));
     std::printf(
         "%s, fold per %d: worst error %.3g of the output's scale (bound %.3g); weight blocks "
         "past the exact shift %lld of %lld, flushed %lld\n",
@@ -216,7 +157,7 @@ void check_gemm(const Problem& p, const std::string& what) {
     mma_sync_tile = run_gemm(p);
   }
   EXPECT_TRUE(same_bits(invariant, mma_sync_tile)) << what;
-  EXPECT_LE(worst_error(want, invariant), 2e-5) << what << ", batch invariant";
+  EXPECT_LE(worst_error_matching_nans(want, invariant), 2e-5) << what << ", batch invariant";
 }
 
 // Big (128) and small (32) token tiles, an empty expert, a remainder of 3 rows.
@@ -242,62 +183,6 @@ TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
 
 // ---- the routed experts' op (ops::cuda::moe_experts) ---------------------------------------
 
-struct ExpertSet {
-  std::vector<Tensor> host_storage, device_storage;
-  std::vector<ExpertWeights> host, device;
-};
-
-ExpertSet make_experts(int64_t count, int64_t dim, int64_t inter, uint32_t seed) {
-  ExpertSet set;
-  set.host.resize(count);
-  set.device.resize(count);
-  set.host_storage.reserve(6 * count);
-  set.device_storage.reserve(6 * count);
-  const auto make = [&](int64_t out, int64_t in, LinearWeight& host, LinearWeight& device) {
-    const Tensor& w =
-        set.host_storage.emplace_back(random_bytes(DType::kF4E2M1x2, {out, in}, ++seed, 0, 255));
-    const Tensor& sc = set.host_storage.emplace_back(
-        random_bytes(DType::kF8E8M0, {out, in / 32}, ++seed, 117, 121));
-    const Tensor& dw = set.device_storage.emplace_back(rt::to_device(w.view()));
-    const Tensor& dsc = set.device_storage.emplace_back(rt::to_device(sc.view()));
-    host = LinearWeight{w.view(), sc.view()};
-    device = LinearWeight{dw.view(), dsc.view()};
-  };
-  for (int64_t e = 0; e < count; ++e) {
-    make(inter, dim, set.host[e].w1, set.device[e].w1);
-    make(inter, dim, set.host[e].w3, set.device[e].w3);
-    make(dim, inter, set.host[e].w2, set.device[e].w2);
-  }
-  return set;
-}
-
-// top_k distinct experts per token, in random order.
-Tensor random_routes(int64_t tokens, int64_t experts, int64_t top_k, uint32_t seed) {
-  Tensor chosen = Tensor::empty(DType::kI32, {tokens, top_k});
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(static_cast<size_t>(experts));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t e = 0; e < experts; ++e) ids[e] = static_cast<int32_t>(e);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    std::copy(ids.begin(), ids.begin() + top_k, chosen.data<int32_t>() + t * top_k);
-  }
-  return chosen;
-}
-
-Tensor run_moe_op(const ExpertSet& set, const Tensor& x, const Tensor& chosen,
-                  const Tensor& weights, int64_t first, int64_t count) {
-  const int64_t dim = x.view().size(1);
-  Tensor dx = rt::to_device(x.view().narrow(0, first, count));
-  Tensor dc = rt::to_device(chosen.view().narrow(0, first, count));
-  Tensor dwt = rt::to_device(weights.view().narrow(0, first, count));
-  Tensor out = Tensor::empty(DType::kF32, {count, dim}, rt::device_allocator());
-  rt::fill_bytes(out.view(), 0xFF);
-  cuda::moe_experts(dx.view(), dc.view(), dwt.view(), set.device, 10.0f,
-                    ActivationQuant::kFp8PerBlock32, out.view());
-  rt::synchronize();
-  return rt::to_host(out.view());
-}
-
 // The op without batch invariance (both folds) against the CPU op; with it, the mma.sync tile's
 // bits and each of a few tokens alone equal to itself in the batch (the decode tile).
 void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, int64_t top_k,
@@ -313,7 +198,8 @@ void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, i
   for (const int fold : {128, 32}) {
     const ScopedBatchInvariance off(false);
     const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", fold);
-    const double error = worst_error(want, run_moe_op(set, x, chosen, weights, 0, tokens));
+    const double error =
+        worst_error_matching_nans(want, run_moe_op(set, x, chosen, weights, 0, tokens));
     std::printf(
         "moe_experts %s, fold per %d: worst error %.3g of the output's scale (bound %.3g)\n",
         what.c_str(), fold, error, tolerance);
@@ -337,7 +223,7 @@ void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, i
     mma_sync_tile = run_moe_op(set, x, chosen, weights, 0, tokens);
   }
   EXPECT_TRUE(same_bits(invariant, mma_sync_tile)) << what;
-  EXPECT_LE(worst_error(want, invariant), 2e-3) << what << ", batch invariant";
+  EXPECT_LE(worst_error_matching_nans(want, invariant), 2e-3) << what << ", batch invariant";
 }
 
 // 4 experts, 200 tokens x top-2: ~100 rows per expert (big and small token tiles).

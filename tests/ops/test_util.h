@@ -1,8 +1,14 @@
 // Helpers shared by the op tests: seeded random tensors and element access.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -56,6 +62,87 @@ inline double max_relative_error(const std::vector<float>& got, const std::vecto
   double worst = 0.0;
   for (size_t i = 0; i < got.size(); ++i) {
     worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]) / scale);
+  }
+  return worst;
+}
+
+// A host f32 tensor of N(0, 1) values.
+inline Tensor random_f32(Shape shape, uint32_t seed) {
+  Tensor t = Tensor::empty(DType::kF32, shape);
+  const std::vector<float> values = random_values(static_cast<size_t>(t.numel()), seed);
+  std::copy(values.begin(), values.end(), t.data<float>());
+  return t;
+}
+
+// The same bytes (and so the same bits, NaN payloads included).
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.view().nbytes() == b.view().nbytes() &&
+         std::memcmp(a.view().raw_data(), b.view().raw_data(), a.view().nbytes()) == 0;
+}
+
+// Worst |got - want| over max |want| of f32 tensors; a NaN must meet a NaN (rows a kernel must
+// leave unwritten), a NaN on one side only is infinite.
+inline double worst_error_matching_nans(const Tensor& want, const Tensor& got) {
+  const float* w = want.data<float>();
+  const float* g = got.data<float>();
+  double scale = 1e-30;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (!std::isnan(w[i])) scale = std::max(scale, std::abs(static_cast<double>(w[i])));
+  }
+  double worst = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (std::isnan(w[i]) || std::isnan(g[i])) {
+      if (std::isnan(w[i]) != std::isnan(g[i])) return INFINITY;
+      continue;
+    }
+    worst = std::max(worst, std::abs(static_cast<double>(g[i]) - w[i]) / scale);
+  }
+  return worst;
+}
+
+// A GPU linear's output written into columns [n, 2n) of a NaN-filled host copy `guarded`
+// [rows, 2n]: expects columns [0, n) untouched (still NaN) and every output element written
+// (finite), naming `what`; returns the output [rows, n].
+inline Tensor output_between_guards(const Tensor& guarded, int64_t rows, int64_t n,
+                                    const std::string& what) {
+  Tensor got = Tensor::empty(DType::kF32, {rows, n});
+  int64_t outside = 0;
+  int64_t unwritten = 0;
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* row = guarded.data<float>() + m * 2 * n;
+    for (int64_t c = 0; c < n; ++c) {
+      outside += std::isnan(row[c]) ? 0 : 1;
+      unwritten += std::isfinite(row[n + c]) ? 0 : 1;
+    }
+    std::copy(row + n, row + 2 * n, got.data<float>() + m * n);
+  }
+  EXPECT_EQ(outside, 0) << what << ", " << rows << " rows: elements written outside the output";
+  EXPECT_EQ(unwritten, 0) << what << ", " << rows << " rows: output elements not written";
+  return got;
+}
+
+// Worst |got - want| over the sampled rows in [first, first + count), over their max |want|:
+// want [sample.size(), n] holds the reference's rows `sample`; got [count, n] starts at row
+// `first`. A non-finite element of got is infinite.
+inline double sampled_rows_error(const std::vector<int64_t>& sample, const Tensor& want, int64_t n,
+                                 const Tensor& got, int64_t first, int64_t count) {
+  double scale = 1e-30;
+  double worst = 0.0;
+  for (size_t i = 0; i < sample.size(); ++i) {
+    const int64_t row = sample[i];
+    if (row < first || row >= first + count) continue;
+    const float* w = want.data<float>() + static_cast<int64_t>(i) * n;
+    for (int64_t c = 0; c < n; ++c) scale = std::max(scale, std::abs(double{w[c]}));
+  }
+  for (size_t i = 0; i < sample.size(); ++i) {
+    const int64_t row = sample[i];
+    if (row < first || row >= first + count) continue;
+    const float* w = want.data<float>() + static_cast<int64_t>(i) * n;
+    const float* g = got.data<float>() + (row - first) * n;
+    for (int64_t c = 0; c < n; ++c) {
+      if (!std::isfinite(g[c])) return INFINITY;
+      worst = std::max(worst, std::abs(static_cast<double>(g[c]) - w[c]) / scale);
+    }
   }
   return worst;
 }
