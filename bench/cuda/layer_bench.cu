@@ -632,15 +632,18 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 // per 32-block (its first version); decode batches keep the invariant kernels.
 struct NonInvariantRun {
   const char* impl;
-  int fold;  // DEEPINFER_MOE_WGMMA_FOLD
+  int fold;         // DEEPINFER_MOE_WGMMA_FOLD
+  bool register_a;  // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
 };
-constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128},
-                                                 {"ours, off, fold 32", 32}};
+constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128, true},
+                                                 {"ours, off, smem weights", 128, false},
+                                                 {"ours, off, fold 32", 32, true}};
 
-// time_ms of `call` with batch invariance off and the run's fold.
+// time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
   const ops::ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold("DEEPINFER_MOE_WGMMA_FOLD", run.fold);
+  const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
   return time_ms(call);
 }
 

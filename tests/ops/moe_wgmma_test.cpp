@@ -105,6 +105,17 @@ class MoeWgmmaTest : public ::testing::Test {
   }
 };
 
+// `run` with batch invariance off and the fold-per-128 tile converting its weights into wgmma's
+// A registers (the default) or into shared memory (DEEPINFER_MOE_WGMMA_REGISTER_A=0): two data
+// paths of one arithmetic, so the same bits.
+template <typename Run>
+Tensor run_fold128(bool through_registers, const Run& run) {
+  const ScopedBatchInvariance off(false);
+  const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", 128);
+  const rt::ScopedSwitch path("DEEPINFER_MOE_WGMMA_REGISTER_A", through_registers);
+  return run();
+}
+
 // ---- the grouped GEMM (ops::cuda::moe_grouped_gemm_fp4) ------------------------------------
 
 // Rows past every expert (3) stay unwritten.
@@ -145,6 +156,9 @@ void check_gemm(const Problem& p, const std::string& what) {
         static_cast<long long>(shifts.blocks), static_cast<long long>(shifts.flushed));
     EXPECT_LE(error, tolerance) << what << ", fold per " << fold;
   }
+  EXPECT_TRUE(same_bits(run_fold128(true, [&] { return run_gemm(p); }),
+                        run_fold128(false, [&] { return run_gemm(p); })))
+      << what << ": the fold-per-128 tile's weights through registers and shared memory";
   Tensor invariant;
   {
     const ScopedBatchInvariance on(true);
@@ -205,6 +219,9 @@ void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, i
         what.c_str(), fold, error, tolerance);
     EXPECT_LE(error, tolerance) << what << ", fold per " << fold;
   }
+  const auto run_op = [&] { return run_moe_op(set, x, chosen, weights, 0, tokens); };
+  EXPECT_TRUE(same_bits(run_fold128(true, run_op), run_fold128(false, run_op)))
+      << what << ": the fold-per-128 tile's weights through registers and shared memory";
   Tensor invariant;
   {
     const ScopedBatchInvariance on(true);

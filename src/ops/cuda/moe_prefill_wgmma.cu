@@ -49,6 +49,9 @@ namespace {
 RuntimeSwitch kMoeWgmma{"DEEPINFER_MOE_WGMMA", true};
 // 128: one fold per 128 of K (the default); 32: the first version, one per 32-block.
 RuntimeSetting kMoeWgmmaFold{"DEEPINFER_MOE_WGMMA_FOLD", 128, 32, 128};
+// true: the fold-per-128 tile converts the weights into wgmma's A registers (register_a); false
+// (DEEPINFER_MOE_WGMMA_REGISTER_A=0): into shared memory (fold128), the same bits.
+RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -590,7 +593,7 @@ static_assert(kFlushShift + 1 <= kThreads, "one thread per shift fills the table
 
 // Entry d: bytes j = 0..7 are the e4m3 codes (nearest even, as cvt.rn) of the e2m1 magnitude
 // code j times 2^(6 - d), as the two words __byte_perm looks up.
-__device__ __forceinline__ void fill_shift_table(uint8_t* shared) {
+__device__ __forceinline__ void fill_shift_table(uint2* table) {
   const int d = static_cast<int>(threadIdx.x);
   if (d > kFlushShift) return;
   constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
@@ -602,7 +605,7 @@ __device__ __forceinline__ void fill_shift_table(uint8_t* shared) {
         static_cast<uint32_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
     words[j / 4] |= code << (8 * (j % 4));
   }
-  reinterpret_cast<uint2*>(shared + kShiftTableOffset)[d] = make_uint2(words[0], words[1]);
+  table[d] = make_uint2(words[0], words[1]);
 }
 
 // Eight fp4 codes (K 8t .. 8t + 7, two per byte, low nibble first) -> the e4m3 codes of the
@@ -819,22 +822,352 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 
 }  // namespace fold128
 
-// Persistent blocks (one per SM) walk the items (token tile, 128 weight rows) in list order,
-// weight rows fastest, as prefill_tile_kernel does.
-template <WgmmaFold kFold>
-constexpr int threads_of() {
-  return kFold == WgmmaFold::kPer128 ? fold128::kThreads : kThreads;
+// ---- kPer128 with the weights in registers ----------------------------------------------------
+// The same numerics as fold128 (the same shifted e4m3 weights, step scales and fold, so the same
+// bits), another data path. fold128 writes each step's converted weights to shared memory and
+// both of its row warpgroups' wgmmas read them back (with the tokens: 64 KB of shared-memory
+// reads and 16 KB of writes a step, on top of the 24 KB the copies land), and its m64n64 / m64n16
+// products read the token tile twice. Here the two warpgroups own rows [64 g, 64 g + 64) and all
+// of the tile's tokens (m64n128k32 / m64n32k32), and each converts its rows' fp4 codes straight
+// into wgmma's A registers (the register fragment is mma.sync's m16n8k32 A layout per warp, which
+// is what CodeLayout::kMmaHalves' order of the 32-block gives a thread from one fp4 word), so the
+// converted weights never touch shared memory: 32 KB of wgmma reads and 8 KB of fp4 reads a step.
+// The conversion of step s + 1 runs while step s is on the tensor cores (two register sets).
+namespace register_a {
+
+constexpr int kThreads = 2 * 128;
+constexpr int kStages = 6;
+// Step s refills the slot step s - 1 used (every thread waited for its wgmmas and folded it
+// before step s's barrier) with step s + 5.
+constexpr int kCopyAhead = kStages - 1;
+// One pipeline slot: the tokens' e4m3 lines (swizzled, wgmma's B), the raw fp4 weight rows (64
+// bytes each, their four 16-byte chunks swizzled by raw_chunk), the rows' 4 ue8m0 codes of the
+// step, and the tokens' f32 step scales (quad-grouped by the copy).
+constexpr int kCodesOffset = 0;
+constexpr int kRawWeightOffset = kCodesOffset + kMaxTokens * kStepK;
+constexpr int kWeightCodesOffset = kRawWeightOffset + kRows * kStepK / 2;
+constexpr int kTokenScalesOffset = kWeightCodesOffset + kRows * kStepBlocks;
+constexpr int kStageBytes = round_up_to_atom(kTokenScalesOffset + kTokenScalesPerBlock * 4);
+constexpr int kShiftTableOffset = kStages * kStageBytes;
+constexpr int kSharedBytes = kShiftTableOffset + fold128::kShiftTableBytes;
+constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
+static_assert(kStageBytes % kSwizzleAtom == 0, "the token lines start on swizzle atoms");
+static_assert(kSharedAllocation <= 227 * 1024, "one block per SM");
+static_assert(kRows + kMaxTokens <= kThreads,
+              "one thread per weight row and per token copies a step's scales");
+
+// Where chunk c (the 32-block c of the step) of block row r sits: a thread reads word `quad` of
+// chunk b of rows g and g + 8 of its warp's 16, so the 8 rows of a read take 8 different bank
+// quads (row r's 64 bytes start at bank 16 (r % 2); the chunk's xor with (r / 2) % 4 spreads
+// the rest).
+__device__ __forceinline__ int raw_chunk(int r, int c) {
+  return r * (kStepK / 2) + ((c ^ ((r >> 1) & 3)) << 4);
 }
 
-template <WgmmaFold kFold>
-__global__ void __launch_bounds__(threads_of<kFold>(), 1)
+__device__ __forceinline__ void wgmma_rs_m64n128k32_fresh(float (&d)[64], const uint32_t (&a)[4],
+                                                          uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, {%64,%65,%66,%67}, %68, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
+        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
+        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
+        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
+        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
+        "=f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n128k32_add(float (&d)[64], const uint32_t (&a)[4],
+                                                        uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, {%64,%65,%66,%67}, %68, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n32k32_fresh(float (&d)[16], const uint32_t (&a)[4],
+                                                         uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+      "}, {%16,%17,%18,%19}, %20, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n32k32_add(float (&d)[16], const uint32_t (&a)[4],
+                                                       uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+      "}, {%16,%17,%18,%19}, %20, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+template <int kTokens, bool kFresh>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kTokens / 2], const uint32_t (&a)[4],
+                                         uint64_t b) {
+  static_assert(kTokens == 128 || kTokens == 32, "the token tiles");
+  if constexpr (kTokens == 128 && kFresh) wgmma_rs_m64n128k32_fresh(d, a, b);
+  if constexpr (kTokens == 128 && !kFresh) wgmma_rs_m64n128k32_add(d, a, b);
+  if constexpr (kTokens == 32 && kFresh) wgmma_rs_m64n32k32_fresh(d, a, b);
+  if constexpr (kTokens == 32 && !kFresh) wgmma_rs_m64n32k32_add(d, a, b);
+}
+
+// Keeps the A registers an in-flight wgmma reads allocated and untouched until after its wait:
+// the compiler sees the wgmma as done with its operands when it is issued.
+__device__ __forceinline__ void fence_registers(uint32_t (&values)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(values[i])::"memory");
+}
+
+// One step of this thread's weights: the A registers of the step's four k32 wgmmas and the two
+// rows' step scales.
+struct StepWeights {
+  uint32_t a[kStepBlocks][4];
+  float scale_lo;
+  float scale_hi;
+};
+
+template <int kTokens>
+__device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
+                                           const PrefillTokenTile& tile, int row_tile,
+                                           uint8_t* shared) {
+  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
+  const TileRows rows = tile_rows(args, tile, row_tile, kTokens);
+  const int thread = threadIdx.x;
+  const int warpgroup = thread / 128;
+  const int lane = thread & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  // This thread's accumulator rows within the block: row and row + 8.
+  const int row = warpgroup * kWarpgroupRows + ((thread / 32) % 4) * 16 + group;
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  const int steps = static_cast<int>(args.k / kStepK);
+  // Tokens past the tile's rows load the last row and are never stored (as the mma.sync tile).
+  const auto token_row = [&](int token) -> int64_t {
+    return tile.first + min(token, rows.tokens - 1);
+  };
+  const auto slot_of = [&](int step) { return shared + (step % kStages) * kStageBytes; };
+  const uint2* shift_table = reinterpret_cast<const uint2*>(shared + kShiftTableOffset);
+
+  const auto copy_stage = [&](int step) {
+    uint8_t* base = slot_of(step);
+    constexpr int kWeightChunks = kRows * (kStepK / 2) / 16;
+#pragma unroll
+    for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
+      const int r = chunk / 4;
+      const int c = chunk % 4;
+      copy_16_async(
+          shared_address(base + kRawWeightOffset + raw_chunk(r, c)),
+          rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) + c * 16);
+    }
+    constexpr int kCodeChunks = kTokens * kStepK / 16;
+#pragma unroll
+    for (int chunk = thread; chunk < kCodeChunks; chunk += kThreads) {
+      const int token = chunk / 8;
+      const int c = chunk % 8;
+      copy_16_async(
+          shared_address(base + kCodesOffset + token * kStepK + ((c ^ (token & 7)) << 4)),
+          args.x_codes + token_row(token) * args.k + static_cast<int64_t>(step) * kStepK + c * 16);
+    }
+    if (thread < kRows) {
+      copy_4_async(shared_address(base + kWeightCodesOffset + thread * kStepBlocks),
+                   rows.w_scales + thread * k_blocks + static_cast<int64_t>(step) * kStepBlocks);
+    } else if (thread - kRows < kTokens) {
+      const int token = thread - kRows;
+      copy_4_async(shared_address(base + kTokenScalesOffset + quad_grouped(token) * 4),
+                   args.x_step_scales + token_row(token) * steps + step);
+    }
+  };
+
+  // A landed slot -> this thread's A registers and rows' scales of the step (fold128's
+  // convert_step, element for element, into registers).
+  const auto convert_step = [&](int step, StepWeights& weights) {
+    const uint8_t* base = slot_of(step);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row + 8 * half;
+      const uint32_t codes =
+          *reinterpret_cast<const uint32_t*>(base + kWeightCodesOffset + r * kStepBlocks);
+      const uint32_t top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
+                               max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
+      const float scale =
+          deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) * fold128::kWeightShiftRescale;
+      if (half == 0) {
+        weights.scale_lo = scale;
+      } else {
+        weights.scale_hi = scale;
+      }
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        const uint32_t shift =
+            min(top - fold128::byte_of(codes, b), static_cast<uint32_t>(fold128::kFlushShift));
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(base + kRawWeightOffset +
+                                                                 raw_chunk(r, b) + 4 * quad);
+        // a0 / a1: rows g / g + 8, K slots 4 quad .. + 3 (the low nibbles); a2 / a3: slots 16 +
+        // 4 quad .. (the high ones).
+        fold128::e2m1x8_to_e4m3_shifted(word, shift_table[shift], weights.a[b][half],
+                                        weights.a[b][2 + half]);
+      }
+    }
+  };
+
+  float acc[kPartial] = {};
+  float partial[kPartial];
+  // acc += d * (x_step_scale * w_step_scale), fold128's fold.
+  const auto fold = [&](int step, const StepWeights& weights) {
+    const float* quad_scales =
+        reinterpret_cast<const float*>(slot_of(step) + kTokenScalesOffset) + quad * kQuadStride;
+#pragma unroll
+    for (int pair = 0; pair < kTokens / 16; ++pair) {
+      // Tokens 16 pair + 2 quad + {0, 1} and 16 pair + 8 + 2 quad + {0, 1}.
+      const float4 x_scales = *reinterpret_cast<const float4*>(quad_scales + 4 * pair);
+      const float scale[2][2] = {{x_scales.x, x_scales.y}, {x_scales.z, x_scales.w}};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * pair + half;
+        acc[4 * j + 0] += partial[4 * j + 0] * (scale[half][0] * weights.scale_lo);
+        acc[4 * j + 1] += partial[4 * j + 1] * (scale[half][1] * weights.scale_lo);
+        acc[4 * j + 2] += partial[4 * j + 2] * (scale[half][0] * weights.scale_hi);
+        acc[4 * j + 3] += partial[4 * j + 3] * (scale[half][1] * weights.scale_hi);
+      }
+    }
+  };
+
+  const auto issue_step = [&](int step, StepWeights& weights) {
+    const uint32_t codes_address = shared_address(slot_of(step) + kCodesOffset);
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) fence_registers(weights.a[b]);
+    wgmma_fence();  // the A registers were written, the partial read by the last fold
+    wgmma_rs<kTokens, true>(partial, weights.a[0], swizzled_operand(codes_address));
+#pragma unroll
+    for (int b = 1; b < kStepBlocks; ++b) {
+      wgmma_rs<kTokens, false>(partial, weights.a[b],
+                               swizzled_operand(codes_address + b * kScaleBlock));
+    }
+    wgmma_commit();
+  };
+
+  // Step s: this thread's copies of step s + 1 have landed (kCopyAhead + s groups committed, s + 2
+  // needed) and are made visible to the async proxy; the barrier publishes them and frees step
+  // s - 1's slot; issue step s, refill, convert step s + 1 into the other register set while step
+  // s runs, wait, fold.
+  const auto run_step = [&](int step, StepWeights& current, StepWeights& next) {
+    if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
+    fence_shared_for_wgmma();
+    __syncthreads();
+    issue_step(step, current);
+    if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
+    commit_copies();
+    if (step + 1 < steps) convert_step(step + 1, next);
+    wgmma_wait<0>();
+    hold_after_wait(partial);
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) fence_registers(current.a[b]);
+    fold(step, current);
+  };
+  static_assert(kCopyAhead >= 2 && kCopyAhead <= kStages - 1, "the slot schedule above");
+
+#pragma unroll
+  for (int s = 0; s < kCopyAhead; ++s) {
+    if (s < steps) copy_stage(s);
+    commit_copies();
+  }
+  wait_copies<kCopyAhead - 1>();  // step 0
+  __syncthreads();
+  StepWeights weights[2];
+  convert_step(0, weights[0]);
+  // Two steps an iteration: the register sets alternate by name, not by a run-time index.
+  for (int step = 0; step < steps; step += 2) {
+    run_step(step, weights[0], weights[1]);
+    if (step + 1 < steps) run_step(step + 1, weights[1], weights[0]);
+  }
+  store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
+}
+
+}  // namespace register_a
+
+// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile.
+enum class TileKind { kFold32, kFold128, kFold128RegisterA };
+
+template <TileKind kKind>
+constexpr int threads_of() {
+  if constexpr (kKind == TileKind::kFold128) return fold128::kThreads;
+  if constexpr (kKind == TileKind::kFold128RegisterA) return register_a::kThreads;
+  return kThreads;
+}
+
+template <TileKind kKind>
+constexpr int shared_allocation_of() {
+  if constexpr (kKind == TileKind::kFold128) return fold128::kSharedAllocation;
+  if constexpr (kKind == TileKind::kFold128RegisterA) return register_a::kSharedAllocation;
+  return fold32::kSharedAllocation;
+}
+
+template <TileKind kKind, int kTokens>
+__device__ __forceinline__ void run_tile(const PrefillWgmmaArgs& args, const PrefillTokenTile& tile,
+                                         int row_tile, uint8_t* shared) {
+  if constexpr (kKind == TileKind::kFold128) {
+    fold128::wgmma_tile<kTokens>(args, tile, row_tile, shared);
+  } else if constexpr (kKind == TileKind::kFold128RegisterA) {
+    register_a::wgmma_tile<kTokens>(args, tile, row_tile, shared);
+  } else {
+    fold32::wgmma_tile<kTokens>(args, tile, row_tile, shared);
+  }
+}
+
+// Persistent blocks (one per SM) walk the items (token tile, 128 weight rows) in list order,
+// weight rows fastest, as prefill_tile_kernel does.
+template <TileKind kKind>
+__global__ void __launch_bounds__(threads_of<kKind>(), 1)
     prefill_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
                          const int* tile_count) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t dynamic_shared[];
   uint8_t* shared = align_to_swizzle_atom(dynamic_shared);
-  if constexpr (kFold == WgmmaFold::kPer128) {
-    fold128::fill_shift_table(shared);
+  if constexpr (kKind == TileKind::kFold128) {
+    fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + fold128::kShiftTableOffset));
+    __syncthreads();
+  } else if constexpr (kKind == TileKind::kFold128RegisterA) {
+    fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + register_a::kShiftTableOffset));
     __syncthreads();
   }
   const int row_tiles = static_cast<int>(args.n / kRows);
@@ -842,18 +1175,10 @@ __global__ void __launch_bounds__(threads_of<kFold>(), 1)
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const PrefillTokenTile tile = tiles[item / row_tiles];
     const int row_tile = static_cast<int>(item % row_tiles);
-    if constexpr (kFold == WgmmaFold::kPer128) {
-      if (tile.small != 0) {
-        fold128::wgmma_tile<kPrefillSmallTileTokens>(args, tile, row_tile, shared);
-      } else {
-        fold128::wgmma_tile<kPrefillBigTileTokens>(args, tile, row_tile, shared);
-      }
+    if (tile.small != 0) {
+      run_tile<kKind, kPrefillSmallTileTokens>(args, tile, row_tile, shared);
     } else {
-      if (tile.small != 0) {
-        fold32::wgmma_tile<kPrefillSmallTileTokens>(args, tile, row_tile, shared);
-      } else {
-        fold32::wgmma_tile<kPrefillBigTileTokens>(args, tile, row_tile, shared);
-      }
+      run_tile<kKind, kPrefillBigTileTokens>(args, tile, row_tile, shared);
     }
     __syncthreads();  // the next item's first copies overwrite what slow warps may still read
   }
@@ -902,17 +1227,18 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
   if (lane == 0) step_scales[warp] = step_scale;
 }
 
-template <WgmmaFold kFold>
-void launch_kernel(const PrefillWgmmaArgs& args, unsigned blocks, int shared_bytes,
-                   const PrefillTokenTile* tiles, const int* tile_count) {
-  static const bool configured = [&] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<kFold>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+template <TileKind kKind>
+void launch_kernel(const PrefillWgmmaArgs& args, unsigned blocks, const PrefillTokenTile* tiles,
+                   const int* tile_count) {
+  constexpr int kShared = shared_allocation_of<kKind>();
+  static const bool configured = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<kKind>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kShared));
     return true;
   }();
   (void)configured;
-  prefill_wgmma_kernel<kFold>
-      <<<blocks, threads_of<kFold>(), shared_bytes, current_stream()>>>(args, tiles, tile_count);
+  prefill_wgmma_kernel<kKind>
+      <<<blocks, threads_of<kKind>(), kShared, current_stream()>>>(args, tiles, tile_count);
   DI_CUDA_LAUNCHED(prefill_wgmma_kernel);
 }
 
@@ -941,10 +1267,12 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
   const int64_t max_items = max_tiles * (args.n / kRows);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(max_items, sms));
   if (blocks == 0) return;
-  if (fold == WgmmaFold::kPer128) {
-    launch_kernel<WgmmaFold::kPer128>(args, blocks, fold128::kSharedAllocation, tiles, tile_count);
+  if (fold == WgmmaFold::kPer32) {
+    launch_kernel<TileKind::kFold32>(args, blocks, tiles, tile_count);
+  } else if (kMoeWgmmaRegisterA.enabled()) {
+    launch_kernel<TileKind::kFold128RegisterA>(args, blocks, tiles, tile_count);
   } else {
-    launch_kernel<WgmmaFold::kPer32>(args, blocks, fold32::kSharedAllocation, tiles, tile_count);
+    launch_kernel<TileKind::kFold128>(args, blocks, tiles, tile_count);
   }
 }
 
