@@ -105,15 +105,29 @@ class MoeWgmmaTest : public ::testing::Test {
   }
 };
 
-// `run` with batch invariance off and the fold-per-128 tile converting its weights into wgmma's
-// A registers (the default) or into shared memory (DEEPINFER_MOE_WGMMA_REGISTER_A=0): two data
-// paths of one arithmetic, so the same bits.
+// The fold-per-128 tile's three data paths, one arithmetic (so the same bits): the weights
+// converted into shared memory (DEEPINFER_MOE_WGMMA_REGISTER_A=0), into wgmma's A registers with
+// a block barrier a step (DEEPINFER_MOE_WGMMA_PIPELINED=0), and warp-specialized (the default).
+enum class Fold128Path { kShared, kRegisters, kPipelined };
+
 template <typename Run>
-Tensor run_fold128(bool through_registers, const Run& run) {
+Tensor run_fold128(Fold128Path path, const Run& run) {
   const ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", 128);
-  const rt::ScopedSwitch path("DEEPINFER_MOE_WGMMA_REGISTER_A", through_registers);
+  const rt::ScopedSwitch registers("DEEPINFER_MOE_WGMMA_REGISTER_A", path != Fold128Path::kShared);
+  const rt::ScopedSwitch pipelined("DEEPINFER_MOE_WGMMA_PIPELINED",
+                                   path == Fold128Path::kPipelined);
   return run();
+}
+
+// The default path's bits against the other two.
+template <typename Run>
+void expect_fold128_paths_agree(const Run& run, const std::string& what) {
+  const Tensor pipelined = run_fold128(Fold128Path::kPipelined, run);
+  EXPECT_TRUE(same_bits(pipelined, run_fold128(Fold128Path::kRegisters, run)))
+      << what << ": fold per 128, warp-specialized against block-synchronous";
+  EXPECT_TRUE(same_bits(pipelined, run_fold128(Fold128Path::kShared, run)))
+      << what << ": fold per 128, weights in registers against shared memory";
 }
 
 // ---- the grouped GEMM (ops::cuda::moe_grouped_gemm_fp4) ------------------------------------
@@ -156,9 +170,7 @@ void check_gemm(const Problem& p, const std::string& what) {
         static_cast<long long>(shifts.blocks), static_cast<long long>(shifts.flushed));
     EXPECT_LE(error, tolerance) << what << ", fold per " << fold;
   }
-  EXPECT_TRUE(same_bits(run_fold128(true, [&] { return run_gemm(p); }),
-                        run_fold128(false, [&] { return run_gemm(p); })))
-      << what << ": the fold-per-128 tile's weights through registers and shared memory";
+  expect_fold128_paths_agree([&] { return run_gemm(p); }, what);
   Tensor invariant;
   {
     const ScopedBatchInvariance on(true);
@@ -220,8 +232,7 @@ void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, i
     EXPECT_LE(error, tolerance) << what << ", fold per " << fold;
   }
   const auto run_op = [&] { return run_moe_op(set, x, chosen, weights, 0, tokens); };
-  EXPECT_TRUE(same_bits(run_fold128(true, run_op), run_fold128(false, run_op)))
-      << what << ": the fold-per-128 tile's weights through registers and shared memory";
+  expect_fold128_paths_agree(run_op, what);
   Tensor invariant;
   {
     const ScopedBatchInvariance on(true);

@@ -52,6 +52,9 @@ RuntimeSetting kMoeWgmmaFold{"DEEPINFER_MOE_WGMMA_FOLD", 128, 32, 128};
 // true: the fold-per-128 tile converts the weights into wgmma's A registers (register_a); false
 // (DEEPINFER_MOE_WGMMA_REGISTER_A=0): into shared memory (fold128), the same bits.
 RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
+// true: the register path warp-specialized (pipelined); false (DEEPINFER_MOE_WGMMA_PIPELINED=0):
+// block-synchronous (register_a), the same bits.
+RuntimeSwitch kMoeWgmmaPipelined{"DEEPINFER_MOE_WGMMA_PIPELINED", true};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -1125,6 +1128,308 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 
 }  // namespace register_a
 
+// ---- register_a, warp-specialized -----------------------------------------------------------
+// register_a's arithmetic (the same A registers, wgmmas and fold: the same bits) without its
+// block barrier a step. register_a's two warpgroups meet at a barrier every step, so both fold
+// while the tensor cores idle and both issue at once. Here one producer warpgroup only copies
+// (cp.async into a ring of kStages slots; a thread fences its landed copies for the async proxy
+// and arrives on the slot's full mbarrier), and the two consumer warpgroups each wait for a
+// slot, issue its wgmmas, convert the next slot's weights into their other register set while
+// those run, fold, and release the slot on its empty mbarrier: one warpgroup's conversion and
+// fold overlap the other's wgmmas. (An earlier warp-specialized tile, 2026-12-01, converted in
+// the producers and was bound by them: 3% over fold128.) Both sides walk the block's items
+// (persistent, fold128's order) as one sequence of steps g; step g uses slot g % kStages.
+namespace pipelined {
+
+constexpr int kConsumerThreads = 2 * 128;
+constexpr int kThreads = kConsumerThreads + 128;
+// After setmaxnreg: 128 x 56 + 256 x 224 <= 65536.
+constexpr int kProducerRegisters = 56;
+constexpr int kConsumerRegisters = 224;
+constexpr int kStages = 6;
+// The producer has the copies of steps g + 1 .. g + kCopyAhead in flight while it waits for
+// step g's.
+constexpr int kCopyAhead = kStages - 1;
+// A slot as register_a's, then (after the slots) the full and empty mbarriers.
+constexpr int kCodesOffset = register_a::kCodesOffset;
+constexpr int kRawWeightOffset = register_a::kRawWeightOffset;
+constexpr int kWeightCodesOffset = register_a::kWeightCodesOffset;
+constexpr int kTokenScalesOffset = register_a::kTokenScalesOffset;
+constexpr int kStageBytes = register_a::kStageBytes;
+constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], then empty[kStages]
+constexpr int kShiftTableOffset = kBarrierOffset + 2 * kStages * 8;
+constexpr int kSharedBytes = kShiftTableOffset + fold128::kShiftTableBytes;
+constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
+static_assert(kSharedAllocation <= 227 * 1024, "one block per SM");
+static_assert(kRows == 128 && kMaxTokens == 128,
+              "a producer thread copies one row's and one token's scales a step");
+
+__device__ __forceinline__ void barrier_init(uint64_t* barrier, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)),
+               "r"(count)
+               : "memory");
+}
+// Release: this thread's shared-memory accesses before it happen before the waiters' after.
+__device__ __forceinline__ void barrier_arrive(uint64_t* barrier) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                   shared_address(barrier))
+               : "memory");
+}
+// Acquire: returns once the phase of parity `parity` has completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity) {
+  const uint32_t address = shared_address(barrier);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred complete;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, complete;\n}\n"
+        : "=r"(done)
+        : "r"(address), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+__device__ __forceinline__ uint32_t phase_of(int g) {
+  return static_cast<uint32_t>((g / kStages) & 1);
+}
+
+struct Item {
+  PrefillTokenTile tile;
+  int row_tile;
+};
+__device__ __forceinline__ Item item_of(const PrefillTokenTile* tiles, int64_t item,
+                                        int row_tiles) {
+  return {tiles[item / row_tiles], static_cast<int>(item % row_tiles)};
+}
+
+// The producer: the copies and full barriers of the block's `total_steps` steps (items
+// blockIdx.x, + gridDim.x, ... below `items`, `steps` each), walking the items with counters.
+__device__ __forceinline__ void produce(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles,
+                                        int row_tiles, int steps, int64_t items, int total_steps,
+                                        uint8_t* shared, uint64_t* full, uint64_t* empty) {
+  const int thread = static_cast<int>(threadIdx.x) - kConsumerThreads;
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  int64_t copy_item = blockIdx.x;
+  int step = 0;
+  Item item{};
+  int max_tokens = 0;
+  TileRows rows{};
+  const auto load_item = [&] {
+    if (copy_item >= items) return;
+    item = item_of(tiles, copy_item, row_tiles);
+    max_tokens = item.tile.small != 0 ? kPrefillSmallTileTokens : kPrefillBigTileTokens;
+    rows = tile_rows(args, item.tile, item.row_tile, max_tokens);
+  };
+  load_item();
+  const auto copy_step = [&](int g) {
+    uint8_t* base = shared + (g % kStages) * kStageBytes;
+#pragma unroll
+    for (int chunk = thread; chunk < kRows * (kStepK / 2) / 16; chunk += 128) {
+      const int r = chunk / 4;
+      const int c = chunk % 4;
+      copy_16_async(
+          shared_address(base + kRawWeightOffset + register_a::raw_chunk(r, c)),
+          rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) + c * 16);
+    }
+    // Tokens past the tile's rows load the last row and are never stored (as fold128).
+    const auto token_row = [&](int token) -> int64_t {
+      return item.tile.first + min(token, rows.tokens - 1);
+    };
+    for (int chunk = thread; chunk < max_tokens * (kStepK / 16); chunk += 128) {
+      const int token = chunk / 8;
+      const int c = chunk % 8;
+      copy_16_async(
+          shared_address(base + kCodesOffset + token * kStepK + ((c ^ (token & 7)) << 4)),
+          args.x_codes + token_row(token) * args.k + static_cast<int64_t>(step) * kStepK + c * 16);
+    }
+    copy_4_async(shared_address(base + kWeightCodesOffset + thread * kStepBlocks),
+                 rows.w_scales + thread * k_blocks + static_cast<int64_t>(step) * kStepBlocks);
+    if (thread < max_tokens) {
+      copy_4_async(shared_address(base + kTokenScalesOffset + quad_grouped(thread) * 4),
+                   args.x_step_scales + token_row(thread) * steps + step);
+    }
+    if (++step == steps) {
+      step = 0;
+      copy_item += gridDim.x;
+      load_item();
+    }
+  };
+
+  // Group j holds step j's copies (an empty group past the last step).
+#pragma unroll
+  for (int g = 0; g < kCopyAhead; ++g) {
+    if (g < total_steps) copy_step(g);
+    commit_copies();
+  }
+  // Step g is published before the producer waits for a slot: a consumer releases step g - 1
+  // only after it has waited for step g (it converts g while g - 1 runs), so the other order
+  // deadlocks once the ring wraps.
+  for (int g = 0; g < total_steps; ++g) {
+    wait_copies<kCopyAhead - 1>();  // this thread's copies of step g (kCopyAhead + g committed)
+    fence_shared_for_wgmma();       // ... visible to the consumers' wgmmas
+    barrier_arrive(full + g % kStages);
+    const int ahead = g + kCopyAhead;
+    if (ahead < total_steps) {
+      // The slot's last user, step ahead - kStages = g - 1, released by both consumer
+      // warpgroups (a fresh barrier's phase of parity 1 counts as complete: the first round does
+      // not wait).
+      barrier_wait(empty + ahead % kStages, phase_of(ahead) ^ 1);
+      copy_step(ahead);
+    }
+    commit_copies();
+  }
+}
+
+// A consumer warpgroup's item: its 64 weight rows x the tile's kTokens, steps g0 .. g0 + steps -
+// 1. register_a's convert_step, issue and fold, synchronized by the slots' mbarriers.
+template <int kTokens>
+__device__ __forceinline__ void consume(const PrefillWgmmaArgs& args, const Item& item, int steps,
+                                        int g0, uint8_t* shared, uint64_t* full, uint64_t* empty) {
+  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result
+  const TileRows rows = tile_rows(args, item.tile, item.row_tile, kTokens);
+  const int thread = threadIdx.x;
+  const int warpgroup = thread / 128;
+  const int lane = thread & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  const int row = warpgroup * kWarpgroupRows + ((thread / 32) % 4) * 16 + group;
+  const auto slot_of = [&](int g) { return shared + (g % kStages) * kStageBytes; };
+  const uint2* shift_table = reinterpret_cast<const uint2*>(shared + kShiftTableOffset);
+  using register_a::StepWeights;
+
+  const auto convert_step = [&](int g, StepWeights& weights) {
+    const uint8_t* base = slot_of(g);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row + 8 * half;
+      const uint32_t codes =
+          *reinterpret_cast<const uint32_t*>(base + kWeightCodesOffset + r * kStepBlocks);
+      const uint32_t top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
+                               max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
+      const float scale =
+          deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) * fold128::kWeightShiftRescale;
+      if (half == 0) {
+        weights.scale_lo = scale;
+      } else {
+        weights.scale_hi = scale;
+      }
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        const uint32_t shift =
+            min(top - fold128::byte_of(codes, b), static_cast<uint32_t>(fold128::kFlushShift));
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(
+            base + kRawWeightOffset + register_a::raw_chunk(r, b) + 4 * quad);
+        fold128::e2m1x8_to_e4m3_shifted(word, shift_table[shift], weights.a[b][half],
+                                        weights.a[b][2 + half]);
+      }
+    }
+  };
+
+  float acc[kPartial] = {};
+  float partial[kPartial];
+  const auto issue_step = [&](int g, StepWeights& weights) {
+    const uint32_t codes_address = shared_address(slot_of(g) + kCodesOffset);
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(weights.a[b]);
+    wgmma_fence();  // the A registers were written, the partial read by the last fold
+    register_a::wgmma_rs<kTokens, true>(partial, weights.a[0], swizzled_operand(codes_address));
+#pragma unroll
+    for (int b = 1; b < kStepBlocks; ++b) {
+      register_a::wgmma_rs<kTokens, false>(partial, weights.a[b],
+                                           swizzled_operand(codes_address + b * kScaleBlock));
+    }
+    wgmma_commit();
+  };
+  const auto fold = [&](int g, const StepWeights& weights) {
+    const float* quad_scales =
+        reinterpret_cast<const float*>(slot_of(g) + kTokenScalesOffset) + quad * kQuadStride;
+#pragma unroll
+    for (int pair = 0; pair < kTokens / 16; ++pair) {
+      const float4 x_scales = *reinterpret_cast<const float4*>(quad_scales + 4 * pair);
+      const float scale[2][2] = {{x_scales.x, x_scales.y}, {x_scales.z, x_scales.w}};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * pair + half;
+        acc[4 * j + 0] += partial[4 * j + 0] * (scale[half][0] * weights.scale_lo);
+        acc[4 * j + 1] += partial[4 * j + 1] * (scale[half][1] * weights.scale_lo);
+        acc[4 * j + 2] += partial[4 * j + 2] * (scale[half][0] * weights.scale_hi);
+        acc[4 * j + 3] += partial[4 * j + 3] * (scale[half][1] * weights.scale_hi);
+      }
+    }
+  };
+  // Step g: issue it (its slot and weights are in), convert step g + 1 while it runs, wait,
+  // fold, release the slot.
+  const auto run_step = [&](int step, StepWeights& current, StepWeights& next) {
+    const int g = g0 + step;
+    issue_step(g, current);
+    if (step + 1 < steps) {
+      barrier_wait(full + (g + 1) % kStages, phase_of(g + 1));
+      convert_step(g + 1, next);
+    }
+    wgmma_wait<0>();
+    hold_after_wait(partial);
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(current.a[b]);
+    fold(g, current);
+    barrier_arrive(empty + g % kStages);  // the wgmmas, the conversion and the fold are done
+  };
+
+  StepWeights weights[2];
+  barrier_wait(full + g0 % kStages, phase_of(g0));
+  convert_step(g0, weights[0]);
+  for (int step = 0; step < steps; step += 2) {
+    run_step(step, weights[0], weights[1]);
+    if (step + 1 < steps) run_step(step + 1, weights[1], weights[0]);
+  }
+  store_tile<kTokens>(args, item.tile, rows, row, quad, 0, acc);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_pipelined_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
+                             const int* tile_count) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t dynamic_shared[];
+  uint8_t* shared = align_to_swizzle_atom(dynamic_shared);
+  auto* full = reinterpret_cast<uint64_t*>(shared + kBarrierOffset);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x < kStages) {
+    barrier_init(full + threadIdx.x, 128);
+    barrier_init(empty + threadIdx.x, kConsumerThreads);
+  }
+  fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + kShiftTableOffset));
+  __syncthreads();
+  const int row_tiles = static_cast<int>(args.n / kRows);
+  const int steps = static_cast<int>(args.k / kStepK);
+  const int64_t items = static_cast<int64_t>(*tile_count) * row_tiles;
+  const int64_t block_items =
+      items > blockIdx.x ? (items - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  if (threadIdx.x >= kConsumerThreads) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    produce(args, tiles, row_tiles, steps, items, static_cast<int>(block_items * steps), shared,
+            full, empty);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  int g = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, g += steps) {
+    const Item it = item_of(tiles, item, row_tiles);
+    if (it.tile.small != 0) {
+      consume<kPrefillSmallTileTokens>(args, it, steps, g, shared, full, empty);
+    } else {
+      consume<kPrefillBigTileTokens>(args, it, steps, g, shared, full, empty);
+    }
+  }
+#else
+  (void)args;
+  (void)tiles;
+  (void)tile_count;
+  __trap();  // the host launches it on sm_90 only
+#endif
+}
+
+}  // namespace pipelined
+
 // The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile.
 enum class TileKind { kFold32, kFold128, kFold128RegisterA };
 
@@ -1269,6 +1574,17 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
   if (blocks == 0) return;
   if (fold == WgmmaFold::kPer32) {
     launch_kernel<TileKind::kFold32>(args, blocks, tiles, tile_count);
+  } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaPipelined.enabled()) {
+    static const bool configured = [] {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(pipelined::prefill_pipelined_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         pipelined::kSharedAllocation));
+      return true;
+    }();
+    (void)configured;
+    pipelined::prefill_pipelined_kernel<<<blocks, pipelined::kThreads, pipelined::kSharedAllocation,
+                                          current_stream()>>>(args, tiles, tile_count);
+    DI_CUDA_LAUNCHED(prefill_pipelined_kernel);
   } else if (kMoeWgmmaRegisterA.enabled()) {
     launch_kernel<TileKind::kFold128RegisterA>(args, blocks, tiles, tile_count);
   } else {
