@@ -371,7 +371,7 @@ Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const 
   return run_gpu(c, d, 0, c.tokens);
 }
 
-constexpr const char* kSchedules[] = {"0", "1", "2"};
+constexpr const char* kSchedules[] = {"0", "1", "2", "3"};
 // DEEPINFER_ATTENTION_PREFILL_EXACT: one bf16 term (the default), three (exact products).
 constexpr const char* kExact[] = {"0", "1"};
 

@@ -1281,10 +1281,11 @@ bool prefill_kernel_chosen(const AttentionArgs& args, int64_t tokens) {
 void launch_prefill(AttentionArgs args, int64_t tokens) {
   // [schedule][exact products]: one bf16 term of each query and probability, or three.
   using Kernel = void (*)(AttentionArgs);
-  static constexpr Kernel kKernels[3][2] = {
+  static constexpr Kernel kKernels[4][2] = {
       {prefill::sink_attention_prefill_kernel<0, 1>, prefill::sink_attention_prefill_kernel<0, 3>},
       {prefill::sink_attention_prefill_kernel<1, 1>, prefill::sink_attention_prefill_kernel<1, 3>},
-      {prefill::sink_attention_prefill_kernel<2, 1>, prefill::sink_attention_prefill_kernel<2, 3>}};
+      {prefill::sink_attention_prefill_kernel<2, 1>, prefill::sink_attention_prefill_kernel<2, 3>},
+      {prefill::sink_attention_prefill_kernel<3, 1>, prefill::sink_attention_prefill_kernel<3, 3>}};
   static const bool configured = [] {
     for (const auto& schedule : kKernels) {
       for (const Kernel kernel : schedule) {

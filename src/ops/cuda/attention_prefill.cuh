@@ -71,13 +71,24 @@ RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
 
 // The kernel's schedule (DEEPINFER_ATTENTION_PREFILL_SCHEDULE). 0: the next tile's rows are
 // resolved and loaded after the softmax and the softmax looks up which keys exist in the token's
-// selection (global memory). 1 (the default): the next tile's row is resolved before this tile's
+// selection (global memory). 1: the next tile's row is resolved before this tile's
 // scores and loaded right after them, the loading blocks publish which rows exist with the tile,
 // and the scores' MMA chains are split in two (shorter dependency chains). 2: as 1, but the next
 // tile's rows are loaded at the top of the tile (in flight during the whole tile; their row
 // pointers resolved a tile earlier still), and the cluster barrier is split: each block arrives
 // once it has written the next tile and waits at the top of that tile, after issuing its loads.
-RuntimeSetting kSchedule{"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", 2, 0, 2};
+// 3 (the default): as 2, and a tile without any key present (the selection's -1 entries) skips its
+// scores, softmax and weighted sum (every block sees the same presence flags; such a tile would
+// change nothing), and the one-term kernel's softmax runs in base 2 (ex2.approx: its 2^-22 error is
+// far below the probabilities' bf16 rounding).
+RuntimeSetting kSchedule{"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", 3, 0, 3};
+
+// 2^x (ex2.approx.ftz: -inf gives 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ void cluster_arrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
@@ -174,11 +185,17 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
       }
     }
   }
+  // Schedule 3 with one term: the softmax in base 2 (scores and maxima times log2 e).
+  constexpr bool kBase2 = kEarly == 3 && kTerms == 1;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float score_scale = kBase2 ? args.scale * kLog2e : args.scale;
+  const auto exponential = [](float x) { return kBase2 ? exp2_approx(x) : expf(x); };
   // Softmax state of heads 2 warp + i (the same in every lane).
   float running_max[2], running_sum[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     running_max[i] = args.sinks[first_head + 2 * warp + i];
+    if constexpr (kBase2) running_max[i] *= kLog2e;
     running_sum[i] = 1.0f;  // exp(sink - running_max)
   }
   float acc[8][4];  // 8-column tiles of this warp's 64 columns; heads group (0, 1), group + 8
@@ -237,14 +254,14 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   }
   // Schedule 2: the row of the tile after the one being loaded (a tile ahead of its load).
   const float* ahead_row =
-      kEarly == 2 && tiles > 1 ? key_row(args, keys, kKeys + load_row) : nullptr;
+      kEarly >= 2 && tiles > 1 ? key_row(args, keys, kKeys + load_row) : nullptr;
   cluster.sync();  // tile 0 in every block
 
   bool redo = false;
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buffer = static_cast<int>(tile & 1);
     const bool more = tile + 1 < tiles;
-    if constexpr (kEarly == 2) {
+    if constexpr (kEarly >= 2) {
       // Registers only (the staged rows were stored at the end of the last tile): before the
       // wait for the other blocks' stores of this tile.
       if (more) {
@@ -258,6 +275,19 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     if (shared.inexact[buffer] != 0) {
       redo = true;
       break;
+    }
+    if constexpr (kEarly == 3) {
+      // No key of the tile present (the same flags in every block): nothing to add; the next
+      // tile's rows still go out and the barriers stay in step.
+      if (!__any_sync(0xFFFFFFFFu, shared.present[buffer][lane] != 0)) {
+        __syncthreads();  // every thread has read inexact[buffer]
+        if (tid == 0) shared.inexact[buffer] = 0;
+        if (more) {
+          store_tile(buffer ^ 1);
+          cluster_arrive();
+        }
+        continue;
+      }
     }
     const uint32_t tile_base = shared_address(&shared.keys[buffer][0][0]);
     // Schedule 1: the next tile's row (a selected entry's index read) before the scores.
@@ -323,11 +353,12 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         float dot = shared.partial_scores[0][head][lane];
 #pragma unroll
         for (int w = 1; w < kWarps; ++w) dot = __fadd_rn(dot, shared.partial_scores[w][head][lane]);
-        const float score = present ? __fmul_rn(dot, args.scale) : -INFINITY;
+        const float score = present ? __fmul_rn(dot, score_scale) : -INFINITY;
         const float new_max = fmaxf(running_max[i], deepinfer::cuda::warp_max(score));
-        const float p = present ? expf(score - new_max) : 0.0f;
+        const float p = present ? exponential(score - new_max) : 0.0f;
         const float tile_sum = deepinfer::cuda::warp_sum(p);
-        const float rescale = running_max[i] == -INFINITY ? 0.0f : expf(running_max[i] - new_max);
+        const float rescale =
+            running_max[i] == -INFINITY ? 0.0f : exponential(running_max[i] - new_max);
         running_sum[i] = __fadd_rn(__fmul_rn(running_sum[i], rescale), tile_sum);
         running_max[i] = new_max;
         shared.probs[head][lane] = p;
@@ -397,7 +428,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     }
     if (more) store_tile(buffer ^ 1);
     // The next tile in every block; every block done with this tile's buffer, scores and probs.
-    if constexpr (kEarly == 2) {
+    if constexpr (kEarly >= 2) {
       // The last tile: no block writes another's shared memory any more; the denominators are
       // this block's own.
       if (more) {
