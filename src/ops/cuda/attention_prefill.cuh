@@ -2,9 +2,9 @@
 // its anonymous namespace, after the tensor-core head-group kernels, whose pieces it reuses
 // (TokenKeys, resolve_token_keys, attention_split_pair, mma_term_pairs, the AttentionArgs).
 //
-// Why not all 64 heads in one block: the products stay exact (queries and probabilities as three
-// bf16 terms), and a token's three-term queries are 64 x 512 x 3 bf16 = 192 KiB, more than the
-// registers of a block can hold next to its sums and, with a key tile, more than an SM's shared
+// Why not all 64 heads in one block: the products can stay exact (queries and probabilities as
+// three bf16 terms), and a token's three-term queries are 64 x 512 x 3 bf16 = 192 KiB, more than
+// the registers of a block can hold next to its sums and, with a key tile, more than an SM's shared
 // memory. So each block keeps the head-group kernels' 16 heads (the query terms in registers), and
 // the 4 blocks of a token form a thread-block cluster that loads each key tile once: block r of
 // the cluster reads rows [8 r, 8 r + 8) of the 32-key tile from global memory, converts them to
@@ -14,6 +14,14 @@
 // registers while the current tile's products run (one cluster barrier a tile publishes them).
 // One online softmax over the whole token, from the sink (no 64-key chunk merges: batch
 // invariance is off, so the summation order need not match the decode kernels').
+//
+// Terms (a template parameter; DEEPINFER_ATTENTION_PREFILL_EXACT picks 3): the bf16 terms a query
+// or probability value is cut into. 3 makes every product exact (the head-group kernels'
+// numerics, within 1e-5 of the CPU); 1 (the default: batch invariance is off, so the op may follow
+// DeepSeek's own numerics, FlashMLA's sparse prefill: bf16 queries and probabilities) rounds
+// each query and probability to bf16 once, a relative error of at most 2^-8 (about 2^-9.2 RMS)
+// each, and takes a third of the MMAs (the error bound: attention_gpu_test's
+// kPrefillOneTermTolerance).
 //
 // Key rows that are not bf16-exact (the op takes any f32; every cached V4.1 row is exact): the
 // cluster finds out tile by tile (every block votes for its rows), stops, and flags the token;
@@ -57,12 +65,38 @@ static_assert(kSharedBytes <= 113 * 1024, "two blocks per SM");
 // is off; 0: never.
 RuntimeSetting kMinTokens{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", 256, 0, 1 << 30};
 
+// true: queries and probabilities as three bf16 terms (exact products, the kernel before the
+// one-term default); false (the default): one term each, FlashMLA's numerics.
+RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
+
 // The kernel's schedule (DEEPINFER_ATTENTION_PREFILL_SCHEDULE). 0: the next tile's rows are
 // resolved and loaded after the softmax and the softmax looks up which keys exist in the token's
-// selection (global memory). 1 (the default): the next tile's row is resolved before this tile's
+// selection (global memory). 1: the next tile's row is resolved before this tile's
 // scores and loaded right after them, the loading blocks publish which rows exist with the tile,
-// and the scores' MMA chains are split in two (shorter dependency chains).
-RuntimeSetting kSchedule{"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", 1, 0, 1};
+// and the scores' MMA chains are split in two (shorter dependency chains). 2: as 1, but the next
+// tile's rows are loaded at the top of the tile (in flight during the whole tile; their row
+// pointers resolved a tile earlier still), and the cluster barrier is split: each block arrives
+// once it has written the next tile and waits at the top of that tile, after issuing its loads.
+// 3 (the default): as 2, and a tile without any key present (the selection's -1 entries) skips its
+// scores, softmax and weighted sum (every block sees the same presence flags; such a tile would
+// change nothing), and the one-term kernel's softmax runs in base 2 (ex2.approx: its 2^-22 error is
+// far below the probabilities' bf16 rounding).
+RuntimeSetting kSchedule{"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", 3, 0, 3};
+
+// 2^x (ex2.approx.ftz: -inf gives 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 
 __device__ __forceinline__ bool key_present(const TokenKeys& keys, int64_t slot) {
   if (slot < keys.window_count) return true;
@@ -90,8 +124,19 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t address, uint32_t (&r
                : "r"(address));
 }
 
+// d += the products of A's kTerms terms and one bf16 key term, chained from the smallest term to
+// the largest (kTerms 3: the order of mma_term_pairs, the same bits).
+template <int kTerms>
+__device__ __forceinline__ void mma_terms(const uint32_t (&a)[kTerms][4], uint32_t b0, uint32_t b1,
+                                          float (&d)[4]) {
+#pragma unroll
+  for (int term = kTerms - 1; term >= 0; --term) mma_bf16_m16n8k16(a[term], b0, b1, d);
+}
+
 // One block per (token, 16 heads); the 4 blocks of a token are one cluster (rank = head group).
-template <int kEarly>
+// kTerms: the bf16 terms of a query or probability value (1 to 3); with more than one the
+// smallest query term lives in shared memory (registers: see Shared).
+template <int kEarly, int kTerms>
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 2)
     sink_attention_prefill_kernel(AttentionArgs args) {
   extern __shared__ float4 shared_quads[];
@@ -112,7 +157,9 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
 
   // Query A registers, the standard m16n8k16 layout: step s covers columns 64 warp + 16 s + [0,
   // 16); a0 / a2 head `group` columns 2 quad (+1) and 2 quad + 8 (+9), a1 / a3 head group + 8.
-  uint32_t query[kSteps][kMmaTerms - 1][4];
+  constexpr bool kSmallestShared = kTerms > 1;
+  constexpr int kRegisterTerms = kSmallestShared ? kTerms - 1 : kTerms;
+  uint32_t query[kSteps][kRegisterTerms][4];
   {
     const float* q_low = args.q.row(t) + (first_head + group) * kGroupHeadDim;
     const float* q_high = q_low + kMmaUpperHeads * kGroupHeadDim;
@@ -123,24 +170,32 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
                            *reinterpret_cast<const float2*>(q_high + column),
                            *reinterpret_cast<const float2*>(q_low + column + 8),
                            *reinterpret_cast<const float2*>(q_high + column + 8)};
-      uint32_t words[4][kMmaTerms];
+      uint32_t words[4][kTerms];
 #pragma unroll
       for (int r = 0; r < 4; ++r) attention_split_pair(v[r].x, v[r].y, words[r]);
 #pragma unroll
-      for (int term = 0; term < kMmaTerms - 1; ++term) {
+      for (int term = 0; term < kRegisterTerms; ++term) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) query[s][term][r] = words[r][term];
       }
-      constexpr int kSmallest = kMmaTerms - 1;
-      shared.query_smallest[warp][s][lane] = make_uint4(words[0][kSmallest], words[1][kSmallest],
-                                                        words[2][kSmallest], words[3][kSmallest]);
+      if constexpr (kSmallestShared) {
+        constexpr int kSmallest = kTerms - 1;
+        shared.query_smallest[warp][s][lane] = make_uint4(words[0][kSmallest], words[1][kSmallest],
+                                                          words[2][kSmallest], words[3][kSmallest]);
+      }
     }
   }
+  // Schedule 3 with one term: the softmax in base 2 (scores and maxima times log2 e).
+  constexpr bool kBase2 = kEarly == 3 && kTerms == 1;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float score_scale = kBase2 ? args.scale * kLog2e : args.scale;
+  const auto exponential = [](float x) { return kBase2 ? exp2_approx(x) : expf(x); };
   // Softmax state of heads 2 warp + i (the same in every lane).
   float running_max[2], running_sum[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     running_max[i] = args.sinks[first_head + 2 * warp + i];
+    if constexpr (kBase2) running_max[i] *= kLog2e;
     running_sum[i] = 1.0f;  // exp(sink - running_max)
   }
   float acc[8][4];  // 8-column tiles of this warp's 64 columns; heads group (0, 1), group + 8
@@ -197,22 +252,47 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     load_tile(0);
     store_tile(0);
   }
+  // Schedule 2: the row of the tile after the one being loaded (a tile ahead of its load).
+  const float* ahead_row =
+      kEarly >= 2 && tiles > 1 ? key_row(args, keys, kKeys + load_row) : nullptr;
   cluster.sync();  // tile 0 in every block
 
   bool redo = false;
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buffer = static_cast<int>(tile & 1);
+    const bool more = tile + 1 < tiles;
+    if constexpr (kEarly >= 2) {
+      // Registers only (the staged rows were stored at the end of the last tile): before the
+      // wait for the other blocks' stores of this tile.
+      if (more) {
+        load_rows(ahead_row);
+        ahead_row = tile + 2 < tiles ? key_row(args, keys, (tile + 2) * kKeys + load_row) : nullptr;
+      }
+      if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
+    }
     // The same flag in every block of the cluster: all stop at the same tile, before any block
     // writes the next one.
     if (shared.inexact[buffer] != 0) {
       redo = true;
       break;
     }
+    if constexpr (kEarly == 3) {
+      // No key of the tile present (the same flags in every block): nothing to add; the next
+      // tile's rows still go out and the barriers stay in step.
+      if (!__any_sync(0xFFFFFFFFu, shared.present[buffer][lane] != 0)) {
+        __syncthreads();  // every thread has read inexact[buffer]
+        if (tid == 0) shared.inexact[buffer] = 0;
+        if (more) {
+          store_tile(buffer ^ 1);
+          cluster_arrive();
+        }
+        continue;
+      }
+    }
     const uint32_t tile_base = shared_address(&shared.keys[buffer][0][0]);
-    const bool more = tile + 1 < tiles;
     // Schedule 1: the next tile's row (a selected entry's index read) before the scores.
     const float* next_row =
-        kEarly != 0 && more ? key_row(args, keys, (tile + 1) * kKeys + load_row) : nullptr;
+        kEarly == 1 && more ? key_row(args, keys, (tile + 1) * kKeys + load_row) : nullptr;
 
     // Scores over this warp's 64 columns: key tile j (8 keys) is the MMA's N. The smallest
     // query term is read from shared memory where it is used (registers: see Shared).
@@ -231,19 +311,20 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int s = 2 * pair + half;
-            uint32_t a[kMmaTerms][4];
+            uint32_t a[kTerms][4];
 #pragma unroll
-            for (int term = 0; term < kMmaTerms - 1; ++term) {
+            for (int term = 0; term < kRegisterTerms; ++term) {
 #pragma unroll
               for (int k = 0; k < 4; ++k) a[term][k] = query[s][term][k];
             }
-            const uint4 smallest = shared.query_smallest[warp][s][lane];
-            a[kMmaTerms - 1][0] = smallest.x;
-            a[kMmaTerms - 1][1] = smallest.y;
-            a[kMmaTerms - 1][2] = smallest.z;
-            a[kMmaTerms - 1][3] = smallest.w;
-            const uint32_t b[1][2] = {{r[2 * half], r[2 * half + 1]}};
-            mma_term_pairs(a, b, d);
+            if constexpr (kSmallestShared) {
+              const uint4 smallest = shared.query_smallest[warp][s][lane];
+              a[kTerms - 1][0] = smallest.x;
+              a[kTerms - 1][1] = smallest.y;
+              a[kTerms - 1][2] = smallest.z;
+              a[kTerms - 1][3] = smallest.w;
+            }
+            mma_terms<kTerms>(a, r[2 * half], r[2 * half + 1], d);
           }
         }
         float d[4];
@@ -258,7 +339,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
             make_float2(d[2], d[3]);
       }
     }
-    if (kEarly != 0 && more) load_rows(next_row);
+    if (kEarly == 1 && more) load_rows(next_row);
     __syncthreads();  // partial scores written; every thread has read inexact[buffer]
     if (tid == 0) shared.inexact[buffer] = 0;  // for the tile after next (written after a barrier)
 
@@ -272,11 +353,12 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         float dot = shared.partial_scores[0][head][lane];
 #pragma unroll
         for (int w = 1; w < kWarps; ++w) dot = __fadd_rn(dot, shared.partial_scores[w][head][lane]);
-        const float score = present ? __fmul_rn(dot, args.scale) : -INFINITY;
+        const float score = present ? __fmul_rn(dot, score_scale) : -INFINITY;
         const float new_max = fmaxf(running_max[i], deepinfer::cuda::warp_max(score));
-        const float p = present ? expf(score - new_max) : 0.0f;
+        const float p = present ? exponential(score - new_max) : 0.0f;
         const float tile_sum = deepinfer::cuda::warp_sum(p);
-        const float rescale = running_max[i] == -INFINITY ? 0.0f : expf(running_max[i] - new_max);
+        const float rescale =
+            running_max[i] == -INFINITY ? 0.0f : exponential(running_max[i] - new_max);
         running_sum[i] = __fadd_rn(__fmul_rn(running_sum[i], rescale), tile_sum);
         running_max[i] = new_max;
         shared.probs[head][lane] = p;
@@ -304,18 +386,18 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
 #pragma unroll
       for (int step = 0; step < kKeys / 16; ++step) {
         const int key = 16 * step + 2 * quad;
-        uint32_t probs[kMmaTerms][4];
+        uint32_t probs[kTerms][4];
         {
           const float2 v[4] = {
               *reinterpret_cast<const float2*>(&shared.probs[group][key]),
               *reinterpret_cast<const float2*>(&shared.probs[group + kMmaUpperHeads][key]),
               *reinterpret_cast<const float2*>(&shared.probs[group][key + 8]),
               *reinterpret_cast<const float2*>(&shared.probs[group + kMmaUpperHeads][key + 8])};
-          uint32_t words[4][kMmaTerms];
+          uint32_t words[4][kTerms];
 #pragma unroll
           for (int r = 0; r < 4; ++r) attention_split_pair(v[r].x, v[r].y, words[r]);
 #pragma unroll
-          for (int term = 0; term < kMmaTerms; ++term) {
+          for (int term = 0; term < kTerms; ++term) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) probs[term][r] = words[r][term];
           }
@@ -330,19 +412,33 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
           ldmatrix_x4_trans(tile_base + static_cast<uint32_t>((row * kRowHalves + column) * 2), r);
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const uint32_t b[1][2] = {{r[2 * e], r[2 * e + 1]}};
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_term_pairs(probs, b, d);
+            if constexpr (kTerms == 1) {
+              // One term: the MMA accumulates into the sums (no separate chain to add).
+              mma_bf16_m16n8k16(probs[0], r[2 * e], r[2 * e + 1], acc[2 * pair + e]);
+            } else {
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_terms<kTerms>(probs, r[2 * e], r[2 * e + 1], d);
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-              acc[2 * pair + e][i] = __fadd_rn(acc[2 * pair + e][i], d[i]);
+              for (int i = 0; i < 4; ++i)
+                acc[2 * pair + e][i] = __fadd_rn(acc[2 * pair + e][i], d[i]);
+            }
           }
         }
       }
     }
     if (more) store_tile(buffer ^ 1);
     // The next tile in every block; every block done with this tile's buffer, scores and probs.
-    cluster.sync();
+    if constexpr (kEarly >= 2) {
+      // The last tile: no block writes another's shared memory any more; the denominators are
+      // this block's own.
+      if (more) {
+        cluster_arrive();
+      } else {
+        __syncthreads();
+      }
+    } else {
+      cluster.sync();
+    }
   }
 
   if (redo) {
