@@ -634,19 +634,16 @@ struct NonInvariantRun {
   const char* impl;
   int fold;         // DEEPINFER_MOE_WGMMA_FOLD
   bool register_a;  // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
-  bool pipelined;   // DEEPINFER_MOE_WGMMA_PIPELINED (fold 128, registers: warp-specialized)
 };
-constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128, true, true},
-                                                 {"ours, off, regs, sync", 128, true, false},
-                                                 {"ours, off, smem weights", 128, false, false},
-                                                 {"ours, off, fold 32", 32, true, true}};
+constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128, true},
+                                                 {"ours, off, smem weights", 128, false},
+                                                 {"ours, off, fold 32", 32, true}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
   const ops::ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold("DEEPINFER_MOE_WGMMA_FOLD", run.fold);
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
-  const rt::ScopedSwitch pipelined("DEEPINFER_MOE_WGMMA_PIPELINED", run.pipelined);
   return time_ms(call);
 }
 

@@ -105,28 +105,20 @@ class MoeWgmmaTest : public ::testing::Test {
   }
 };
 
-// The fold-per-128 tile's three data paths, one arithmetic (so the same bits): the weights
-// converted into shared memory (DEEPINFER_MOE_WGMMA_REGISTER_A=0), into wgmma's A registers with
-// a block barrier a step (DEEPINFER_MOE_WGMMA_PIPELINED=0), and warp-specialized (the default).
-enum class Fold128Path { kShared, kRegisters, kPipelined };
-
+// The fold-per-128 tile's two data paths, one arithmetic (so the same bits): the weights
+// converted into wgmma's A registers (the default) and into shared memory
+// (DEEPINFER_MOE_WGMMA_REGISTER_A=0).
 template <typename Run>
-Tensor run_fold128(Fold128Path path, const Run& run) {
+Tensor run_fold128(bool through_registers, const Run& run) {
   const ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", 128);
-  const rt::ScopedSwitch registers("DEEPINFER_MOE_WGMMA_REGISTER_A", path != Fold128Path::kShared);
-  const rt::ScopedSwitch pipelined("DEEPINFER_MOE_WGMMA_PIPELINED",
-                                   path == Fold128Path::kPipelined);
+  const rt::ScopedSwitch path("DEEPINFER_MOE_WGMMA_REGISTER_A", through_registers);
   return run();
 }
 
-// The default path's bits against the other two.
 template <typename Run>
 void expect_fold128_paths_agree(const Run& run, const std::string& what) {
-  const Tensor pipelined = run_fold128(Fold128Path::kPipelined, run);
-  EXPECT_TRUE(same_bits(pipelined, run_fold128(Fold128Path::kRegisters, run)))
-      << what << ": fold per 128, warp-specialized against block-synchronous";
-  EXPECT_TRUE(same_bits(pipelined, run_fold128(Fold128Path::kShared, run)))
+  EXPECT_TRUE(same_bits(run_fold128(true, run), run_fold128(false, run)))
       << what << ": fold per 128, weights in registers against shared memory";
 }
 

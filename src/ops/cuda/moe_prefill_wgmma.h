@@ -14,6 +14,8 @@
 //    (moe_prefill_wgmma.cu says why; beyond, nearest-even, and from d = 19 on, zero);
 //  - the four k32 wgmmas of a step add into one accumulator, folded once:
 //    acc += step_dot * (x_s128 * w_s128 * 2^-6).
+// How the fold-per-128 tile gets its e4m3 weights: converted straight into wgmma's A registers
+// (the default), or into shared memory with DEEPINFER_MOE_WGMMA_REGISTER_A=0; the same bits.
 // DEEPINFER_MOE_WGMMA_FOLD=32 instead takes the first version of this tile (one fold per
 // 32-block from a fresh accumulator, today's per-32 codes and scales; the wgmma numerics but
 // the released block structure), kept for the comparison in cuda_layer_bench.
