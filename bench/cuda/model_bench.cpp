@@ -335,17 +335,23 @@ double state_bytes(const DeepseekV41TextConfig& c, int64_t max_tokens, int64_t m
 }
 
 // A state whose every cache holds random finite rows, advanced to `context` (the next token
-// goes to position `context`), with valid engram history ids.
+// goes to position `context`), with valid engram history ids. The attention's key rows (window
+// and compressed) hold e4m3 values, bf16-exact as the model's cached rows are (window rows e4m3 x
+// a power of two, compressed rows e2m1 x an e4m3 scale), so decode takes the kernels a served
+// model takes: arbitrary f32 rows would send every token down the f32-key paths (three key terms,
+// and with batch invariance off the prefill kernel's fallback). Until 2026-12-01 22:33 UTC the
+// rows were N(0, 1) f32 (docs/BENCHMARKS.md).
 std::unique_ptr<RequestState> filled_state(const DeepseekV41TextConfig& c, int64_t context,
                                            Allocator& allocator, uint64_t seed) {
   auto state = std::make_unique<RequestState>(
       c, deepseek_v41::StateLimits{context + 1, /*max_rollback=*/1}, allocator);
   const FillSpec rows{FillKind::kNormal, 0.0f, 1.0f};
+  const FillSpec key_rows{FillKind::kE4m3Values, 0.0f, 1.0f};
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer)
-    fill_tensor(state->window(layer), rows, seed ^ hash_name("window" + std::to_string(layer)));
+    fill_tensor(state->window(layer), key_rows, seed ^ hash_name("window" + std::to_string(layer)));
   for (int64_t layer : c.kv_source_layer_ids) {
     const std::string tag = std::to_string(layer);
-    fill_tensor(state->compressed_kv(layer), rows, seed ^ hash_name("compressed" + tag));
+    fill_tensor(state->compressed_kv(layer), key_rows, seed ^ hash_name("compressed" + tag));
     fill_tensor(state->index_keys(layer), rows, seed ^ hash_name("keys" + tag));
     fill_tensor(state->pending_kv(layer), rows, seed ^ hash_name("pending_kv" + tag));
     fill_tensor(state->pending_gate(layer), rows, seed ^ hash_name("pending_gate" + tag));
@@ -790,6 +796,12 @@ void Bench::setup() {
   for (float v : {0.0f, 1e-4f, 9.765625e-4f, 1.5e-3f, 0.015625f, 0.25f, 1.0f, 447.9f, 448.0f}) {
     DI_CHECK(encode_e4m3_for_test(v) == float_to_e4m3_saturate(v), "e4m3 encoder differs at ", v);
   }
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7F) == 0x7F) continue;  // the NaNs
+    const auto byte = static_cast<uint8_t>(code);
+    DI_CHECK(decode_e4m3_for_test(byte) == e4m3_to_float(byte), "e4m3 decoder differs at code ",
+             code);
+  }
 
   Json composite = read_json(o_.config_path);
   if (o_.tiny) {
@@ -981,10 +993,12 @@ void Bench::decode_context(int64_t context) {
       entry["epilogue_ms"] = times.epilogue_ms;
       entry["host_enqueue_ms"] = host_times.step_ms;
       entry["host_layer_ms"] = host_times.layer_ms;
-      const GraphMemory graphs = graph_memory();
-      entry["graph_memory_mb"] = {
-          {"reserved", static_cast<double>(graphs.reserved_bytes) * 1e-6},
-          {"reserved_high", static_cast<double>(graphs.reserved_high_bytes) * 1e-6}};
+      if (device_.is_cuda()) {  // --device cpu runs without a driver
+        const GraphMemory graphs = graph_memory();
+        entry["graph_memory_mb"] = {
+            {"reserved", static_cast<double>(graphs.reserved_bytes) * 1e-6},
+            {"reserved_high", static_cast<double>(graphs.reserved_high_bytes) * 1e-6}};
+      }
       entry["floor"] = case_floor(bytes.total(), flops);
       entry["floor"]["weight_bytes"] = bytes.weights;
       entry["floor"]["cache_bytes"] = bytes.cache;

@@ -56,6 +56,15 @@ __host__ __device__ inline uint8_t encode_e4m3(float value) {
   return sign | static_cast<uint8_t>(((exponent + 7) << 3) | (steps - 8));
 }
 
+// The value of an e4m3fn code (finite codes: encode_e4m3 never makes the NaNs 0x7F / 0xFF).
+__host__ __device__ inline float decode_e4m3(uint8_t code) {
+  const float sign = (code & 0x80) != 0 ? -1.0f : 1.0f;
+  const int exponent = (code >> 3) & 0xF;
+  const int mantissa = code & 0x7;
+  if (exponent == 0) return sign * ldexpf(static_cast<float>(mantissa), -9);
+  return sign * ldexpf(static_cast<float>(8 + mantissa), exponent - 10);
+}
+
 // Nearest e2m1 code (ties to even), saturating at +-6.
 __host__ __device__ inline uint8_t encode_e2m1(float value) {
   const uint8_t sign = value < 0.0f ? 0x8 : 0x0;
@@ -94,6 +103,15 @@ __host__ __device__ inline void fill_element(void* data, bool bf16, FillSpec spe
     case FillKind::kE4m3:
       static_cast<uint8_t*>(data)[i] = encode_e4m3(spec.stddev * normal_at(seed, i));
       break;
+    case FillKind::kE4m3Values: {
+      const float v = decode_e4m3(encode_e4m3(spec.stddev * normal_at(seed, i)));
+      if (bf16) {
+        static_cast<uint16_t*>(data)[i] = encode_bf16(v);  // exact: 4 significant bits
+      } else {
+        static_cast<float*>(data)[i] = v;
+      }
+      break;
+    }
     case FillKind::kE2m1Packed: {
       const uint8_t low = encode_e2m1(spec.stddev * normal_at(seed, 2 * i));
       const uint8_t high = encode_e2m1(spec.stddev * normal_at(seed, 2 * i + 1));
@@ -131,6 +149,7 @@ void check_fill(const TensorView& view, const FillSpec& spec) {
   DI_CHECK(view.is_contiguous(), "fill of a non-contiguous view ", view.to_string());
   switch (spec.kind) {
     case FillKind::kNormal:
+    case FillKind::kE4m3Values:
       DI_CHECK(view.dtype() == DType::kF32 || view.dtype() == DType::kBF16, "normal fill of ",
                view.to_string());
       break;
@@ -163,6 +182,9 @@ void fill_tensor(const TensorView& view, const FillSpec& spec, uint64_t seed) {
 
 uint8_t encode_e4m3_for_test(float value) {
   return encode_e4m3(value);
+}
+float decode_e4m3_for_test(uint8_t code) {
+  return decode_e4m3(code);
 }
 uint8_t encode_e2m1_for_test(float value) {
   return encode_e2m1(value);

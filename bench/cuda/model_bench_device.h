@@ -15,6 +15,7 @@ namespace deepinfer::model_bench {
 enum class FillKind : uint8_t {
   kNormal,      // f32 / bf16: mean + stddev * N(0, 1)
   kE4m3,        // e4m3 codes of stddev * N(0, 1), saturated at +-448
+  kE4m3Values,  // f32 / bf16: the value of kE4m3's code (bf16-exact, as the model's cached rows)
   kE2m1Packed,  // two e2m1 codes of stddev * N(0, 1) a byte (low nibble first), saturated at +-6
   kByte,        // every byte = `byte` (ue8m0 scale codes)
   kIndex,       // i32 uniform in [0, index_bound)
@@ -33,6 +34,7 @@ void fill_tensor(const TensorView& view, const FillSpec& spec, uint64_t seed);
 
 // The encoders the fills use, exposed so the host run can check them against core's.
 uint8_t encode_e4m3_for_test(float value);
+float decode_e4m3_for_test(uint8_t code);
 uint8_t encode_e2m1_for_test(float value);
 
 // Median GB/s of a streaming 16-byte read over `bytes` of device memory (GPU 0).
