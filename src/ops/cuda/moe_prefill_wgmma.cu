@@ -33,6 +33,7 @@
 // layer's routed experts at 8192 tokens. Measured and not kept (history): the producers
 // converting for two consumer warpgroups (3% faster than fold128), and register_a
 // warp-specialized with an mbarrier ring (10% slower than register_a: docs/BENCHMARKS.md).
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -56,6 +57,9 @@ RuntimeSetting kMoeWgmmaFold{"DEEPINFER_MOE_WGMMA_FOLD", 128, 32, 128};
 // true: the fold-per-128 tile converts the weights into wgmma's A registers (register_a); false
 // (DEEPINFER_MOE_WGMMA_REGISTER_A=0): into shared memory (fold128), the same bits.
 RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
+// true: quantize_rows_per128 rounds with the hardware's e4m3 conversions; false
+// (DEEPINFER_MOE_QUANT_HW_CVT=0): with round_to_e4m3 (the kernel before), the same codes.
+RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -1198,7 +1202,12 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
 // moe_grouped_gemm.cu's store_quantized (the same scale and e4m3 value per block), then stores
 // each code re-expressed against the step's largest scale: value * 2^-(e_step - e_block),
 // rounded to nearest even by the e4m3 conversion (exact unless it becomes subnormal).
-template <bool kSwiglu>
+// kHardwareCvt: the same codes from the hardware's conversions. The block scale is a power of
+// two, so value * (1 / scale) is value / scale exactly (both the correctly rounded value of one
+// real number); after the clamp to +-448, cvt.rn.satfinite's nearest-even e4m3 code is
+// round_to_e4m3's value (the nearest multiple of the binade's quantum, ties to the even multiple,
+// which is the even mantissa), and its value comes back exactly through f16.
+template <bool kSwiglu, bool kHardwareCvt>
 __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* codes,
                                             float* step_scales) {
   const int64_t steps_per_row = source.cols / kStepK;
@@ -1215,7 +1224,14 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
   for (int b = 0; b < kStepBlocks; ++b) {
     const float value = expert_row_value<kSwiglu>(source, row, first + b * kScaleBlock + lane);
     scale[b] = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
-    quantized[b] = deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale[b], -448.0f), 448.0f));
+    if constexpr (kHardwareCvt) {
+      const float clamped = fminf(fmaxf(value * (1.0f / scale[b]), -448.0f), 448.0f);
+      const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(clamped, __NV_SATFINITE, __NV_E4M3);
+      quantized[b] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+    } else {
+      quantized[b] =
+          deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale[b], -448.0f), 448.0f));
+    }
     step_scale = fmaxf(step_scale, scale[b]);
   }
   // kMmaHalves: K 8t + 2i at byte 4t + i of the block, K 8t + 2i + 1 at 16 + 4t + i.
@@ -1287,9 +1303,14 @@ void quantize_rows_per128(const ExpertRowsSource& source, uint8_t* codes, float*
   constexpr int kQuantThreads = 256;
   const int64_t warps = source.rows * (source.cols / kStepK);
   if (warps == 0) return;
-  quantize_rows_per128_kernel<kSwiglu>
-      <<<blocks_for(warps * 32, kQuantThreads), kQuantThreads, 0, current_stream()>>>(source, codes,
-                                                                                      step_scales);
+  const unsigned blocks = blocks_for(warps * 32, kQuantThreads);
+  if (kQuantHardwareCvt.enabled()) {
+    quantize_rows_per128_kernel<kSwiglu, true>
+        <<<blocks, kQuantThreads, 0, current_stream()>>>(source, codes, step_scales);
+  } else {
+    quantize_rows_per128_kernel<kSwiglu, false>
+        <<<blocks, kQuantThreads, 0, current_stream()>>>(source, codes, step_scales);
+  }
   DI_CUDA_LAUNCHED(quantize_rows_per128_kernel);
 }
 
