@@ -632,10 +632,14 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 // per 32-block (its first version); decode batches keep the invariant kernels.
 struct NonInvariantRun {
   const char* impl;
-  int fold;         // DEEPINFER_MOE_WGMMA_FOLD
-  bool register_a;  // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
+  int fold;                // DEEPINFER_MOE_WGMMA_FOLD
+  bool register_a;         // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
+  bool row_scale = false;  // DEEPINFER_MOE_WGMMA_ROW_SCALE (the register tile, row-wide scales)
+  bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
 };
 constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128, true},
+                                                 {"ours, off, row scale", 128, true, true},
+                                                 {"ours, off, sw quant", 128, true, false, true},
                                                  {"ours, off, smem weights", 128, false},
                                                  {"ours, off, fold 32", 32, true}};
 
@@ -644,6 +648,8 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const ops::ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold("DEEPINFER_MOE_WGMMA_FOLD", run.fold);
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
+  const rt::ScopedSwitch row_scale("DEEPINFER_MOE_WGMMA_ROW_SCALE", run.row_scale);
+  const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
   return time_ms(call);
 }
 

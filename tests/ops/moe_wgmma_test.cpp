@@ -169,6 +169,15 @@ void check_gemm(const Problem& p, const std::string& what) {
     EXPECT_LE(error, tolerance) << what << ", fold per " << fold;
   }
   expect_fold128_paths_agree([&] { return run_gemm(p); }, what);
+  {
+    // The row-wide weight exponents (DEEPINFER_MOE_WGMMA_ROW_SCALE): other bits, the same bound.
+    const rt::ScopedSwitch row_scale("DEEPINFER_MOE_WGMMA_ROW_SCALE", true);
+    const double error =
+        worst_error_matching_nans(want, run_fold128(true, [&] { return run_gemm(p); }));
+    std::printf("%s, row-wide weight scales: worst error %.3g of the output's scale (bound %.3g)\n",
+                what.c_str(), error, tolerance);
+    EXPECT_LE(error, tolerance) << what << ", row-wide weight scales";
+  }
   Tensor invariant;
   {
     const ScopedBatchInvariance on(true);
@@ -231,6 +240,13 @@ void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, i
   }
   const auto run_op = [&] { return run_moe_op(set, x, chosen, weights, 0, tokens); };
   expect_fold128_paths_agree(run_op, what);
+  {
+    const rt::ScopedSwitch row_scale("DEEPINFER_MOE_WGMMA_ROW_SCALE", true);
+    const double error = worst_error_matching_nans(want, run_fold128(true, run_op));
+    std::printf("moe_experts %s, row-wide weight scales: worst error %.3g (bound %.3g)\n",
+                what.c_str(), error, tolerance);
+    EXPECT_LE(error, tolerance) << what << ", row-wide weight scales";
+  }
   Tensor invariant;
   {
     const ScopedBatchInvariance on(true);

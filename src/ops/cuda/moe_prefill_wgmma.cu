@@ -60,6 +60,9 @@ RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
 // true: quantize_rows_per128 rounds with the hardware's e4m3 conversions; false
 // (DEEPINFER_MOE_QUANT_HW_CVT=0): with round_to_e4m3 (the kernel before), the same codes.
 RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
+// true (not the default): the register tile's weights against their row's largest exponent
+// (register_a::wgmma_tile's kRowScale; other bits, within the same bound).
+RuntimeSwitch kMoeWgmmaRowScale{"DEEPINFER_MOE_WGMMA_ROW_SCALE", false};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -973,7 +976,12 @@ struct StepWeights {
   float scale_hi;
 };
 
-template <int kTokens>
+// kRowScale (DEEPINFER_MOE_WGMMA_ROW_SCALE, not the default): the weights re-expressed against
+// the largest ue8m0 exponent of their whole row instead of the step's four (exact for shifts
+// up to 14 as before; the tests count the blocks past it), so a row's weight scale is one
+// constant: the fold is one FFMA an element (acc += step * x_s128) and the row's scale
+// multiplies the sum once at the end, and the conversion needs no per-step maximum.
+template <int kTokens, bool kRowScale>
 __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, int row_tile,
                                            uint8_t* shared) {
@@ -1026,6 +1034,29 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     }
   };
 
+  // kRowScale: the largest exponent of each of this thread's two rows over all of K (the 4
+  // threads of a quad share the rows and split the codes), and the rows' scales.
+  uint32_t row_top[2] = {0, 0};
+  float row_scale[2] = {1.0f, 1.0f};
+  const auto find_row_tops = [&] {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const auto* words =
+          reinterpret_cast<const uint32_t*>(rows.w_scales + (row + 8 * half) * k_blocks);
+      uint32_t top = 0;
+      for (int64_t w = quad; w < k_blocks / 4; w += 4) {
+        const uint32_t codes = words[w];
+        top = max(top, max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
+                           max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3))));
+      }
+      top = max(top, __shfl_xor_sync(0xFFFFFFFFu, top, 1));
+      top = max(top, __shfl_xor_sync(0xFFFFFFFFu, top, 2));
+      row_top[half] = top;
+      row_scale[half] =
+          deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) * fold128::kWeightShiftRescale;
+    }
+  };
+
   // A landed slot -> this thread's A registers and rows' scales of the step (fold128's
   // convert_step, element for element, into registers).
   const auto convert_step = [&](int step, StepWeights& weights) {
@@ -1035,14 +1066,17 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
       const int r = row + 8 * half;
       const uint32_t codes =
           *reinterpret_cast<const uint32_t*>(base + kWeightCodesOffset + r * kStepBlocks);
-      const uint32_t top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
-                               max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
-      const float scale =
-          deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) * fold128::kWeightShiftRescale;
-      if (half == 0) {
-        weights.scale_lo = scale;
-      } else {
-        weights.scale_hi = scale;
+      uint32_t top = row_top[half];
+      if constexpr (!kRowScale) {
+        top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
+                  max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
+        const float scale = deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) *
+                            fold128::kWeightShiftRescale;
+        if (half == 0) {
+          weights.scale_lo = scale;
+        } else {
+          weights.scale_hi = scale;
+        }
       }
 #pragma unroll
       for (int b = 0; b < kStepBlocks; ++b) {
@@ -1072,10 +1106,17 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = 2 * pair + half;
-        acc[4 * j + 0] += partial[4 * j + 0] * (scale[half][0] * weights.scale_lo);
-        acc[4 * j + 1] += partial[4 * j + 1] * (scale[half][1] * weights.scale_lo);
-        acc[4 * j + 2] += partial[4 * j + 2] * (scale[half][0] * weights.scale_hi);
-        acc[4 * j + 3] += partial[4 * j + 3] * (scale[half][1] * weights.scale_hi);
+        if constexpr (kRowScale) {
+          acc[4 * j + 0] += partial[4 * j + 0] * scale[half][0];
+          acc[4 * j + 1] += partial[4 * j + 1] * scale[half][1];
+          acc[4 * j + 2] += partial[4 * j + 2] * scale[half][0];
+          acc[4 * j + 3] += partial[4 * j + 3] * scale[half][1];
+        } else {
+          acc[4 * j + 0] += partial[4 * j + 0] * (scale[half][0] * weights.scale_lo);
+          acc[4 * j + 1] += partial[4 * j + 1] * (scale[half][1] * weights.scale_lo);
+          acc[4 * j + 2] += partial[4 * j + 2] * (scale[half][0] * weights.scale_hi);
+          acc[4 * j + 3] += partial[4 * j + 3] * (scale[half][1] * weights.scale_hi);
+        }
       }
     }
   };
@@ -1119,7 +1160,8 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     if (s < steps) copy_stage(s);
     commit_copies();
   }
-  wait_copies<kCopyAhead - 1>();  // step 0
+  if constexpr (kRowScale) find_row_tops();  // while the first copies are in flight
+  wait_copies<kCopyAhead - 1>();             // step 0
   __syncthreads();
   StepWeights weights[2];
   convert_step(0, weights[0]);
@@ -1128,25 +1170,38 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     run_step(step, weights[0], weights[1]);
     if (step + 1 < steps) run_step(step + 1, weights[1], weights[0]);
   }
+  if constexpr (kRowScale) {
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+      acc[4 * j + 0] *= row_scale[0];
+      acc[4 * j + 1] *= row_scale[0];
+      acc[4 * j + 2] *= row_scale[1];
+      acc[4 * j + 3] *= row_scale[1];
+    }
+  }
   store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
 }
 
 }  // namespace register_a
 
 // The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile.
-enum class TileKind { kFold32, kFold128, kFold128RegisterA };
+enum class TileKind { kFold32, kFold128, kFold128RegisterA, kFold128RowScale };
 
 template <TileKind kKind>
 constexpr int threads_of() {
   if constexpr (kKind == TileKind::kFold128) return fold128::kThreads;
-  if constexpr (kKind == TileKind::kFold128RegisterA) return register_a::kThreads;
+  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale) {
+    return register_a::kThreads;
+  }
   return kThreads;
 }
 
 template <TileKind kKind>
 constexpr int shared_allocation_of() {
   if constexpr (kKind == TileKind::kFold128) return fold128::kSharedAllocation;
-  if constexpr (kKind == TileKind::kFold128RegisterA) return register_a::kSharedAllocation;
+  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale) {
+    return register_a::kSharedAllocation;
+  }
   return fold32::kSharedAllocation;
 }
 
@@ -1156,7 +1211,9 @@ __device__ __forceinline__ void run_tile(const PrefillWgmmaArgs& args, const Pre
   if constexpr (kKind == TileKind::kFold128) {
     fold128::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   } else if constexpr (kKind == TileKind::kFold128RegisterA) {
-    register_a::wgmma_tile<kTokens>(args, tile, row_tile, shared);
+    register_a::wgmma_tile<kTokens, false>(args, tile, row_tile, shared);
+  } else if constexpr (kKind == TileKind::kFold128RowScale) {
+    register_a::wgmma_tile<kTokens, true>(args, tile, row_tile, shared);
   } else {
     fold32::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   }
@@ -1174,7 +1231,8 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
   if constexpr (kKind == TileKind::kFold128) {
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + fold128::kShiftTableOffset));
     __syncthreads();
-  } else if constexpr (kKind == TileKind::kFold128RegisterA) {
+  } else if constexpr (kKind == TileKind::kFold128RegisterA ||
+                       kKind == TileKind::kFold128RowScale) {
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + register_a::kShiftTableOffset));
     __syncthreads();
   }
@@ -1289,6 +1347,8 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
   if (blocks == 0) return;
   if (fold == WgmmaFold::kPer32) {
     launch_kernel<TileKind::kFold32>(args, blocks, tiles, tile_count);
+  } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaRowScale.enabled()) {
+    launch_kernel<TileKind::kFold128RowScale>(args, blocks, tiles, tile_count);
   } else if (kMoeWgmmaRegisterA.enabled()) {
     launch_kernel<TileKind::kFold128RegisterA>(args, blocks, tiles, tile_count);
   } else {
