@@ -1004,33 +1004,66 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   const auto slot_of = [&](int step) { return shared + (step % kStages) * kStageBytes; };
   const uint2* shift_table = reinterpret_cast<const uint2*>(shared + kShiftTableOffset);
 
+  // This thread's copies, the same chunks as fold128's copy loops (chunk thread + kThreads i), with
+  // their addresses worked out once an item: a step only adds its offset. (Written as loops over
+  // chunk numbers, the copies took ~300 instructions a thread a step in the SASS: run-time trip
+  // counts, signed divisions and 64-bit products per chunk, about as many as the conversion and
+  // the fold together.)
+  constexpr int kWeightCopies = kRows * (kStepK / 2) / 16 / kThreads;
+  constexpr int kTokenCopies = kTokens * kStepK / 16 / kThreads;
+  static_assert(kWeightCopies * kThreads * 16 == kRows * (kStepK / 2) &&
+                    kTokenCopies * kThreads * 16 == kTokens * kStepK && kThreads % 8 == 0,
+                "every thread copies the same number of 16-byte chunks a step");
+  // Weight chunk thread + kThreads i: row thread / 4 + (kThreads / 4) i, chunk thread % 4; its
+  // raw_chunk is raw_chunk(row, chunk) + kWeightRowStep i (the xor's row bits do not change).
+  constexpr int kWeightRowStep = kThreads / 4;
+  const int weight_row = thread >> 2;
+  const int weight_chunk = thread & 3;
+  const uint32_t weight_shared = kRawWeightOffset + raw_chunk(weight_row, weight_chunk);
+  const uint8_t* weight_global = rows.weight + weight_row * w_row_bytes + weight_chunk * 16;
+  const int64_t weight_global_step = kWeightRowStep * w_row_bytes;
+  // Token chunk thread + kThreads i: token thread / 8 + (kThreads / 8) i, chunk thread % 8.
+  constexpr int kTokenStep = kThreads / 8;
+  const int first_token = thread >> 3;
+  const int token_chunk = thread & 7;
+  const uint32_t token_shared =
+      kCodesOffset + first_token * kStepK + ((token_chunk ^ (first_token & 7)) << 4);
+  const uint8_t* token_global = args.x_codes + tile.first * args.k + token_chunk * 16;
+  uint32_t token_offset[kTokenCopies];  // (the token's clamped row - tile.first) * K
+#pragma unroll
+  for (int i = 0; i < kTokenCopies; ++i) {
+    token_offset[i] =
+        static_cast<uint32_t>((token_row(first_token + kTokenStep * i) - tile.first) * args.k);
+  }
+  // The step's scale codes: one row's four (threads < kRows) or one token's step scale.
+  const bool copies_row_codes = thread < kRows;
+  const bool copies_token_scale = !copies_row_codes && thread - kRows < kTokens;
+  const uint8_t* row_codes_global = rows.w_scales + (copies_row_codes ? thread : 0) * k_blocks;
+  const float* token_scale_global =
+      args.x_step_scales + token_row(copies_token_scale ? thread - kRows : 0) * steps;
+  const uint32_t scale_shared =
+      copies_row_codes
+          ? kWeightCodesOffset + thread * kStepBlocks
+          : kTokenScalesOffset + quad_grouped(copies_token_scale ? thread - kRows : 0) * 4;
+
   const auto copy_stage = [&](int step) {
-    uint8_t* base = slot_of(step);
-    constexpr int kWeightChunks = kRows * (kStepK / 2) / 16;
+    const uint32_t base = shared_address(slot_of(step));
+    const uint8_t* weights = weight_global + static_cast<int64_t>(step) * (kStepK / 2);
 #pragma unroll
-    for (int chunk = thread; chunk < kWeightChunks; chunk += kThreads) {
-      const int r = chunk / 4;
-      const int c = chunk % 4;
-      copy_16_async(
-          shared_address(base + kRawWeightOffset + raw_chunk(r, c)),
-          rows.weight + r * w_row_bytes + static_cast<int64_t>(step) * (kStepK / 2) + c * 16);
+    for (int i = 0; i < kWeightCopies; ++i) {
+      copy_16_async(base + weight_shared + i * kWeightRowStep * (kStepK / 2),
+                    weights + i * weight_global_step);
     }
-    constexpr int kCodeChunks = kTokens * kStepK / 16;
+    const uint8_t* tokens = token_global + static_cast<int64_t>(step) * kStepK;
 #pragma unroll
-    for (int chunk = thread; chunk < kCodeChunks; chunk += kThreads) {
-      const int token = chunk / 8;
-      const int c = chunk % 8;
-      copy_16_async(
-          shared_address(base + kCodesOffset + token * kStepK + ((c ^ (token & 7)) << 4)),
-          args.x_codes + token_row(token) * args.k + static_cast<int64_t>(step) * kStepK + c * 16);
+    for (int i = 0; i < kTokenCopies; ++i) {
+      copy_16_async(base + token_shared + i * kTokenStep * kStepK, tokens + token_offset[i]);
     }
-    if (thread < kRows) {
-      copy_4_async(shared_address(base + kWeightCodesOffset + thread * kStepBlocks),
-                   rows.w_scales + thread * k_blocks + static_cast<int64_t>(step) * kStepBlocks);
-    } else if (thread - kRows < kTokens) {
-      const int token = thread - kRows;
-      copy_4_async(shared_address(base + kTokenScalesOffset + quad_grouped(token) * 4),
-                   args.x_step_scales + token_row(token) * steps + step);
+    if (copies_row_codes) {
+      copy_4_async(base + scale_shared,
+                   row_codes_global + static_cast<int64_t>(step) * kStepBlocks);
+    } else if (copies_token_scale) {
+      copy_4_async(base + scale_shared, token_scale_global + step);
     }
   };
 
