@@ -747,24 +747,21 @@ TEST_F(BackendOpsTest, HyperConnectionMixesCollapseExpand) {
     Tensor comb = Tensor::empty(DType::kF32, {s.rows, hc, hc});
     hc_mixes(x, fn, scale, base, params, pre, post, comb);
     Tensor dx = gpu(x);
-    Tensor dpre = gpu_output(DType::kF32, {s.rows, hc});
-    Tensor dpost = gpu_output(DType::kF32, {s.rows, hc});
-    Tensor dcomb = gpu_output(DType::kF32, {s.rows, hc, hc});
-    cuda::hc_mixes(dx, gpu(fn), gpu(scale), gpu(base), params, dpre, dpost, dcomb);
-    expect_close(pre, dpre, kRowReductionTolerance, s.name + " hc_mixes pre");
-    expect_close(post, dpost, kRowReductionTolerance, s.name + " hc_mixes post");
-    // Twenty Sinkhorn passes divide by sums of the mixes' rounding differences again and
-    // again: the comb matrix keeps ~1e-5 of its scale.
-    expect_close(comb, dcomb, 5e-5, s.name + " hc_mixes comb");
+    const auto check_gpu_mixes = [&](const std::string& what) {
+      Tensor dpre = gpu_output(DType::kF32, {s.rows, hc});
+      Tensor dpost = gpu_output(DType::kF32, {s.rows, hc});
+      Tensor dcomb = gpu_output(DType::kF32, {s.rows, hc, hc});
+      cuda::hc_mixes(dx, gpu(fn), gpu(scale), gpu(base), params, dpre, dpost, dcomb);
+      expect_close(pre, dpre, kRowReductionTolerance, s.name + " " + what + " pre");
+      expect_close(post, dpost, kRowReductionTolerance, s.name + " " + what + " post");
+      // Twenty Sinkhorn passes divide by sums of the mixes' rounding differences again and
+      // again: the comb matrix keeps ~1e-5 of its scale.
+      expect_close(comb, dcomb, 5e-5, s.name + " " + what + " comb");
+    };
+    check_gpu_mixes("hc_mixes");
     {  // hc_mix_partials_rows_kernel at every row count (the default takes it from 1024 rows)
       const deepinfer::cuda::ScopedSetting every_row_count{"DEEPINFER_HC_ROWS_MIN", 1};
-      Tensor rpre = gpu_output(DType::kF32, {s.rows, hc});
-      Tensor rpost = gpu_output(DType::kF32, {s.rows, hc});
-      Tensor rcomb = gpu_output(DType::kF32, {s.rows, hc, hc});
-      cuda::hc_mixes(dx, gpu(fn), gpu(scale), gpu(base), params, rpre, rpost, rcomb);
-      expect_close(pre, rpre, kRowReductionTolerance, s.name + " hc_mixes rows kernel pre");
-      expect_close(post, rpost, kRowReductionTolerance, s.name + " hc_mixes rows kernel post");
-      expect_close(comb, rcomb, 5e-5, s.name + " hc_mixes rows kernel comb");
+      check_gpu_mixes("hc_mixes rows kernel");
     }
 
     // Collapse and expand take the CPU's mixes, so they are tested on their own.

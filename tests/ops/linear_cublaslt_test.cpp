@@ -35,14 +35,11 @@ using testing::random_bytes;
 using testing::random_e4m3;
 using testing::same_bits;
 
-// The GPU linear tests' tolerance (linear_fp8_dense_test, linear_bf16_mma_test): the worst
-// |got - want| over the largest |want| of the checked rows. The path differs from the reference in
-// the order of FP32 additions only (every product is exact), like the invariant kernels.
-constexpr double kTolerance = 2e-5;
-
-// Input rows are k wide inside rows of k + kExtraColumns floats, starting kColumnOffset in.
-constexpr int64_t kExtraColumns = 64;
-constexpr int64_t kColumnOffset = 32;
+// Every product is exact (each 32-block's in f32, the dequantized operands' in bf16): the order of
+// the FP32 additions is all that differs from the reference.
+constexpr double kTolerance = testing::kExactProductsTolerance;
+using testing::kColumnOffset;
+using testing::kExtraColumns;
 
 enum class Kind { kFp8, kBf16 };
 

@@ -34,13 +34,11 @@ using cuda::Fp8DenseLaunch;
 using testing::random_bytes;
 using testing::random_e4m3;
 
-// As linear_fp8_mma against the same reference (moe_grouped_gemm_test): summation order only.
-// Each 32-block's products are exact in f32 and one MMA step starts from zero.
-constexpr double kTolerance = 2e-5;
-
-// Input rows are k wide inside rows of k + kExtraColumns floats, starting kColumnOffset in.
-constexpr int64_t kExtraColumns = 64;
-constexpr int64_t kColumnOffset = 32;
+// Every product is exact (each 32-block's in f32, the dequantized operands' in bf16): the order of
+// the FP32 additions is all that differs from the reference.
+constexpr double kTolerance = testing::kExactProductsTolerance;
+using testing::kColumnOffset;
+using testing::kExtraColumns;
 
 // Rows checked against the CPU reference (those below a call's row count).
 const std::vector<int64_t> kSampleRows = {0, 6, 15, 39, 150, 299, 519};

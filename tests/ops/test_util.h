@@ -15,6 +15,16 @@
 
 namespace deepinfer::ops::testing {
 
+// The dense GPU linears whose every product is exact (the FP8 tiles, cuBLASLt over exactly
+// dequantized operands) against the CPU reference: the worst |got - want| over the largest |want|
+// of the checked rows; only the order of the FP32 additions differs.
+constexpr double kExactProductsTolerance = 2e-5;
+
+// The GPU linear tests' strided inputs: rows k wide inside rows of k + kExtraColumns floats,
+// starting kColumnOffset in.
+constexpr int64_t kExtraColumns = 64;
+constexpr int64_t kColumnOffset = 32;
+
 inline std::vector<float> random_values(size_t count, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, scale);

@@ -134,6 +134,21 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
+// The warp's lane sums of rows first_row + r (r < row_count) folded, and lane 0 storing each as
+// partial `column` of its row's slice in partials [M, slices, stride].
+template <int kRows>
+__device__ __forceinline__ void store_row_partials(const float (&sums)[kRows], int lane,
+                                                   int row_count, int64_t first_row, int slices,
+                                                   int slice, int stride, int column,
+                                                   float* partials) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float total = fold_warp(sums[r]);
+    if (lane == 0 && r < row_count)
+      partials[((first_row + r) * slices + slice) * stride + column] = total;
+  }
+}
+
 // partials [M, slices, mix_count + 1]: each mix's partial dot product, then the sum of squares.
 __global__ void __launch_bounds__(kThreads)
     hc_mix_partials_kernel(MixArgs args, int slices, float* partials) {
@@ -163,12 +178,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int r = 0; r < kSliceRows; ++r) sums[r] += dot4(rows[r][quad], weights);
     }
-#pragma unroll
-    for (int r = 0; r < kSliceRows; ++r) {
-      const float total = fold_warp(sums[r]);
-      if (lane == 0 && r < row_count)
-        partials[((first_row + r) * slices + slice) * stride + mix] = total;
-    }
+    store_row_partials(sums, lane, row_count, first_row, slices, slice, stride, mix, partials);
   }
   if (warp < row_count) {
     float squares = 0.0f;
@@ -348,12 +358,7 @@ __global__ void __launch_bounds__(kThreads, kRows <= 2 ? 2 : 1)
           for (int r = 0; r < kRows; ++r) sums[r] += dot4(x[r][s], weights);
         }
       }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float total = fold_warp(sums[r]);
-        if (lane == 0 && r < row_count)
-          partials[((first_row + r) * slices + slice) * stride + mix] = total;
-      }
+      store_row_partials(sums, lane, row_count, first_row, slices, slice, stride, mix, partials);
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {

@@ -30,6 +30,7 @@
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/moe_expert_rows.cuh"
 #include "ops/cuda/moe_grouped_gemm.h"
+#include "ops/cuda/moe_prefill_items.cuh"
 #include "ops/cuda/moe_prefill_wgmma.h"
 
 namespace deepinfer::ops::cuda {
@@ -621,24 +622,19 @@ __device__ __forceinline__ void prefill_tile(const GroupedArgs& args, const Toke
   }
 }
 
-// Persistent blocks (one per SM) walk the work items (token tile, 128 weight rows) in list
-// order, weight rows fastest: the items in flight at any time are a few consecutive tiles, so
-// an expert's weights are read from HBM about once. Both tile sizes run in the one launch.
+// Persistent blocks walk the work items (token tile, 128 weight rows: for_each_prefill_item);
+// both tile sizes run in the one launch.
 __global__ void __launch_bounds__(kTileThreads, 1)
     prefill_tile_kernel(GroupedArgs args, const TokenTile* tiles, const int* tile_count) {
   extern __shared__ __align__(128) uint8_t shared[];
-  const int row_tiles = static_cast<int>(args.n / kTileRows);
-  const int64_t items = static_cast<int64_t>(*tile_count) * row_tiles;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const TokenTile tile = tiles[item / row_tiles];
-    const int row_tile = static_cast<int>(item % row_tiles);
-    if (tile.small != 0) {
-      prefill_tile<kSmallTileTokens / kTileWarpsAlongTokens>(args, tile, row_tile, shared);
-    } else {
-      prefill_tile<kBigTileTokens / kTileWarpsAlongTokens>(args, tile, row_tile, shared);
-    }
-    __syncthreads();  // the next item's first stages overwrite what slow warps may still read
-  }
+  for_each_prefill_item(
+      args.n, kTileRows, tiles, tile_count, [&](const TokenTile& tile, int row_tile) {
+        if (tile.small != 0) {
+          prefill_tile<kSmallTileTokens / kTileWarpsAlongTokens>(args, tile, row_tile, shared);
+        } else {
+          prefill_tile<kBigTileTokens / kTileWarpsAlongTokens>(args, tile, row_tile, shared);
+        }
+      });
 }
 constexpr int kPrefillSmemBytes =
     std::max(PrefillTile<kSmallTileTokens / kTileWarpsAlongTokens>::kSmemBytes,

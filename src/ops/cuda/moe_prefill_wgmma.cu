@@ -45,6 +45,7 @@
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/moe_expert_rows.cuh"
+#include "ops/cuda/moe_prefill_items.cuh"
 #include "ops/cuda/moe_prefill_wgmma.h"
 
 namespace deepinfer::ops::cuda {
@@ -1252,8 +1253,7 @@ __device__ __forceinline__ void run_tile(const PrefillWgmmaArgs& args, const Pre
   }
 }
 
-// Persistent blocks (one per SM) walk the items (token tile, 128 weight rows) in list order,
-// weight rows fastest, as prefill_tile_kernel does.
+// Persistent blocks walk the items (token tile, 128 weight rows) as prefill_tile_kernel does.
 template <TileKind kKind>
 __global__ void __launch_bounds__(threads_of<kKind>(), 1)
     prefill_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
@@ -1269,18 +1269,14 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + register_a::kShiftTableOffset));
     __syncthreads();
   }
-  const int row_tiles = static_cast<int>(args.n / kRows);
-  const int64_t items = static_cast<int64_t>(*tile_count) * row_tiles;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const PrefillTokenTile tile = tiles[item / row_tiles];
-    const int row_tile = static_cast<int>(item % row_tiles);
-    if (tile.small != 0) {
-      run_tile<kKind, kPrefillSmallTileTokens>(args, tile, row_tile, shared);
-    } else {
-      run_tile<kKind, kPrefillBigTileTokens>(args, tile, row_tile, shared);
-    }
-    __syncthreads();  // the next item's first copies overwrite what slow warps may still read
-  }
+  for_each_prefill_item(args.n, kRows, tiles, tile_count,
+                        [&](const PrefillTokenTile& tile, int row_tile) {
+                          if (tile.small != 0) {
+                            run_tile<kKind, kPrefillSmallTileTokens>(args, tile, row_tile, shared);
+                          } else {
+                            run_tile<kKind, kPrefillBigTileTokens>(args, tile, row_tile, shared);
+                          }
+                        });
 #else
   (void)args;
   (void)tiles;
