@@ -547,7 +547,8 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
                flops, peak);
       }
       // The cuBLASLt path forced at every batch (where the threshold is chosen), and for the BF16
-      // roles its stacked-terms form (one GEMM of 3M rows, then the three blocks added).
+      // roles its stacked-terms form (one GEMM of terms x M rows, then the blocks added) and the
+      // exact three activation terms (the default is two).
       const auto forced_path = [&](int call) {
         const int c = call % copies;
         ops::cuda::linear_cublaslt(
@@ -559,6 +560,11 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
       if (!role.fp8) {
         const rt::ScopedSetting stacked{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 1 << 30};
         report(roof, "dense", role.name, "ours (cuBLASLt, stacked)", m, time_ms(forced_path),
+               our_bytes, flops, peak);
+      }
+      if (!role.fp8) {
+        const rt::ScopedSetting exact_terms{"DEEPINFER_CUBLASLT_BF16_TERMS", 3};
+        report(roof, "dense", role.name, "ours (cuBLASLt, 3 terms)", m, time_ms(forced_path),
                our_bytes, flops, peak);
       }
       if (fp8_dense && !skip_fp8_before && (m == kBatches.front() || m == kBatches.back())) {

@@ -36,7 +36,9 @@ using testing::random_e4m3;
 using testing::same_bits;
 
 // Every product is exact (each 32-block's in f32, the dequantized operands' in bf16): the order of
-// the FP32 additions is all that differs from the reference.
+// the FP32 additions is all that differs from the reference. The BF16 roles' default two
+// activation terms drop at most 2^-18 |x| an element, about an FP32 reordering's worth, so the
+// same bound holds (linear_cublaslt.cu, DEEPINFER_CUBLASLT_BF16_TERMS).
 constexpr double kTolerance = testing::kExactProductsTolerance;
 using testing::kColumnOffset;
 using testing::kExtraColumns;
@@ -193,11 +195,25 @@ void check_case(const Case& c, bool compare_invariant_kernel) {
   EXPECT_TRUE(same_bits(forced, run_gpu(c, 0, c.rows, Path::kCublasLt)))
       << c.name << ": two calls of the path differ";
   if (c.kind == Kind::kBf16) {
-    // The stacked-terms form (one GEMM of 3M rows, the blocks added in term order).
-    const rt::ScopedSetting stacked{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 1 << 30};
-    const double stacked_error = sample_error(c, run_gpu(c, 0, c.rows, Path::kCublasLt), 0, c.rows);
-    std::printf("%s, stacked terms: worst error %.3g\n", c.name.c_str(), stacked_error);
-    EXPECT_LE(stacked_error, kTolerance) << c.name << ", " << c.rows << " rows, stacked terms";
+    // The stacked-terms form (one GEMM of terms x M rows, the blocks added in term order), at the
+    // default two terms and at three (x exactly), which must take effect: other bits.
+    for (const int terms : {2, 3}) {
+      const rt::ScopedSetting term_count{"DEEPINFER_CUBLASLT_BF16_TERMS", terms};
+      const Tensor separate = run_gpu(c, 0, c.rows, Path::kCublasLt);
+      const double separate_error = sample_error(c, separate, 0, c.rows);
+      const rt::ScopedSetting stacked{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 1 << 30};
+      const double stacked_error =
+          sample_error(c, run_gpu(c, 0, c.rows, Path::kCublasLt), 0, c.rows);
+      std::printf("%s, %d terms: worst error %.3g, stacked %.3g\n", c.name.c_str(), terms,
+                  separate_error, stacked_error);
+      EXPECT_LE(separate_error, kTolerance) << c.name << ", " << c.rows << " rows, " << terms;
+      EXPECT_LE(stacked_error, kTolerance)
+          << c.name << ", " << c.rows << " rows, stacked, " << terms;
+      if (terms == 3) {
+        EXPECT_FALSE(same_bits(separate, forced))
+            << c.name << ": DEEPINFER_CUBLASLT_BF16_TERMS=3 did not change the result";
+      }
+    }
   }
   {
     const ScopedBatchInvariance off(false);

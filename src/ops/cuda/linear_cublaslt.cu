@@ -6,7 +6,8 @@
 // in bf16 instead: an e4m3 weight times its power-of-two block scale (4 significand bits), the
 // released quantizer's e4m3-times-2^s activations, and the three bf16 terms of an f32 activation
 // (8 + 8 + 8 significand bits). bf16 x bf16 products are exact in FP32, so the results equal the
-// invariant kernels' up to the order of FP32 additions.
+// invariant kernels' up to the order of FP32 additions (the BF16 roles take two of the three terms
+// by default: DEEPINFER_CUBLASLT_BF16_TERMS below says what that costs).
 #include "ops/cuda/linear_cublaslt.h"
 
 #include <cublasLt.h>
@@ -49,11 +50,11 @@ using deepinfer::cuda::StreamHandle;
 deepinfer::cuda::RuntimeSetting kCublasLtMinRows{"DEEPINFER_CUBLASLT_MIN_ROWS", 65, 0, 1 << 30};
 
 // DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS: BF16 calls of at most this many rows (0: none) run
-// their three activation terms as one GEMM of 3M rows into staging, then add the three row blocks
-// in term order (hi + mid, then + lo), instead of three GEMMs accumulating into the output: the
-// weight is read once instead of three times, at the price of staging 3 M N floats and one more
-// pass. Measured (H200, docs/BENCHMARKS.md, "Batch invariance off"): stacked is up to 2x faster
-// at 64-256 rows (the GEMMs there are bound by reading the weight), the three GEMMs up to 8%
+// their activation terms as one GEMM of terms x M rows into staging, then add the row blocks in
+// term order (hi + mid, then + lo), instead of one GEMM a term accumulating into the output: the
+// weight is read once instead of once a term, at the price of staging terms x M N floats and one
+// more pass. Measured (H200, docs/BENCHMARKS.md, "Batch invariance off"): stacked is up to 2x
+// faster at 64-256 rows (the GEMMs there are bound by reading the weight), the three GEMMs up to 8%
 // faster from 1024 rows (wo_a).
 deepinfer::cuda::RuntimeSetting kBf16StackedMaxRows{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", 512,
                                                     0, 1 << 30};
@@ -65,8 +66,20 @@ constexpr size_t kCublasWorkspaceBytes = 32ull << 20;
 constexpr size_t kActivationBudgetBytes = 256ull << 20;
 constexpr int64_t kChunkRowMultiple = 128;  // chunk edges on the GEMMs' tile edges
 constexpr int kThreads = 256;
-constexpr int kValuesPerThread = 8;  // two float4 in, one 16-byte word of bf16 out per term
-constexpr int kActivationTerms = 3;  // bf16 terms of an f32 activation that hold it exactly
+constexpr int kValuesPerThread = 8;       // two float4 in, one 16-byte word of bf16 out per term
+constexpr int kExactActivationTerms = 3;  // bf16 terms of an f32 activation that hold it exactly
+
+// DEEPINFER_CUBLASLT_BF16_TERMS: the bf16 terms of an f32 activation the BF16 roles multiply (2
+// or 3). Three hold x exactly (every product exact, only the FP32 summation order differs from the
+// CPU). Two drop the third term, at most 2^-18 |x| an element (hi = bf16(x) leaves <= 2^-9 |x|,
+// its bf16 leaves <= 2^-9 of that): about what an FP32 sum over K of a few thousand products
+// already differs by between two orders, so the results stay within the exact-product tests'
+// bound (kExactProductsTolerance, 2e-5 of the output's scale; measured 2.4e-6 .. 3.5e-6 on the
+// V4.1 shapes, docs/BENCHMARKS.md), for two thirds of the GEMM work: the BF16 roles are where the
+// path is compute bound (the LM head at 256 rows is three 0.45 ms GEMMs, wo_a in prefill three
+// 0.7 ms ones). One term (peers' bf16 activations, 2^-9 |x|) is outside that bound: not offered.
+deepinfer::cuda::RuntimeSetting kBf16ActivationTerms{"DEEPINFER_CUBLASLT_BF16_TERMS", 2, 2,
+                                                     kExactActivationTerms};
 
 // ---- kernels ---------------------------------------------------------------------------------
 
@@ -126,10 +139,11 @@ __global__ void __launch_bounds__(kThreads)
                           pack_bf16x2(q[6], q[7]));
 }
 
-// Rows [first_row, first_row + rows) of f32 x as kActivationTerms bf16 planes [rows, x.cols],
-// `plane_words` 16-byte words apart: term 0 = bf16(x), term t = bf16 of what terms 0..t-1 left
-// (each remainder exact in f32), linear_bf16_mma's split_pair. Their sum is x exactly unless a
+// Rows [first_row, first_row + rows) of f32 x as kTerms bf16 planes [rows, x.cols], `plane_words`
+// 16-byte words apart: term 0 = bf16(x), term t = bf16 of what terms 0..t-1 left (each remainder
+// exact in f32), linear_bf16_mma's split_pair. At three terms their sum is x exactly unless a
 // remainder underflows bf16's range.
+template <int kTerms>
 __global__ void __launch_bounds__(kThreads)
     split_activation_terms_kernel(DeviceRows<const float> x, int64_t first_row, uint32_t words,
                                   uint4* out, int64_t plane_words) {
@@ -140,9 +154,9 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t word = index - m * words_per_row;
   float v[kValuesPerThread];
   load_eight(x.row(first_row + m) + word * kValuesPerThread, v);
-  uint32_t pairs[kActivationTerms][kValuesPerThread / 2];
+  uint32_t pairs[kTerms][kValuesPerThread / 2];
 #pragma unroll
-  for (int t = 0; t < kActivationTerms; ++t) {
+  for (int t = 0; t < kTerms; ++t) {
 #pragma unroll
     for (int p = 0; p < kValuesPerThread / 2; ++p) {
       const uint32_t packed = pack_bf16x2(v[2 * p], v[2 * p + 1]);
@@ -152,21 +166,38 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 #pragma unroll
-  for (int t = 0; t < kActivationTerms; ++t) {
+  for (int t = 0; t < kTerms; ++t) {
     out[t * plane_words + index] = make_uint4(pairs[t][0], pairs[t][1], pairs[t][2], pairs[t][3]);
   }
 }
 
-// out[r][c] = (products[r][c] + products[rows + r][c]) + products[2 rows + r][c]: the stacked
-// GEMM's three term blocks [3 rows, cols] (contiguous) added in term order.
+void launch_split_activation_terms(int terms, DeviceRows<const float> x, int64_t first_row,
+                                   uint32_t words, uint4* out, int64_t plane_words,
+                                   StreamHandle stream) {
+  const unsigned blocks = blocks_for(words, kThreads);
+  if (terms == 2) {
+    split_activation_terms_kernel<2>
+        <<<blocks, kThreads, 0, stream>>>(x, first_row, words, out, plane_words);
+  } else {
+    split_activation_terms_kernel<kExactActivationTerms>
+        <<<blocks, kThreads, 0, stream>>>(x, first_row, words, out, plane_words);
+  }
+  DI_CUDA_LAUNCHED(split_activation_terms_kernel);
+}
+
+// out[r][c] = (products[r][c] + products[rows + r][c]) (+ products[2 rows + r][c]): the stacked
+// GEMM's `terms` term blocks [terms rows, cols] (contiguous) added in term order.
 __global__ void __launch_bounds__(kThreads)
-    sum_term_products_kernel(const float* products, int64_t rows, DeviceRows<float> out) {
+    sum_term_products_kernel(const float* products, int64_t rows, int terms,
+                             DeviceRows<float> out) {
   const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= rows * out.cols) return;
   const int64_t r = index / out.cols;
   const int64_t c = index % out.cols;
   const int64_t plane = rows * out.cols;
-  out.row(r)[c] = (products[index] + products[plane + index]) + products[2 * plane + index];
+  float sum = products[index] + products[plane + index];
+  if (terms == kExactActivationTerms) sum += products[2 * plane + index];
+  out.row(r)[c] = sum;
 }
 
 // Two e4m3 codes (the low byte first) -> two floats, exactly: the hardware's e4m3x2 -> f16x2
@@ -238,7 +269,7 @@ struct Staging {
   GrowOnlyBuffer cublas_workspace;  // kCublasWorkspaceBytes, reserved on first use
   GrowOnlyBuffer weight;            // the dequantized bf16 weight (FP8 roles)
   GrowOnlyBuffer activation;        // the bf16 activation (FP8) or its terms (BF16)
-  GrowOnlyBuffer term_products;     // the stacked BF16 GEMM's [3 M, N] f32 results
+  GrowOnlyBuffer term_products;     // the stacked BF16 GEMM's [terms M, N] f32 results
 };
 
 // A GEMM D = op(A) op(B) in cuBLASLt's column-major terms: out^T [n, m] (ld_d) = W [n, k] (A,
@@ -403,15 +434,15 @@ bool stream_is_capturing(StreamHandle stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// The BF16 roles' stacked form (DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS): the three term planes
-// (contiguous: one chunk of all rows) as one B of 3 M rows, one GEMM into staging, the blocks
-// added in term order. `shape` holds everything but m and the B and D layouts.
+// The BF16 roles' stacked form (DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS): the `terms` term
+// planes (contiguous: one chunk of all rows) as one B of terms x M rows, one GEMM into staging,
+// the blocks added in term order. `shape` holds everything but m and the B and D layouts.
 bool run_stacked_terms(CublasLtState& state, GemmShape shape, int device, StreamHandle stream,
                        const DeviceWeight& w, const DeviceRows<const float>& in,
-                       const DeviceRows<float>& o) {
+                       const DeviceRows<float>& o, int terms) {
   const int64_t rows = in.rows;
   const int64_t k_total = in.cols;
-  shape.m = kActivationTerms * rows;
+  shape.m = terms * rows;
   shape.ld_d = w.out;
   shape.align_b = common_alignment({256, shape.batch > 1 ? shape.stride_b * 2 : 256});
   shape.align_d = common_alignment({256, shape.batch > 1 ? shape.stride_d * 4 : 256});
@@ -420,17 +451,16 @@ bool run_stacked_terms(CublasLtState& state, GemmShape shape, int device, Stream
   const cublasLtHandle_t handle = state.handle(device);
   Staging& staging = state.staging(device, stream);
   void* cublas_workspace = staging.cublas_workspace.reserve(kCublasWorkspaceBytes, stream);
-  auto* activation = static_cast<uint4*>(staging.activation.reserve(
-      static_cast<size_t>(kActivationTerms * rows * k_total * 2), stream));
-  auto* products = static_cast<float*>(staging.term_products.reserve(
-      static_cast<size_t>(kActivationTerms * rows * w.out * 4), stream));
+  auto* activation = static_cast<uint4*>(
+      staging.activation.reserve(static_cast<size_t>(terms * rows * k_total * 2), stream));
+  auto* products = static_cast<float*>(
+      staging.term_products.reserve(static_cast<size_t>(terms * rows * w.out * 4), stream));
   const int64_t words = rows * k_total / kValuesPerThread;
-  split_activation_terms_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
-      in, 0, static_cast<uint32_t>(words), activation, words);
-  DI_CUDA_LAUNCHED(split_activation_terms_kernel);
+  launch_split_activation_terms(terms, in, 0, static_cast<uint32_t>(words), activation, words,
+                                stream);
   plan->run(handle, w.bytes, activation, products, /*accumulate=*/false, cublas_workspace, stream);
-  sum_term_products_kernel<<<blocks_for(rows * w.out, kThreads), kThreads, 0, stream>>>(products,
-                                                                                        rows, o);
+  sum_term_products_kernel<<<blocks_for(rows * w.out, kThreads), kThreads, 0, stream>>>(
+      products, rows, terms, o);
   DI_CUDA_LAUNCHED(sum_term_products_kernel);
   return true;
 }
@@ -478,7 +508,7 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   int device = 0;
   DI_CUDA_CHECK(cudaGetDevice(&device));
   CublasLtState& state = CublasLtState::instance();
-  const int terms = fp8 ? 1 : kActivationTerms;
+  const int terms = fp8 ? 1 : kBf16ActivationTerms.value();
   const int64_t group_out = w.out / groups;
   const int64_t k_total = in.cols;
   // Rows per GEMM call: all of them, or chunks of a multiple of 128 within the staging budget.
@@ -510,13 +540,13 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   shape.align_d =
       common_alignment({address(o.data), in.rows > chunk_rows ? chunk_rows * o.stride * 4 : 256,
                         groups > 1 ? shape.stride_d * 4 : 256});
-  // Stacked: all rows in one chunk, and the [3 M, N] f32 products within the staging budget too
+  // Stacked: all rows in one chunk, and the [terms M, N] f32 products within the staging budget too
   // (the LM head's 129280 columns would stage 794 MB at 512 rows).
   const int stacked_max_rows = kBf16StackedMaxRows.value();
-  const int64_t products_bytes = kActivationTerms * in.rows * w.out * 4;
+  const int64_t products_bytes = terms * in.rows * w.out * 4;
   if (bf16 && in.rows <= stacked_max_rows && in.rows == chunk_rows &&
       products_bytes <= static_cast<int64_t>(kActivationBudgetBytes)) {
-    return run_stacked_terms(state, shape, device, stream, w, in, o);
+    return run_stacked_terms(state, shape, device, stream, w, in, o, terms);
   }
   shape.m = chunk_rows;
   const std::shared_ptr<const GemmPlan> full = state.plan(shape);
@@ -551,9 +581,8 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
           in, first, static_cast<uint32_t>(words), activation);
       DI_CUDA_LAUNCHED(quantize_activation_bf16_kernel);
     } else {
-      split_activation_terms_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
-          in, first, static_cast<uint32_t>(words), activation, plane_elements / kValuesPerThread);
-      DI_CUDA_LAUNCHED(split_activation_terms_kernel);
+      launch_split_activation_terms(terms, in, first, static_cast<uint32_t>(words), activation,
+                                    plane_elements / kValuesPerThread, stream);
     }
     const GemmPlan& plan = rows == chunk_rows ? *full : *last;
     // The terms largest first, each GEMM adding its products to what the ones before wrote

@@ -1,12 +1,14 @@
 // The batch-variant path of ops::cuda::linear and linear_grouped (CUDA only): with batch
 // invariance off (ops::batch_invariant() false) and at least DEEPINFER_CUBLASLT_MIN_ROWS rows, the
 // dense roles run as cuBLASLt BF16 x BF16 -> FP32 GEMMs on the same quantized operands the
-// invariant kernels multiply, so only the summation order differs:
+// invariant kernels multiply, so only the summation order differs (and, at two terms, the
+// activation's third term):
 //  - FP8 roles (kFp8PerBlock32, e4m3 weight with ue8m0 block scales): the weight dequantized to
 //    bf16 (e4m3 x 2^s is exact in bf16), the activation quantized per 32 exactly as
 //    quantize_activation does and stored as bf16 (exact), one GEMM.
-//  - BF16 roles (kNone, bf16 weight, f32 activation): the activation as three bf16 terms (hi =
-//    bf16(x), then bf16 of each exact remainder: x exactly, as linear_bf16_mma's three terms), one
+//  - BF16 roles (kNone, bf16 weight, f32 activation): the activation as bf16 terms (hi =
+//    bf16(x), then bf16 of each exact remainder, as linear_bf16_mma's terms): two by default
+//    (within 2^-18 |x| an element), three (x exactly) with DEEPINFER_CUBLASLT_BF16_TERMS=3; one
 //    GEMM per term accumulating into the output (hi, then + mid, then + lo; beta = 1).
 // Every product is exact and every sum is FP32; which sums, in which order, depends on the
 // algorithm cuBLASLt picks for the shape, i.e. on the number of rows (no batch invariance).
