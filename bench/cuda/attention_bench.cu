@@ -16,11 +16,10 @@
 // prefill kernel (a cluster of the 4 head-group blocks a token loading each bf16 key tile once);
 // "inv-off-f32kv" the same with the f32 KV rows (its fallback: the one-block kernel for every
 // token); "off-differ" its worst difference from the "mma" column's output (the default: one
-// bf16 term a query and probability value, schedule 3, FlashMLA's numerics; exit 2 past
-// kOneTermDiffer); "inv-off-s2" the same at schedule 2 (DEEPINFER_ATTENTION_PREFILL_SCHEDULE=2);
-// "inv-off-exact" and "inv-off-s0" the prefill kernel with exact products
-// (DEEPINFER_ATTENTION_PREFILL_EXACT=1: three bf16 terms, the kernel before the one-term default)
-// at schedules 1 and 0 ("exact-differ": their worst difference from "mma", exit 2 past 2e-5).
+// bf16 term a query and probability value, FlashMLA's numerics; exit 2 past kOneTermDiffer);
+// "inv-off-exact" the prefill kernel with exact products (DEEPINFER_ATTENTION_PREFILL_EXACT=1:
+// three bf16 terms, the kernel before the one-term default; "exact-differ": its worst difference
+// from "mma", exit 2 past 2e-5).
 //
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
@@ -222,14 +221,11 @@ void call(const AttentionCase& c, bool head_groups, bool batched = true,
                                   1.0f / std::sqrt(static_cast<float>(kHeadDim)), c.out);
 }
 
-// The op's choice with batch invariance off; `schedule`: the prefill kernel's
-// DEEPINFER_ATTENTION_PREFILL_SCHEDULE (-1: the default); `exact`: its
+// The op's choice with batch invariance off; `exact`: the prefill kernel's
 // DEEPINFER_ATTENTION_PREFILL_EXACT (-1: the default, one term).
-void call_invariance_off(const AttentionCase& c, int schedule = -1, int exact = -1) {
+void call_invariance_off(const AttentionCase& c, int exact = -1) {
   const ops::ScopedBatchInvariance invariance(false);
-  std::optional<rt::ScopedSetting> schedule_setting;
   std::optional<rt::ScopedSetting> exact_setting;
-  if (schedule >= 0) schedule_setting.emplace("DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule);
   if (exact >= 0) exact_setting.emplace("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
   call(c, true);
 }
@@ -260,9 +256,7 @@ struct Row {
   double mma_ms = 0, mma_split_ms = 0, mma_difference = 0;  // the tensor-core kernels
   double mma_f32_ms = 0;  // the op's choice with f32 KV rows (the three-term key path)
   double off_ms = 0, off_f32_ms = 0, off_difference = 0;  // batch invariance off
-  double off_s2_ms = 0, off_s2_difference = 0;            // one term, schedule 2
-  double off_exact_ms = 0, off_exact_difference = 0;      // exact products, schedule 1
-  double off_s0_ms = 0, off_s0_difference = 0;            // exact products, schedule 0
+  double off_exact_ms = 0, off_exact_difference = 0;      // exact products
   bool has_split = false;                                 // a split-KV timing (decode cases)
   bool split_equal = false;  // split-KV and one-block kernel: the same bits (FMA and MMA each)
   bool paths_equal = false;  // batched and per-request paths: the same bits
@@ -287,12 +281,8 @@ void compare_outputs(const AttentionCase& c, Row& row) {
   const Tensor per_request = rt::to_host(c.out.view());
   call_invariance_off(c);
   row.off_difference = outputs_differ(mma, rt::to_host(c.out.view()));
-  call_invariance_off(c, 2);
-  row.off_s2_difference = outputs_differ(mma, rt::to_host(c.out.view()));
-  call_invariance_off(c, 1, 1);
+  call_invariance_off(c, 1);
   row.off_exact_difference = outputs_differ(mma, rt::to_host(c.out.view()));
-  call_invariance_off(c, 0, 1);
-  row.off_s0_difference = outputs_differ(mma, rt::to_host(c.out.view()));
   row.difference = outputs_differ(per_head, head_group);
   row.mma_difference = outputs_differ(head_group, mma);
   row.paths_equal = same_bits(mma, per_request);
@@ -320,12 +310,11 @@ int run(int argc, char** argv) {
   std::printf("attention bench on %s (%d SMs): HBM read %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, read_gbps);
   std::printf(
-      "%-14s %10s %10s %10s %10s %10s %10s %10s %10s %13s %10s %13s %8s %10s %9s %9s %9s %10s %10s "
-      "%12s %6s %11s %s\n",
+      "%-14s %10s %10s %10s %10s %10s %10s %10s %13s %13s %8s %10s %9s %9s %9s %10s %10s %12s %6s "
+      "%11s %s\n",
       "case", "per-head", "head-grp", "split-KV", "mma", "mma-split", "mma-f32kv", "inv-off",
-      "inv-off-s2", "inv-off-exact", "inv-off-s0", "inv-off-f32kv", "speedup", "MB", "GB/s",
-      "of HBM", "differ", "mma-differ", "off-differ", "exact-differ", "split", "per-request",
-      "bits");
+      "inv-off-exact", "inv-off-f32kv", "speedup", "MB", "GB/s", "of HBM", "differ", "mma-differ",
+      "off-differ", "exact-differ", "split", "per-request", "bits");
   std::vector<Row> rows;
   std::vector<int64_t> batches = {1, 16, 64, 256};
   for (size_t i = 0; i <= batches.size(); ++i) {
@@ -343,9 +332,7 @@ int run(int argc, char** argv) {
     if (row.has_split) row.mma_split_ms = time_ms([&] { call(c, true, true, "1"); });
     row.per_request_ms = time_ms([&] { call(c, true, false); });
     row.off_ms = time_ms([&] { call_invariance_off(c); });
-    row.off_s2_ms = time_ms([&] { call_invariance_off(c, 2); });
-    row.off_exact_ms = time_ms([&] { call_invariance_off(c, 1, 1); });
-    row.off_s0_ms = time_ms([&] { call_invariance_off(c, 0, 1); });
+    row.off_exact_ms = time_ms([&] { call_invariance_off(c, 1); });
     // Last: the KV rows as plain f32 values (not bf16-exact; the FMA kernels' time does not
     // depend on them).
     fill(c.new_kv, 106, 0.5f, false);
@@ -363,13 +350,12 @@ int run(int argc, char** argv) {
       std::snprintf(mma_split_column, sizeof(mma_split_column), "%8.3fms", row.mma_split_ms);
     }
     std::printf(
-        "%-14s %8.3fms %8.3fms %10s %8.3fms %10s %8.3fms %8.3fms %8.3fms %11.3fms %8.3fms "
-        "%11.3fms %7.2fx %10.1f %9.0f %8.1f%% %9.2g %10.2g %10.2g %12.2g %6s %9.3fms %s\n",
+        "%-14s %8.3fms %8.3fms %10s %8.3fms %10s %8.3fms %8.3fms %11.3fms %11.3fms %7.2fx %10.1f "
+        "%9.0f %8.1f%% %9.2g %10.2g %10.2g %12.2g %6s %9.3fms %s\n",
         row.name.c_str(), row.old_ms, row.new_ms, split_column, row.mma_ms, mma_split_column,
-        row.mma_f32_ms, row.off_ms, row.off_s2_ms, row.off_exact_ms, row.off_s0_ms, row.off_f32_ms,
-        fma_best_ms / best_ms, c.bytes / 1e6, gbps, 100.0 * gbps / read_gbps, row.difference,
-        row.mma_difference, std::max(row.off_difference, row.off_s2_difference),
-        std::max(row.off_exact_difference, row.off_s0_difference),
+        row.mma_f32_ms, row.off_ms, row.off_exact_ms, row.off_f32_ms, fma_best_ms / best_ms,
+        c.bytes / 1e6, gbps, 100.0 * gbps / read_gbps, row.difference, row.mma_difference,
+        row.off_difference, row.off_exact_difference,
         !row.has_split ? "-" : (row.split_equal ? "same" : "DIFF"), row.per_request_ms,
         row.paths_equal ? "same" : "DIFFERENT");
     rows.push_back(row);
@@ -383,20 +369,15 @@ int run(int argc, char** argv) {
                    "\"split_kv_ms\": %s, \"mma_ms\": %.5f, \"mma_split_kv_ms\": %s, "
                    "\"mma_f32_kv_ms\": %.5f, \"invariance_off_ms\": %.5f, "
                    "\"invariance_off_f32_kv_ms\": %.5f, \"invariance_off_difference\": %.3g, "
-                   "\"invariance_off_schedule2_ms\": %.5f, "
-                   "\"invariance_off_schedule2_difference\": %.3g, "
                    "\"invariance_off_exact_ms\": %.5f, "
                    "\"invariance_off_exact_difference\": %.3g, "
-                   "\"invariance_off_exact_schedule0_ms\": %.5f, "
-                   "\"invariance_off_exact_schedule0_difference\": %.3g, "
                    "\"split_bit_equal\": %s, "
                    "\"per_request_path_ms\": %.5f, \"bytes\": %.0f, \"kernel_difference\": %.3g, "
                    "\"mma_difference\": %.3g, \"paths_bit_equal\": %s}",
                    i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms,
                    r.has_split ? std::to_string(r.split_ms).c_str() : "null", r.mma_ms,
                    r.has_split ? std::to_string(r.mma_split_ms).c_str() : "null", r.mma_f32_ms,
-                   r.off_ms, r.off_f32_ms, r.off_difference, r.off_s2_ms, r.off_s2_difference,
-                   r.off_exact_ms, r.off_exact_difference, r.off_s0_ms, r.off_s0_difference,
+                   r.off_ms, r.off_f32_ms, r.off_difference, r.off_exact_ms, r.off_exact_difference,
                    r.has_split ? (r.split_equal ? "true" : "false") : "null", r.per_request_ms,
                    r.bytes, r.difference, r.mma_difference, r.paths_equal ? "true" : "false");
     }
@@ -408,13 +389,12 @@ int run(int argc, char** argv) {
   // one-term prefill kernel kOneTermDiffer).
   for (const Row& r : rows) {
     if (!(r.difference <= 2e-5) || !(r.mma_difference <= 2e-5) ||
-        !(r.off_difference <= kOneTermDiffer) || !(r.off_s2_difference <= kOneTermDiffer) ||
-        !(r.off_exact_difference <= 2e-5) || !(r.off_s0_difference <= 2e-5)) {
+        !(r.off_difference <= kOneTermDiffer) || !(r.off_exact_difference <= 2e-5)) {
       std::fprintf(stderr,
                    "cuda_attention_bench: %s: kernels differ by %.3g (FMA vs MMA %.3g, invariance "
-                   "off %.3g / %.3g, exact %.3g / %.3g)\n",
+                   "off %.3g, exact %.3g)\n",
                    r.name.c_str(), r.difference, r.mma_difference, r.off_difference,
-                   r.off_s2_difference, r.off_exact_difference, r.off_s0_difference);
+                   r.off_exact_difference);
       return 2;
     }
     if (!r.paths_equal) {

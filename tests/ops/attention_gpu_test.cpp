@@ -359,19 +359,16 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
 // ---- the prefill kernel (batch invariance off) --------------------------------------------------
 
 // The op with batch invariance `invariant` and DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS `min_tokens`
-// (nullptr: its default, 256; "1": every call) and the kernel's
-// DEEPINFER_ATTENTION_PREFILL_SCHEDULE `schedule` and DEEPINFER_ATTENTION_PREFILL_EXACT `exact`
-// (nullptr: the defaults).
+// (nullptr: its default, 256; "1": every call) and the kernel's DEEPINFER_ATTENTION_PREFILL_EXACT
+// `exact` (nullptr: the default).
 Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const char* min_tokens,
-                      const char* schedule = nullptr, const char* exact = nullptr) {
+                      const char* exact = nullptr) {
   const ScopedBatchInvariance invariance(invariant);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", min_tokens);
-  const ScopedOverride schedule_setting("DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule);
   const ScopedOverride exact_setting("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
   return run_gpu(c, d, 0, c.tokens);
 }
 
-constexpr const char* kSchedules[] = {"0", "1", "2", "3"};
 // DEEPINFER_ATTENTION_PREFILL_EXACT: one bf16 term (the default), three (exact products).
 constexpr const char* kExact[] = {"0", "1"};
 
@@ -390,21 +387,17 @@ void check_prefill(const Case& c, const std::string& what, std::optional<bool> n
   const DeviceCase d(c);
   const Tensor old_path = run_gpu(c, d, 0, c.tokens, true, "0");
   for (const char* exact : kExact) {
-    for (const char* schedule : kSchedules) {
-      const Tensor got = run_gpu_policy(c, d, false, min_tokens, schedule, exact);
-      const double error = worst_error(want, got);
-      std::printf(
-          "%s, prefill kernel schedule %s exact %s: worst error %.3g of the output's scale "
-          "(one-block kernel %.3g; tolerance %.3g)\n",
-          what.c_str(), schedule, exact, error, worst_error(want, old_path),
-          prefill_tolerance(exact));
-      EXPECT_LE(error, prefill_tolerance(exact))
-          << what << ", schedule " << schedule << ", exact " << exact;
-      if (new_bits.has_value()) {
-        EXPECT_EQ(!same_bits(got, old_path), *new_bits)
-            << what << ", schedule " << schedule << ", exact " << exact
-            << (*new_bits ? ": the prefill kernel did not run" : ": fallback bits differ");
-      }
+    const Tensor got = run_gpu_policy(c, d, false, min_tokens, exact);
+    const double error = worst_error(want, got);
+    std::printf(
+        "%s, prefill kernel exact %s: worst error %.3g of the output's scale (one-block kernel "
+        "%.3g; tolerance %.3g)\n",
+        what.c_str(), exact, error, worst_error(want, old_path), prefill_tolerance(exact));
+    EXPECT_LE(error, prefill_tolerance(exact)) << what << ", exact " << exact;
+    if (new_bits.has_value()) {
+      EXPECT_EQ(!same_bits(got, old_path), *new_bits)
+          << what << ", exact " << exact
+          << (*new_bits ? ": the prefill kernel did not run" : ": fallback bits differ");
     }
   }
 }
@@ -459,10 +452,9 @@ TEST_F(AttentionGpuTest, PrefillOffKeepsTheOldBits) {
 
 // A compressed index past the table is recorded and skipped; a bad window range is recorded and
 // its token's output is NaN (the other tokens' as before).
-void check_prefill_bad_indices(const char* schedule, const char* exact) {
+void check_prefill_bad_indices(const char* exact) {
   const ScopedBatchInvariance invariance(false);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1");
-  const ScopedOverride schedule_setting("DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule);
   const ScopedOverride exact_setting("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
   const double tolerance = prefill_tolerance(exact);
   Case c = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
@@ -500,9 +492,7 @@ void check_prefill_bad_indices(const char* schedule, const char* exact) {
 }
 
 TEST_F(AttentionGpuTest, PrefillBadIndicesAreReported) {
-  for (const char* exact : kExact) {
-    for (const char* schedule : kSchedules) check_prefill_bad_indices(schedule, exact);
-  }
+  for (const char* exact : kExact) check_prefill_bad_indices(exact);
 }
 
 // ---- the batched form -------------------------------------------------------------------------
@@ -595,11 +585,10 @@ void check_batch_against_cpu(const AttentionBatch& b, const std::string& what) {
 // The batched form on the prefill kernel: V4.1 requests (rings wrapping, chunks reading this
 // call's rows) against the CPU with bf16-exact keys; f32 keys fall back to the one-block kernel's
 // bits; invariance on keeps the old bits.
-void check_prefill_batch(const char* schedule, const char* exact_products) {
+void check_prefill_batch(const char* exact_products) {
   AttentionBatch exact = real_batch();
   attention_cases::round_batch_keys(exact, KeyValues::kBf16);
   const std::vector<Setting> prefill = {{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1"},
-                                        {"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", schedule},
                                         {"DEEPINFER_ATTENTION_PREFILL_EXACT", exact_products}};
   Tensor got, old_path;
   {
@@ -610,10 +599,9 @@ void check_prefill_batch(const char* schedule, const char* exact_products) {
   const Tensor want = cpu_batch(exact);
   const double error = worst_error(want, got);
   std::printf(
-      "batched v41 5 requests, bf16 keys, prefill kernel schedule %s exact %s: worst error %.3g "
-      "(one-block kernel %.3g; tolerance %.3g)\n",
-      schedule, exact_products, error, worst_error(want, old_path),
-      prefill_tolerance(exact_products));
+      "batched v41 5 requests, bf16 keys, prefill kernel exact %s: worst error %.3g (one-block "
+      "kernel %.3g; tolerance %.3g)\n",
+      exact_products, error, worst_error(want, old_path), prefill_tolerance(exact_products));
   EXPECT_LE(error, prefill_tolerance(exact_products));
   EXPECT_FALSE(same_bits(got, old_path)) << "the prefill kernel did not run";
   EXPECT_TRUE(same_bits(old_path, run_gpu_batch(exact, prefill))) << "invariance on";
@@ -629,9 +617,7 @@ void check_prefill_batch(const char* schedule, const char* exact_products) {
 }
 
 TEST_F(AttentionGpuTest, PrefillBatchMatchesTheCpu) {
-  for (const char* exact : kExact) {
-    for (const char* schedule : kSchedules) check_prefill_batch(schedule, exact);
-  }
+  for (const char* exact : kExact) check_prefill_batch(exact);
 }
 
 TEST_F(AttentionGpuTest, BatchMatchesTheCpu) {

@@ -1279,20 +1279,15 @@ bool prefill_kernel_chosen(const AttentionArgs& args, int64_t tokens) {
 // The prefill kernel, then the one-block tensor-core kernel for the tokens it flagged (key rows
 // that are not bf16-exact): that kernel's blocks for other tokens return at once.
 void launch_prefill(AttentionArgs args, int64_t tokens) {
-  // [schedule][exact products]: one bf16 term of each query and probability, or three.
+  // [exact products]: one bf16 term of each query and probability, or three.
   using Kernel = void (*)(AttentionArgs);
-  static constexpr Kernel kKernels[4][2] = {
-      {prefill::sink_attention_prefill_kernel<0, 1>, prefill::sink_attention_prefill_kernel<0, 3>},
-      {prefill::sink_attention_prefill_kernel<1, 1>, prefill::sink_attention_prefill_kernel<1, 3>},
-      {prefill::sink_attention_prefill_kernel<2, 1>, prefill::sink_attention_prefill_kernel<2, 3>},
-      {prefill::sink_attention_prefill_kernel<3, 1>, prefill::sink_attention_prefill_kernel<3, 3>}};
+  static constexpr Kernel kKernels[2] = {prefill::sink_attention_prefill_kernel<1>,
+                                         prefill::sink_attention_prefill_kernel<3>};
   static const bool configured = [] {
-    for (const auto& schedule : kKernels) {
-      for (const Kernel kernel : schedule) {
-        DI_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(prefill::kSharedBytes)));
-      }
+    for (const Kernel kernel : kKernels) {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(prefill::kSharedBytes)));
     }
     return true;
   }();
@@ -1303,8 +1298,7 @@ void launch_prefill(AttentionArgs args, int64_t tokens) {
   DI_CUDA_CHECK(cudaMemsetAsync(redo.as<int>(), 0, static_cast<size_t>(tokens) * sizeof(int),
                                 current_stream()));
   args.redo_tokens = redo.as<int>();
-  const Kernel kernel =
-      kKernels[prefill::kSchedule.value()][prefill::kExactProducts.enabled() ? 1 : 0];
+  const Kernel kernel = kKernels[prefill::kExactProducts.enabled() ? 1 : 0];
   kernel<<<static_cast<unsigned>(blocks), prefill::kThreads, prefill::kSharedBytes,
            current_stream()>>>(args);
   DI_CUDA_LAUNCHED(sink_attention_prefill_kernel);

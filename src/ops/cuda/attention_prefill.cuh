@@ -69,19 +69,16 @@ RuntimeSetting kMinTokens{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", 256, 0, 1 <<
 // one-term default); false (the default): one term each, FlashMLA's numerics.
 RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
 
-// The kernel's schedule (DEEPINFER_ATTENTION_PREFILL_SCHEDULE). 0: the next tile's rows are
-// resolved and loaded after the softmax and the softmax looks up which keys exist in the token's
-// selection (global memory). 1: the next tile's row is resolved before this tile's
-// scores and loaded right after them, the loading blocks publish which rows exist with the tile,
-// and the scores' MMA chains are split in two (shorter dependency chains). 2: as 1, but the next
-// tile's rows are loaded at the top of the tile (in flight during the whole tile; their row
-// pointers resolved a tile earlier still), and the cluster barrier is split: each block arrives
-// once it has written the next tile and waits at the top of that tile, after issuing its loads.
-// 3 (the default): as 2, and a tile without any key present (the selection's -1 entries) skips its
+// The kernel's schedule (schedules 0-2, each measured slower on the H200 and removed after
+// 2026-12-02: docs/BENCHMARKS.md, "Batch invariance off: attention's prefill kernel"): the next
+// tile's row is resolved a tile before its load and its rows are loaded at the top of the tile
+// (in flight during the whole tile), the loading blocks publish which rows exist with the tile,
+// the scores' MMA chains are split in two (shorter dependency chains), and the cluster barrier is
+// split: each block arrives once it has written the next tile and waits at the top of that tile,
+// after issuing its loads. A tile without any key present (the selection's -1 entries) skips its
 // scores, softmax and weighted sum (every block sees the same presence flags; such a tile would
-// change nothing), and the one-term kernel's softmax runs in base 2 (ex2.approx: its 2^-22 error is
-// far below the probabilities' bf16 rounding).
-RuntimeSetting kSchedule{"DEEPINFER_ATTENTION_PREFILL_SCHEDULE", 3, 0, 3};
+// change nothing), and the one-term kernel's softmax runs in base 2 (ex2.approx: its 2^-22 error
+// is far below the probabilities' bf16 rounding).
 
 // 2^x (ex2.approx.ftz: -inf gives 0).
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -96,13 +93,6 @@ __device__ __forceinline__ void cluster_arrive() {
 
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ bool key_present(const TokenKeys& keys, int64_t slot) {
-  if (slot < keys.window_count) return true;
-  if (slot >= keys.total()) return false;
-  const int32_t j = keys.selected[slot - keys.window_count];
-  return j >= 0 && j < keys.compressed_rows;
 }
 
 __device__ __forceinline__ const float* key_row(const AttentionArgs& args, const TokenKeys& keys,
@@ -136,7 +126,7 @@ __device__ __forceinline__ void mma_terms(const uint32_t (&a)[kTerms][4], uint32
 // One block per (token, 16 heads); the 4 blocks of a token are one cluster (rank = head group).
 // kTerms: the bf16 terms of a query or probability value (1 to 3); with more than one the
 // smallest query term lives in shared memory (registers: see Shared).
-template <int kEarly, int kTerms>
+template <int kTerms>
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 2)
     sink_attention_prefill_kernel(AttentionArgs args) {
   extern __shared__ float4 shared_quads[];
@@ -185,8 +175,8 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
       }
     }
   }
-  // Schedule 3 with one term: the softmax in base 2 (scores and maxima times log2 e).
-  constexpr bool kBase2 = kEarly == 3 && kTerms == 1;
+  // One term: the softmax in base 2 (scores and maxima times log2 e).
+  constexpr bool kBase2 = kTerms == 1;
   constexpr float kLog2e = 1.4426950408889634f;
   const float score_scale = kBase2 ? args.scale * kLog2e : args.scale;
   const auto exponential = [](float x) { return kBase2 ? exp2_approx(x) : expf(x); };
@@ -252,47 +242,39 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     load_tile(0);
     store_tile(0);
   }
-  // Schedule 2: the row of the tile after the one being loaded (a tile ahead of its load).
-  const float* ahead_row =
-      kEarly >= 2 && tiles > 1 ? key_row(args, keys, kKeys + load_row) : nullptr;
+  // The row of the tile after the one being loaded (a tile ahead of its load).
+  const float* ahead_row = tiles > 1 ? key_row(args, keys, kKeys + load_row) : nullptr;
   cluster.sync();  // tile 0 in every block
 
   bool redo = false;
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buffer = static_cast<int>(tile & 1);
     const bool more = tile + 1 < tiles;
-    if constexpr (kEarly >= 2) {
-      // Registers only (the staged rows were stored at the end of the last tile): before the
-      // wait for the other blocks' stores of this tile.
-      if (more) {
-        load_rows(ahead_row);
-        ahead_row = tile + 2 < tiles ? key_row(args, keys, (tile + 2) * kKeys + load_row) : nullptr;
-      }
-      if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
+    // Registers only (the staged rows were stored at the end of the last tile): before the wait
+    // for the other blocks' stores of this tile.
+    if (more) {
+      load_rows(ahead_row);
+      ahead_row = tile + 2 < tiles ? key_row(args, keys, (tile + 2) * kKeys + load_row) : nullptr;
     }
+    if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
     // The same flag in every block of the cluster: all stop at the same tile, before any block
     // writes the next one.
     if (shared.inexact[buffer] != 0) {
       redo = true;
       break;
     }
-    if constexpr (kEarly == 3) {
-      // No key of the tile present (the same flags in every block): nothing to add; the next
-      // tile's rows still go out and the barriers stay in step.
-      if (!__any_sync(0xFFFFFFFFu, shared.present[buffer][lane] != 0)) {
-        __syncthreads();  // every thread has read inexact[buffer]
-        if (tid == 0) shared.inexact[buffer] = 0;
-        if (more) {
-          store_tile(buffer ^ 1);
-          cluster_arrive();
-        }
-        continue;
+    // No key of the tile present (the same flags in every block): nothing to add; the next
+    // tile's rows still go out and the barriers stay in step.
+    if (!__any_sync(0xFFFFFFFFu, shared.present[buffer][lane] != 0)) {
+      __syncthreads();  // every thread has read inexact[buffer]
+      if (tid == 0) shared.inexact[buffer] = 0;
+      if (more) {
+        store_tile(buffer ^ 1);
+        cluster_arrive();
       }
+      continue;
     }
     const uint32_t tile_base = shared_address(&shared.keys[buffer][0][0]);
-    // Schedule 1: the next tile's row (a selected entry's index read) before the scores.
-    const float* next_row =
-        kEarly == 1 && more ? key_row(args, keys, (tile + 1) * kKeys + load_row) : nullptr;
 
     // Scores over this warp's 64 columns: key tile j (8 keys) is the MMA's N. The smallest
     // query term is read from shared memory where it is used (registers: see Shared).
@@ -302,7 +284,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         float chains[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
         for (int pair = 0; pair < kSteps / 2; ++pair) {
-          float(&d)[4] = chains[kEarly != 0 ? pair : 0];
+          float(&d)[4] = chains[pair];
           // Matrices: keys 8 j + [0, 8) x columns 64 warp + 32 pair + 8 m, m = lane / 8.
           const int row = 8 * j + (lane & 7);
           const int column = warp * kWarpColumns + 32 * pair + 8 * (lane >> 3);
@@ -330,7 +312,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         float d[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          d[i] = kEarly != 0 ? __fadd_rn(chains[0][i], chains[1][i]) : chains[0][i];
+          d[i] = __fadd_rn(chains[0][i], chains[1][i]);
         }
         *reinterpret_cast<float2*>(&shared.partial_scores[warp][group][8 * j + 2 * quad]) =
             make_float2(d[0], d[1]);
@@ -339,14 +321,12 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
             make_float2(d[2], d[3]);
       }
     }
-    if (kEarly == 1 && more) load_rows(next_row);
     __syncthreads();  // partial scores written; every thread has read inexact[buffer]
     if (tid == 0) shared.inexact[buffer] = 0;  // for the tile after next (written after a barrier)
 
     // Softmax: warp w updates heads 2w and 2w + 1, a lane per key.
     {
-      const bool present =
-          kEarly != 0 ? shared.present[buffer][lane] != 0 : key_present(keys, tile * kKeys + lane);
+      const bool present = shared.present[buffer][lane] != 0;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int head = 2 * warp + i;
@@ -368,8 +348,6 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         }
       }
     }
-    // The next tile's rows in flight during this tile's weighted sum.
-    if (kEarly == 0 && more) load_tile(tile + 1);
     __syncthreads();
 
     // Weighted sum: this warp's 16 heads x 64 columns, the tile's 32 keys as two K steps.
@@ -428,16 +406,12 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     }
     if (more) store_tile(buffer ^ 1);
     // The next tile in every block; every block done with this tile's buffer, scores and probs.
-    if constexpr (kEarly >= 2) {
-      // The last tile: no block writes another's shared memory any more; the denominators are
-      // this block's own.
-      if (more) {
-        cluster_arrive();
-      } else {
-        __syncthreads();
-      }
+    // The last tile: no block writes another's shared memory any more; the denominators are this
+    // block's own.
+    if (more) {
+      cluster_arrive();
     } else {
-      cluster.sync();
+      __syncthreads();
     }
   }
 
