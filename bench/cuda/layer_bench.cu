@@ -629,19 +629,25 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 
 // The routed experts with batch invariance off (ops::batch_invariant() false): at prefill the
 // wgmma tile (moe_prefill_wgmma.h), folding once per 128 of K (the default) or, for comparison,
-// per 32-block (its first version); decode batches keep the invariant kernels.
+// per 32-block (its first version); decode batches (fewer than 16 rows per expert) take the
+// wgmma decode tile (DEEPINFER_MOE_WGMMA_DECODE=2, the default), or for comparison the mma.sync
+// decode tile (0) or the prefill tiles (1).
 struct NonInvariantRun {
   const char* impl;
   int fold;                // DEEPINFER_MOE_WGMMA_FOLD
   bool register_a;         // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool row_scale = false;  // DEEPINFER_MOE_WGMMA_ROW_SCALE (the register tile, row-wide scales)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
+  int wgmma_decode = 2;             // DEEPINFER_MOE_WGMMA_DECODE
 };
-constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128, true},
-                                                 {"ours, off, row scale", 128, true, true},
-                                                 {"ours, off, sw quant", 128, true, false, true},
-                                                 {"ours, off, smem weights", 128, false},
-                                                 {"ours, off, fold 32", 32, true}};
+constexpr NonInvariantRun kNonInvariantRuns[] = {
+    {"ours, inv. off", 128, true},
+    {"ours, off, row scale", 128, true, true},
+    {"ours, off, sw quant", 128, true, false, true},
+    {"ours, off, smem weights", 128, false},
+    {"ours, off, fold 32", 32, true},
+    {"ours, off, decode mma.sync", 128, true, false, false, 0},
+    {"ours, off, decode prefill tiles", 128, true, false, false, 1}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -650,6 +656,7 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
   const rt::ScopedSwitch row_scale("DEEPINFER_MOE_WGMMA_ROW_SCALE", run.row_scale);
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
+  const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", run.wgmma_decode);
   return time_ms(call);
 }
 

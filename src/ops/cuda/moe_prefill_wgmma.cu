@@ -1349,6 +1349,359 @@ void launch_kernel(const PrefillWgmmaArgs& args, unsigned blocks, const PrefillT
   DI_CUDA_LAUNCHED(prefill_wgmma_kernel);
 }
 
+// ---- decode: the fold-per-128 register tile shaped for a few tokens per expert -------------
+// In decode an expert sees a few tokens (b256: 1536 rows over ~376 of the 384 experts, ~4 each)
+// and the GEMM streams each expert's weights once, so its time is the weight bytes over HBM as
+// long as enough of them are in flight and the SMs issue the conversion fast enough.
+// register_a's 128-row x 32-token tile (the prefill tile list's small tiles) keeps one block per
+// SM, drains its copy pipeline at the end of every item (a w2 item is 18 steps) and folds 32
+// token columns for ~4 real ones. Here a block is one warpgroup: 64 weight rows x a tile of 16 (or
+// 8) tokens, kBlocksPerSm blocks per SM with kCopyAhead steps of copies in flight each, so one
+// block's ramp overlaps the others' streams. A thread's work on a step is register_a's: two rows'
+// four fp4 words of each 32-block converted into the A registers against the step's largest
+// exponent (the same table, the same codes), the step's four k32 wgmmas chained in one
+// accumulator (m64n16k32 / m64n8k32 with the tokens from shared memory, the same K slots), and
+// the same fold, element for element, in ascending K: the same bits as the prefill tiles.
+namespace decode_a {
+
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kRows = kWarpgroupRows;
+static_assert(kRows == kDecodeTileRows, "the host's item count");
+constexpr int kBlocksPerSm = 4;
+constexpr int kStages = 8;
+// Step s refills the slot step s - 1 used (every thread waited for its wgmmas and folded it
+// before step s's barrier) with step s + 7, as register_a's ring.
+constexpr int kCopyAhead = kStages - 1;
+constexpr int kMaxTokens = kDecodeBigTileTokens;
+// Two rings of kStages slots: the tokens' e4m3 lines (swizzled, wgmma's B: 2 KB, two swizzle
+// atoms), and the rest of a step: the 64 raw fp4 rows (register_a::raw_chunk's layout), their
+// four ue8m0 codes and the tokens' f32 step scales (token order).
+constexpr int kTokenSlotBytes = kMaxTokens * kStepK;
+constexpr int kRawWeightOffset = 0;
+constexpr int kWeightCodesOffset = kRawWeightOffset + kRows * kStepK / 2;
+constexpr int kTokenScalesOffset = kWeightCodesOffset + kRows * kStepBlocks;
+constexpr int kWeightSlotBytes = kTokenScalesOffset + kMaxTokens * 4;
+constexpr int kWeightRingOffset = kStages * kTokenSlotBytes;
+constexpr int kShiftTableOffset = kWeightRingOffset + kStages * kWeightSlotBytes;
+constexpr int kSharedBytes = kShiftTableOffset + fold128::kShiftTableBytes;
+constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
+static_assert(kTokenSlotBytes % kSwizzleAtom == 0 && kWeightRingOffset % kSwizzleAtom == 0,
+              "the token lines start on swizzle atoms");
+static_assert(kWeightSlotBytes % 16 == 0 && kShiftTableOffset % 8 == 0,
+              "16-byte copies into the weight slots, 8-byte reads of the shift table");
+// Each block also holds the 1 KB the system reserves.
+static_assert(kBlocksPerSm * (kSharedAllocation + 1024) <= 228 * 1024, "kBlocksPerSm per SM");
+static_assert(kRows + kMaxTokens <= kThreads,
+              "one thread per weight row and per token copies a step's scales");
+static_assert(kCopyAhead >= 2 && kCopyAhead <= kStages - 1, "the slot schedule of register_a");
+
+// d (64 x kTokens) = A . B (kFresh) or d + A . B, A from registers (the mma.sync m16n8k32 A
+// fragment per warp), B from a descriptor: register_a's wgmma_rs at N = 16 and 8.
+template <int kTokens, bool kFresh>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kTokens / 2], const uint32_t (&a)[4],
+                                         uint64_t b) {
+  static_assert(kTokens == 16 || kTokens == 8, "the decode token tiles");
+  if constexpr (kTokens == 16) {
+    if constexpr (kFresh) {
+      asm volatile(
+          "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+          "%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, accumulate, 1, 1;\n}\n"
+          : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+            "=f"(d[7])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
+          "%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, accumulate, 1, 1;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+            "+f"(d[7])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+          : "memory");
+    }
+  } else {
+    if constexpr (kFresh) {
+      asm volatile(
+          "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {"
+          "%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, accumulate, 1, 1;\n}\n"
+          : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {"
+          "%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, accumulate, 1, 1;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+          : "memory");
+    }
+  }
+}
+
+// d = the bytes of a and b (0-3, 4-7) selected by the four nibbles of `selector`'s low 16 bits,
+// each nibble's bit 3 clear (PTX prmt's default mode; __byte_perm ignores bit 3, so the compiler
+// masks every selector with 0x7777 first).
+__device__ __forceinline__ uint32_t select_bytes(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+
+// fold128::e2m1x8_to_e4m3_shifted's codes (the same bytes, so the same bits) in 9 instructions
+// instead of ~15: the magnitudes of bytes 0-1 (nibbles K 8t .. 8t + 3 in K order) and of bytes
+// 2-3 are already four 3-bit selectors each, so two table lookups give the shifted codes of K
+// 8t .. 8t + 3 and 8t + 4 .. 8t + 7, and two byte permutations split them into the even K
+// (`low`, K 8t + 2i in byte i) and the odd (`high`); the sign bits only move to bit 7.
+__device__ __forceinline__ void e2m1x8_to_e4m3_shifted_by_pairs(uint32_t codes, uint2 table,
+                                                                uint32_t& low, uint32_t& high) {
+  const uint32_t magnitudes = codes & 0x77777777u;
+  const uint32_t first = select_bytes(table.x, table.y, magnitudes);
+  const uint32_t second = select_bytes(table.x, table.y, magnitudes >> 16);
+  low = __byte_perm(first, second, 0x6420) | ((codes << 4) & 0x80808080u);
+  high = __byte_perm(first, second, 0x7531) | (codes & 0x80808080u);
+}
+
+// One work item: weight rows [64 row_tile, +64) of args' table times one token tile of kTokens.
+// The schedule is register_a's run_step: wait for this thread's copies of step s + 1, fence and
+// barrier (they are visible to all and to the async proxy; step s - 1's slot is free), issue
+// step s, refill step s - 1's slot with step s + kCopyAhead, convert step s + 1 into the other
+// register set while step s runs, wait, fold.
+template <int kTokens>
+__device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
+                                            const PrefillTokenTile& tile, int row_tile,
+                                            uint8_t* shared) {
+  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
+  TileRows rows;
+  rows.n_first = static_cast<int64_t>(row_tile) * kRows;
+  rows.tokens = min(tile.end - tile.first, kTokens);
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  if (args.experts != nullptr) {
+    rows.weight = args.experts[tile.expert].bytes + rows.n_first * w_row_bytes;
+    rows.w_scales = args.experts[tile.expert].scale + rows.n_first * k_blocks;
+  } else {
+    const int64_t first = tile.expert * args.n + rows.n_first;
+    rows.weight = args.weight + first * w_row_bytes;
+    rows.w_scales = args.w_scales + first * k_blocks;
+  }
+  const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  // This thread's accumulator rows within the item: row and row + 8.
+  const int row = (thread / 32) * 16 + group;
+  const int steps = static_cast<int>(args.k / kStepK);
+  // Tokens past the tile's rows load the last row and are never stored (as the other tiles).
+  const auto token_row = [&](int token) -> int64_t {
+    return tile.first + min(token, rows.tokens - 1);
+  };
+  const auto token_slot = [&](int step) { return shared + (step % kStages) * kTokenSlotBytes; };
+  const auto weight_slot = [&](int step) {
+    return shared + kWeightRingOffset + (step % kStages) * kWeightSlotBytes;
+  };
+  const uint2* shift_table = reinterpret_cast<const uint2*>(shared + kShiftTableOffset);
+
+  // This thread's copies of a step, addresses worked out once an item (register_a's): weight
+  // chunks thread + 128 i (row thread / 4 + 32 i, chunk thread % 4), token chunk `thread` (token
+  // thread / 8, chunk thread % 8; the 8-token tile has 64) and one scale word.
+  constexpr int kWeightCopies = kRows * (kStepK / 2) / 16 / kThreads;
+  constexpr int kWeightRowStep = kThreads / 4;
+  constexpr int kTokenChunks = kTokens * kStepK / 16;
+  static_assert(kWeightCopies * kThreads * 16 == kRows * (kStepK / 2) && kTokenChunks <= kThreads,
+                "every thread copies two weight chunks and at most one token chunk a step");
+  const int weight_row = thread >> 2;
+  const int weight_chunk = thread & 3;
+  const uint32_t weight_shared = kRawWeightOffset + register_a::raw_chunk(weight_row, weight_chunk);
+  const uint8_t* weight_global = rows.weight + weight_row * w_row_bytes + weight_chunk * 16;
+  const int64_t weight_global_step = kWeightRowStep * w_row_bytes;
+  const bool copies_token_chunk = thread < kTokenChunks;
+  const int chunk_token = thread >> 3;
+  const int token_chunk = thread & 7;
+  const uint32_t token_shared = chunk_token * kStepK + ((token_chunk ^ (chunk_token & 7)) << 4);
+  const uint8_t* token_global = args.x_codes + token_row(chunk_token) * args.k + token_chunk * 16;
+  const bool copies_row_codes = thread < kRows;
+  const bool copies_token_scale = !copies_row_codes && thread - kRows < kTokens;
+  const uint8_t* row_codes_global = rows.w_scales + (copies_row_codes ? thread : 0) * k_blocks;
+  const float* token_scale_global =
+      args.x_step_scales + token_row(copies_token_scale ? thread - kRows : 0) * steps;
+  const uint32_t scale_shared =
+      copies_row_codes ? kWeightCodesOffset + thread * kStepBlocks
+                       : kTokenScalesOffset + (copies_token_scale ? thread - kRows : 0) * 4;
+
+  // The sources of the next step to copy, advanced a step at a time: loop-carried, so the
+  // compiler keeps them in registers (written as base + step * stride, ptxas recomputed the
+  // 64-bit products every step: ~60 of ~350 instructions a step in the SASS).
+  struct CopySources {
+    const uint8_t* weights;
+    const uint8_t* tokens;
+    const uint8_t* scale;  // the row's codes or the token's step scale
+  };
+  const uint8_t* scale_global =
+      copies_row_codes ? row_codes_global : reinterpret_cast<const uint8_t*>(token_scale_global);
+  const int scale_step_bytes = copies_row_codes ? kStepBlocks : 4;
+  CopySources sources{weight_global, token_global, scale_global};
+  uint32_t shared_offsets[3] = {weight_shared, token_shared, scale_shared};
+  const auto copy_stage = [&](int step) {
+    const uint32_t weight_base = shared_address(weight_slot(step));
+#pragma unroll
+    for (int i = 0; i < kWeightCopies; ++i) {
+      copy_16_async(weight_base + shared_offsets[0] + i * kWeightRowStep * (kStepK / 2),
+                    sources.weights + i * weight_global_step);
+    }
+    if (copies_token_chunk) {
+      copy_16_async(shared_address(token_slot(step)) + shared_offsets[1], sources.tokens);
+    }
+    if (copies_row_codes || copies_token_scale) {
+      copy_4_async(weight_base + shared_offsets[2], sources.scale);
+    }
+  };
+  const auto advance_sources = [&] {
+    sources.weights += kStepK / 2;
+    sources.tokens += kStepK;
+    sources.scale += scale_step_bytes;
+    // Opaque to the compiler: kept in registers rather than recomputed (~30 instructions) a step.
+#pragma unroll
+    for (int i = 0; i < 3; ++i) asm volatile("" : "+r"(shared_offsets[i]));
+  };
+
+  // A landed slot -> this thread's A registers and rows' scales of the step (register_a's
+  // convert_step with the step's own exponents, element for element).
+  const auto convert_step = [&](int step, register_a::StepWeights& weights) {
+    const uint8_t* base = weight_slot(step);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row + 8 * half;
+      const uint32_t codes =
+          *reinterpret_cast<const uint32_t*>(base + kWeightCodesOffset + r * kStepBlocks);
+      const uint32_t top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
+                               max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
+      const float scale =
+          deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) * fold128::kWeightShiftRescale;
+      if (half == 0) {
+        weights.scale_lo = scale;
+      } else {
+        weights.scale_hi = scale;
+      }
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        const uint32_t shift =
+            min(top - fold128::byte_of(codes, b), static_cast<uint32_t>(fold128::kFlushShift));
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(
+            base + kRawWeightOffset + register_a::raw_chunk(r, b) + 4 * quad);
+        e2m1x8_to_e4m3_shifted_by_pairs(word, shift_table[shift], weights.a[b][half],
+                                        weights.a[b][2 + half]);
+      }
+    }
+  };
+
+  float acc[kPartial] = {};
+  float partial[kPartial];
+  // acc += d * (x_step_scale * w_step_scale), register_a's fold: tokens 8 j + 2 quad + {0, 1}.
+  const auto fold = [&](int step, const register_a::StepWeights& weights) {
+    const auto* token_scales =
+        reinterpret_cast<const float*>(weight_slot(step) + kTokenScalesOffset);
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+      const float2 x_scales = *reinterpret_cast<const float2*>(token_scales + 8 * j + 2 * quad);
+      acc[4 * j + 0] += partial[4 * j + 0] * (x_scales.x * weights.scale_lo);
+      acc[4 * j + 1] += partial[4 * j + 1] * (x_scales.y * weights.scale_lo);
+      acc[4 * j + 2] += partial[4 * j + 2] * (x_scales.x * weights.scale_hi);
+      acc[4 * j + 3] += partial[4 * j + 3] * (x_scales.y * weights.scale_hi);
+    }
+  };
+
+  const auto issue_step = [&](int step, register_a::StepWeights& weights) {
+    const uint32_t codes_address = shared_address(token_slot(step));
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(weights.a[b]);
+    wgmma_fence();  // the A registers were written, the partial read by the last fold
+    wgmma_rs<kTokens, true>(partial, weights.a[0], swizzled_operand(codes_address));
+#pragma unroll
+    for (int b = 1; b < kStepBlocks; ++b) {
+      wgmma_rs<kTokens, false>(partial, weights.a[b],
+                               swizzled_operand(codes_address + b * kScaleBlock));
+    }
+    wgmma_commit();
+  };
+
+  const auto run_step = [&](int step, register_a::StepWeights& current,
+                            register_a::StepWeights& next) {
+    if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
+    fence_shared_for_wgmma();
+    __syncthreads();
+    issue_step(step, current);
+    if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
+    advance_sources();
+    commit_copies();
+    if (step + 1 < steps) convert_step(step + 1, next);
+    wgmma_wait<0>();
+    hold_after_wait(partial);
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(current.a[b]);
+    fold(step, current);
+  };
+
+#pragma unroll
+  for (int s = 0; s < kCopyAhead; ++s) {
+    if (s < steps) copy_stage(s);
+    advance_sources();
+    commit_copies();
+  }
+  wait_copies<kCopyAhead - 1>();  // step 0
+  __syncthreads();
+  register_a::StepWeights weights[2];
+  convert_step(0, weights[0]);
+  // Two steps an iteration: the register sets alternate by name, not by a run-time index.
+  for (int step = 0; step < steps; step += 2) {
+    run_step(step, weights[0], weights[1]);
+    if (step + 1 < steps) run_step(step + 1, weights[1], weights[0]);
+  }
+  store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
+}
+
+// Persistent blocks walk the items (token tile, table, 64 weight rows; weight rows fastest, as
+// for_each_prefill_item) in list order, so the items in flight share few experts' weights.
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    decode_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
+                        const int* tile_count) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t dynamic_shared[];
+  uint8_t* shared = align_to_swizzle_atom(dynamic_shared);
+  fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + kShiftTableOffset));
+  __syncthreads();
+  const int row_tiles = static_cast<int>(args.n / kRows);
+  const int64_t items_per_tile = (args.second_out != nullptr ? 2 : 1) * row_tiles;
+  const int64_t items = static_cast<int64_t>(*tile_count) * items_per_tile;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const PrefillTokenTile tile = tiles[item / items_per_tile];
+    const int in_tile = static_cast<int>(item % items_per_tile);
+    PrefillWgmmaArgs table = args;
+    if (in_tile >= row_tiles) {
+      table.experts = args.second_experts;
+      table.out = args.second_out;
+    }
+    if (tile.small != 0) {
+      decode_tile<kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles, shared);
+    } else {
+      decode_tile<kDecodeBigTileTokens>(table, tile, in_tile % row_tiles, shared);
+    }
+    // The next item's first copies overwrite slots that slow warps may still read.
+    __syncthreads();
+  }
+#else
+  (void)args;
+  (void)tiles;
+  (void)tile_count;
+  __trap();  // the host launches it on sm_90 only
+#endif
+}
+
+}  // namespace decode_a
+
 }  // namespace
 
 WgmmaFold moe_wgmma_fold() {
@@ -1383,6 +1736,34 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
   } else {
     launch_kernel<TileKind::kFold128>(args, blocks, tiles, tile_count);
   }
+}
+
+void launch_moe_decode_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles,
+                             const int* tile_count, int64_t max_tiles) {
+  DI_CHECK(args.n % decode_a::kRows == 0 && args.k % kStepK == 0, "launch_moe_decode_wgmma: N ",
+           args.n, " and K ", args.k, " must be multiples of ", decode_a::kRows, " and ", kStepK);
+  DI_CHECK(
+      args.second_out == nullptr || (args.experts != nullptr && args.second_experts != nullptr),
+      "launch_moe_decode_wgmma: a second table needs both tables' expert weights");
+  int device = 0;
+  int sms = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&device));
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t tables = args.second_out != nullptr ? 2 : 1;
+  const int64_t max_items = max_tiles * tables * (args.n / decode_a::kRows);
+  const auto blocks = static_cast<unsigned>(
+      std::min<int64_t>(max_items, static_cast<int64_t>(sms) * decode_a::kBlocksPerSm));
+  if (blocks == 0) return;
+  static const bool configured = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_a::decode_wgmma_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       decode_a::kSharedAllocation));
+    return true;
+  }();
+  (void)configured;
+  decode_a::decode_wgmma_kernel<<<blocks, decode_a::kThreads, decode_a::kSharedAllocation,
+                                  current_stream()>>>(args, tiles, tile_count);
+  DI_CUDA_LAUNCHED(decode_wgmma_kernel);
 }
 
 template <bool kSwiglu>
