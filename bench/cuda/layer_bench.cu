@@ -631,15 +631,17 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 // The routed experts with batch invariance off (ops::batch_invariant() false): at prefill the
 // wgmma tile (moe_prefill_wgmma.h), folding once per 128 of K (the default) or, for comparison,
 // per 32-block (its first version); decode batches (fewer than 16 rows per expert) take the
-// wgmma decode tile (DEEPINFER_MOE_WGMMA_DECODE=2, the default), or for comparison the mma.sync
-// decode tile (0) or the prefill tiles (1).
+// wgmma decode tile from 1024 rows on and the mma.sync decode tile below
+// (DEEPINFER_MOE_WGMMA_DECODE unset), or for comparison always the mma.sync decode tile (0), the
+// prefill tiles (1) or the wgmma decode tile (2, with 2-step copy slots or
+// DEEPINFER_MOE_DECODE_WGMMA_SLOT's 1 or 4).
 struct NonInvariantRun {
   const char* impl;
   int fold;                // DEEPINFER_MOE_WGMMA_FOLD
   bool register_a;         // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool row_scale = false;  // DEEPINFER_MOE_WGMMA_ROW_SCALE (the register tile, row-wide scales)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
-  int wgmma_decode = 2;             // DEEPINFER_MOE_WGMMA_DECODE
+  int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
   int decode_slot = 2;              // DEEPINFER_MOE_DECODE_WGMMA_SLOT (K steps a copy slot)
 };
 constexpr NonInvariantRun kNonInvariantRuns[] = {
@@ -650,6 +652,7 @@ constexpr NonInvariantRun kNonInvariantRuns[] = {
     {"ours, off, fold 32", 32, true},
     {"ours, off, decode mma.sync", 128, true, false, false, 0},
     {"ours, off, decode prefill tiles", 128, true, false, false, 1},
+    {"ours, off, decode wgmma", 128, true, false, false, 2},
     {"ours, off, decode 1-step slots", 128, true, false, false, 2, 1},
     {"ours, off, decode 4-step slots", 128, true, false, false, 2, 4}};
 

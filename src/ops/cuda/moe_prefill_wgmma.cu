@@ -1358,9 +1358,9 @@ void launch_kernel(const PrefillWgmmaArgs& args, unsigned blocks, const PrefillT
 // register_a's 128-row x 32-token tile (the prefill tile list's small tiles) keeps one block per
 // SM, drains its copy pipeline at the end of every item (a w2 item is 18 steps) and folds 32
 // token columns for ~4 real ones. Here a block is one warpgroup: 64 weight rows x a tile of 16 (or
-// 8) tokens, kBlocksPerSm blocks per SM with kCopyAhead steps of copies in flight each, so one
-// block's ramp overlaps the others' streams. A thread's work on a step is register_a's: two rows'
-// four fp4 words of each 32-block converted into the A registers against the step's largest
+// 8) tokens, several blocks per SM with several K steps of copies in flight each (DecodeShape),
+// so one block's ramp overlaps the others' streams. A thread's work on a step is register_a's: two
+// rows' four fp4 words of each 32-block converted into the A registers against the step's largest
 // exponent (the same table, the same codes), the step's four k32 wgmmas chained in one
 // accumulator (m64n16k32 / m64n8k32 with the tokens from shared memory, the same K slots), and
 // the same fold, element for element, in ascending K: the same bits as the prefill tiles.
@@ -1773,7 +1773,15 @@ __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
 }
 
 // The shapes DEEPINFER_MOE_DECODE_WGMMA_SLOT chooses from (steps a slot: 1, 2 or 4), each with
-// kSlotsAhead x 4 kSteps KB of weight copies in flight a block, 96 KB an SM.
+// kSlotsAhead x 4 kSteps KB of weight copies in flight a block, 96 KB an SM. On the H200
+// (cuda_layer_bench, one layer's w1|w3 + w2, ms at b1 / b16 / b64 / b256, 2026-12-02): 1-step
+// slots 0.0925 / 0.7485 / 2.0402 / 3.1034, 2-step (the default) 0.0844 / 0.6868 / 1.9057 /
+// 2.8934, 4-step (2 blocks an SM) 0.0986 / 0.8802 / 2.4276 / 3.6364. Per step a warp issues
+// ~244 instructions with 8 tokens, ~261 with 16 (2-step slots, scripts/cuda/sass.sh: ~82 convert
+// the fp4 codes, ~36 find the shifts and read their table entries, ~35 uniform ones rebuild the
+// wgmma descriptors, ~25 copy), at ~0.5 instructions a cycle per scheduler: the tile is bound by
+// the SM (fewer warps an SM was slower), not by the weight stream, which alone reaches the HBM
+// floor in 128-byte pieces a row (the layer bench's "stream 128 B/row" rows).
 using OneStepSlots = DecodeShape<1, 8, 4>;
 using TwoStepSlots = DecodeShape<2, 4, 4>;
 using FourStepSlots = DecodeShape<4, 4, 2>;
