@@ -42,6 +42,7 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/linear_bf16_mma.h"
 #include "ops/cuda/linear_cublaslt.h"
@@ -635,19 +636,31 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 
 // The routed experts with batch invariance off (ops::batch_invariant() false): at prefill the
 // wgmma tile (moe_prefill_wgmma.h), folding once per 128 of K (the default) or, for comparison,
-// per 32-block (its first version); decode batches keep the invariant kernels.
+// per 32-block (its first version); decode batches (fewer than 16 rows per expert) take the
+// wgmma decode tile from 1024 rows on and the mma.sync decode tile below
+// (DEEPINFER_MOE_WGMMA_DECODE unset), or for comparison always the mma.sync decode tile (0), the
+// prefill tiles (1) or the wgmma decode tile (2, with 2-step copy slots or
+// DEEPINFER_MOE_DECODE_WGMMA_SLOT's 1 or 4).
 struct NonInvariantRun {
   const char* impl;
   int fold;                // DEEPINFER_MOE_WGMMA_FOLD
   bool register_a;         // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool row_scale = false;  // DEEPINFER_MOE_WGMMA_ROW_SCALE (the register tile, row-wide scales)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
+  int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
+  int decode_slot = 2;              // DEEPINFER_MOE_DECODE_WGMMA_SLOT (K steps a copy slot)
 };
-constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128, true},
-                                                 {"ours, off, row scale", 128, true, true},
-                                                 {"ours, off, sw quant", 128, true, false, true},
-                                                 {"ours, off, smem weights", 128, false},
-                                                 {"ours, off, fold 32", 32, true}};
+constexpr NonInvariantRun kNonInvariantRuns[] = {
+    {"ours, inv. off", 128, true},
+    {"ours, off, row scale", 128, true, true},
+    {"ours, off, sw quant", 128, true, false, true},
+    {"ours, off, smem weights", 128, false},
+    {"ours, off, fold 32", 32, true},
+    {"ours, off, decode mma.sync", 128, true, false, false, 0},
+    {"ours, off, decode prefill tiles", 128, true, false, false, 1},
+    {"ours, off, decode wgmma", 128, true, false, false, 2},
+    {"ours, off, decode 1-step slots", 128, true, false, false, 2, 1},
+    {"ours, off, decode 4-step slots", 128, true, false, false, 2, 4}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -656,6 +669,8 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
   const rt::ScopedSwitch row_scale("DEEPINFER_MOE_WGMMA_ROW_SCALE", run.row_scale);
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
+  const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", run.wgmma_decode);
+  const rt::ScopedSetting slot("DEEPINFER_MOE_DECODE_WGMMA_SLOT", run.decode_slot);
   return time_ms(call);
 }
 
@@ -745,6 +760,75 @@ void bench_moe_op(const Roofline& roof) {
   }
 }
 
+// The decode tiles' weight stream without their arithmetic: blocks of 128 threads (4 an SM) walk
+// (active expert, 64 weight rows) items and stream each item's rows through a cp.async ring in
+// pieces of kPieceBytes a row (64: the wgmma decode tile's one-step slots; 128: its two-step
+// ones, and the mma.sync decode tile's chunks; 256: four-step slots), waiting for each piece and
+// meeting at a barrier, with kFence the tiles' fence.proxy.async after every wait. What the memory
+// system gives that access pattern, for the GEMMs' rows to compare with.
+template <int kPieceBytes, bool kFence>
+__global__ void __launch_bounds__(128, 4)
+    stream_rows_kernel(const uint8_t* weight, const int32_t* active, int active_count, int64_t n,
+                       int64_t row_bytes, unsigned* sink) {
+  constexpr int kSlotBytes = 64 * kPieceBytes;
+  constexpr int kSlots = kPieceBytes == 64 ? 8 : kPieceBytes == 128 ? 6 : 3;
+  constexpr int kChunksPerRow = kPieceBytes / 16;
+  constexpr int kCopies = 64 * kChunksPerRow / 128;
+  extern __shared__ __align__(128) uint8_t ring[];
+  const int thread = static_cast<int>(threadIdx.x);
+  const int64_t items_per_expert = n / 64;
+  const int64_t items = active_count * items_per_expert;
+  const int pieces = static_cast<int>(row_bytes / kPieceBytes);
+  unsigned sum = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const uint8_t* base =
+        weight + (active[item / items_per_expert] * n + item % items_per_expert * 64) * row_bytes;
+    const auto copy = [&](int piece) {
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i) {
+        const int chunk = thread + 128 * i;
+        ops::cuda::copy_16_async(
+            ops::cuda::shared_address(ring + (piece % kSlots) * kSlotBytes + chunk * 16),
+            base + (chunk / kChunksPerRow) * row_bytes + piece * kPieceBytes +
+                (chunk % kChunksPerRow) * 16);
+      }
+    };
+#pragma unroll
+    for (int p = 0; p < kSlots - 1; ++p) {
+      if (p < pieces) copy(p);
+      ops::cuda::commit_copies();
+    }
+    for (int p = 0; p < pieces; ++p) {
+      ops::cuda::wait_copies<kSlots - 2>();
+      if constexpr (kFence) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+      if (p + kSlots - 1 < pieces) copy(p + kSlots - 1);
+      ops::cuda::commit_copies();
+      sum += *reinterpret_cast<const unsigned*>(ring + (p % kSlots) * kSlotBytes + thread * 4);
+    }
+    __syncthreads();
+  }
+  if (sum == 0x9E3779B9u) atomicAdd(sink, sum);  // keeps the reads
+}
+
+template <int kPieceBytes, bool kFence>
+void launch_stream_rows(const uint8_t* weight, const int32_t* active, int active_count, int64_t n,
+                        int64_t row_bytes, unsigned* sink) {
+  constexpr int kSlots = kPieceBytes == 64 ? 8 : kPieceBytes == 128 ? 6 : 3;
+  constexpr int kShared = kSlots * 64 * kPieceBytes;
+  static const bool configured = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(stream_rows_kernel<kPieceBytes, kFence>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kShared));
+    return true;
+  }();
+  (void)configured;
+  int sms = 0;
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  stream_rows_kernel<kPieceBytes, kFence>
+      <<<4 * sms, 128, kShared>>>(weight, active, active_count, n, row_bytes, sink);
+  DI_CUDA_CHECK(cudaGetLastError());
+}
+
 void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
   struct Matrix {
     const char* name;
@@ -785,6 +869,39 @@ void bench_moe(const Roofline& roof, cublasLtHandle_t handle, void* workspace) {
         report(roof, "moe", name, kNonInvariantRuns[i].impl, batch, ms,
                active * fp4_expert_bytes + act_bytes, flops, roof.fp8_tflops);
         total_non_invariant[i] += ms;
+      }
+      {
+        // The weight stream alone (stream_rows_kernel), over each routing's active experts.
+        std::vector<Tensor> active_lists;
+        std::vector<int> active_counts;
+        for (const Routing& r : routings) {
+          std::vector<int32_t> ids;
+          for (int32_t e = 0; e < kExperts; ++e) {
+            if (r.counts[e] > 0) ids.push_back(e);
+          }
+          active_counts.push_back(static_cast<int>(ids.size()));
+          Tensor host = Tensor::empty(DType::kI32, {static_cast<int64_t>(ids.size())});
+          std::copy(ids.begin(), ids.end(), host.data<int32_t>());
+          active_lists.push_back(rt::to_device(host.view()));
+        }
+        unsigned* sink = nullptr;
+        DI_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+        const auto* w = static_cast<const uint8_t*>(weight.view().raw_data());
+        const auto stream_row = [&](const char* impl, int64_t piece, auto launch_one) {
+          const double ms = time_ms([&](int call) {
+            const int i = call % kRoutings;
+            launch_one(w, static_cast<const int32_t*>(active_lists[i].view().raw_data()),
+                       active_counts[i], mat.n, mat.k / 2, sink);
+          });
+          // Whole pieces only (w2's 1152-byte rows in 256-byte pieces: 1024 of them).
+          const double bytes = active * mat.n * static_cast<double>(mat.k / 2 / piece * piece);
+          report(roof, "moe", name, impl, batch, ms, bytes, 0, roof.fp8_tflops);
+        };
+        stream_row("stream 64 B/row", 64, launch_stream_rows<64, false>);
+        stream_row("stream 64 B/row+fence", 64, launch_stream_rows<64, true>);
+        stream_row("stream 128 B/row", 128, launch_stream_rows<128, false>);
+        stream_row("stream 256 B/row", 256, launch_stream_rows<256, false>);
+        DI_CUDA_CHECK(cudaFree(sink));
       }
       total_ours += ms_ours;
       total_bytes_fp4 += active * fp4_expert_bytes + act_bytes;

@@ -214,6 +214,81 @@ TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
   check_gemm(make_problem(5120, 2304, {130, 97, 40}, 50), "w2 5120 x 2304");
 }
 
+// ---- decode shapes (DEEPINFER_MOE_WGMMA_DECODE) ---------------------------------------------
+
+// With batch invariance off, the fp4 decode regime (fewer than 16 rows per expert) takes the
+// wgmma numerics too: the decode tile (DEEPINFER_MOE_WGMMA_DECODE=2: 64 rows x 16 or 8 tokens)
+// computes register_a's products and folds in its order, so it must give the prefill tiles' bits
+// (=1: register_a's 32-token tiles), and both lie within the wgmma bound of the reference.
+// The decode tile's pipeline shapes (DEEPINFER_MOE_DECODE_WGMMA_SLOT: K steps a copy slot) give
+// the same bits too; 4-step slots meet a partial last slot at K = 2304 (18 steps) and 256.
+constexpr int kDecodeSlotSteps[] = {1, 2, 4};
+
+template <typename Run>
+Tensor run_wgmma_decode(int setting, const Run& run, int slot_steps = 2) {
+  const ScopedBatchInvariance off(false);
+  const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", 128);
+  const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", setting);
+  const rt::ScopedSetting slot("DEEPINFER_MOE_DECODE_WGMMA_SLOT", slot_steps);
+  return run();
+}
+
+// Every decode tile shape against the prefill tiles, bit for bit.
+template <typename Run>
+void expect_decode_shapes_match_prefill_tiles(const Run& run, const std::string& what) {
+  const Tensor prefill_tiles = run_wgmma_decode(1, run);
+  for (const int slot_steps : kDecodeSlotSteps) {
+    EXPECT_TRUE(same_bits(run_wgmma_decode(2, run, slot_steps), prefill_tiles))
+        << what << ": the wgmma decode tile (" << slot_steps
+        << "-step slots) against the prefill tiles";
+  }
+}
+
+// With batch invariance on the setting changes nothing: the mma.sync decode tile's bits.
+template <typename Run>
+void expect_invariant_bits_unchanged(const Run& run, const std::string& what) {
+  const ScopedBatchInvariance on(true);
+  Tensor mma_sync_tile;
+  {
+    const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", 0);
+    mma_sync_tile = run();
+  }
+  const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", 2);
+  EXPECT_TRUE(same_bits(mma_sync_tile, run())) << what << ": batch invariance on";
+}
+
+void check_decode_gemm(const Problem& p, const std::string& what) {
+  const int64_t rows = p.x.view().size(0);
+  ASSERT_LT(rows, 16 * p.experts) << what << " is not a decode shape";
+  const Tensor want = reference(p);
+  const auto run = [&] { return run_gemm(p); };
+  const Tensor decode_tile = run_wgmma_decode(2, run);
+  expect_decode_shapes_match_prefill_tiles(run, what);
+  const double error = worst_error_matching_nans(want, decode_tile);
+  const double tolerance = wgmma_dot_tolerance(p.k);
+  std::printf("%s, wgmma decode tile: worst error %.3g of the output's scale (bound %.3g)\n",
+              what.c_str(), error, tolerance);
+  EXPECT_LE(error, tolerance) << what << ", wgmma decode tile";
+  expect_invariant_bits_unchanged(run, what);
+}
+
+// 1, 4, 16 (one full tile), 17 (a full tile and an 8-token one) and 9 (a 16-token tile for 9
+// rows) tokens per expert, an empty expert; 4 and 2 K steps (the copy ring of 8 slots never
+// wraps), weights below their step's largest scale by more than the exact shift.
+TEST_F(MoeWgmmaTest, DecodeGemmSmallShapes) {
+  check_decode_gemm(make_problem(256, 512, {1, 4, 16, 0, 17, 9}, 60), "decode 256 x 512");
+  check_decode_gemm(make_problem(128, 256, {8, 0, 3}, 61), "decode 128 x 256");
+  check_decode_gemm(make_problem(384, 512, {4, 12, 1, 2}, 62, 100, 127),
+                    "decode 384 x 512, scales 2^-27..2^0");
+  check_decode_gemm(make_problem(256, 512, {0, 0, 5, 0}, 63), "decode 256 x 512, empty experts");
+}
+
+// The V4.1-Flash expert shapes: K = 5120 (40 steps) and 2304 (18) wrap the copy ring.
+TEST_F(MoeWgmmaTest, DecodeGemmV41FlashShapes) {
+  check_decode_gemm(make_problem(2304, 5120, {1, 4, 16, 0, 9}, 64), "decode w1 2304 x 5120");
+  check_decode_gemm(make_problem(5120, 2304, {15, 2, 0, 8, 1}, 65), "decode w2 5120 x 2304");
+}
+
 // ---- the routed experts' op (ops::cuda::moe_experts) ---------------------------------------
 
 // The op without batch invariance (both folds) against the CPU op; with it, the mma.sync tile's
@@ -266,6 +341,36 @@ void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, i
   }
   EXPECT_TRUE(same_bits(invariant, mma_sync_tile)) << what;
   EXPECT_LE(worst_error_matching_nans(want, invariant), 2e-3) << what << ", batch invariant";
+}
+
+// The op at decode shapes (w1 and w3 in one launch of the decode tile, the SwiGLU's per-128
+// codes into w2): the decode tile's bits are the prefill tiles', within the op's bound of the
+// CPU op; with batch invariance on the setting changes nothing.
+void check_moe_decode_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, int64_t top_k,
+                         uint32_t seed, const std::string& what) {
+  ASSERT_LT(tokens * top_k, 16 * experts) << what << " is not a decode shape";
+  const ExpertSet set = make_experts(experts, dim, inter, seed);
+  const Tensor chosen = random_routes(tokens, experts, top_k, seed + 100);
+  const Tensor weights = random_f32({tokens, top_k}, seed + 101);
+  const Tensor x = random_f32({tokens, dim}, seed + 102);
+  Tensor want = Tensor::empty(DType::kF32, {tokens, dim});
+  moe_experts(x.view(), chosen.view(), weights.view(), set.host, 10.0f,
+              ActivationQuant::kFp8PerBlock32, want.view());
+  const auto run = [&] { return run_moe_op(set, x, chosen, weights, 0, tokens); };
+  const Tensor decode_tile = run_wgmma_decode(2, run);
+  expect_decode_shapes_match_prefill_tiles(run, what);
+  const double error = worst_error_matching_nans(want, decode_tile);
+  const double tolerance = wgmma_op_tolerance(dim, inter);
+  std::printf("moe_experts %s, wgmma decode tile: worst error %.3g (bound %.3g)\n", what.c_str(),
+              error, tolerance);
+  EXPECT_LE(error, tolerance) << what << ", wgmma decode tile";
+  expect_invariant_bits_unchanged(run, what);
+}
+
+TEST_F(MoeWgmmaTest, MoeExpertsDecodeShapes) {
+  check_moe_decode_op(4, 256, 512, 5, 2, 800, "decode 4 experts 512 x 256, 5 tokens");
+  check_moe_decode_op(8, 5120, 2304, 4, 6, 810, "decode 8 experts 2304 x 5120, 4 tokens");
+  check_moe_decode_op(8, 5120, 2304, 1, 6, 820, "decode 8 experts 2304 x 5120, 1 token");
 }
 
 // 4 experts, 200 tokens x top-2: ~100 rows per expert (big and small token tiles).

@@ -367,11 +367,14 @@ static_assert(kBigTileTokens == kPrefillBigTileTokens &&
               kSmallTileTokens == kPrefillSmallTileTokens);
 
 // The token tiles in expert order (an expert's full-size tiles, then its small ones), so the
-// blocks that share an expert's weights run close together and find them in L2.
-template <int kThreads>
+// blocks that share an expert's weights run close together and find them in L2. kBigTokens /
+// kSmallTokens: the prefill tiles' sizes above, or the decode tile's (16 and 8: a remainder of
+// up to 8 rows takes an 8-token tile, of 9 to 15 a 16-token one).
+template <int kThreads, int kBigTokens = kBigTileTokens, int kSmallTokens = kSmallTileTokens>
 __global__ void __launch_bounds__(kThreads)
     list_token_tiles_kernel(const int32_t* offsets, int64_t groups, int64_t rows, TokenTile* tiles,
                             int max_tiles, int* tile_count) {
+  constexpr int kMaxSmallTiles = kBigTokens / kSmallTokens - 1;
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   int listed = 0;
@@ -383,10 +386,10 @@ __global__ void __launch_bounds__(kThreads)
       first = clamp_offset(offsets[expert], rows);
       end = max(first, clamp_offset(offsets[expert + 1], rows));
     }
-    int big_here = (end - first) / kBigTileTokens;
-    const int rest_first = first + big_here * kBigTileTokens;
-    int small_here = (end - rest_first + kSmallTileTokens - 1) / kSmallTileTokens;
-    if (small_here > kMaxSmallTilesPerGroup) {
+    int big_here = (end - first) / kBigTokens;
+    const int rest_first = first + big_here * kBigTokens;
+    int small_here = (end - rest_first + kSmallTokens - 1) / kSmallTokens;
+    if (small_here > kMaxSmallTiles) {
       ++big_here;
       small_here = 0;
     }
@@ -399,9 +402,8 @@ __global__ void __launch_bounds__(kThreads)
     const int expert_id = static_cast<int>(expert);
     for (int t = 0; t < big_here + small_here && listed + at + t < max_tiles; ++t) {
       tiles[listed + at + t] =
-          t < big_here
-              ? TokenTile{expert_id, first + t * kBigTileTokens, end, 0}
-              : TokenTile{expert_id, rest_first + (t - big_here) * kSmallTileTokens, end, 1};
+          t < big_here ? TokenTile{expert_id, first + t * kBigTokens, end, 0}
+                       : TokenTile{expert_id, rest_first + (t - big_here) * kSmallTokens, end, 1};
     }
     listed += total;
   }
@@ -989,11 +991,32 @@ const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* wha
   return static_cast<const uint8_t*>(view.raw_data());
 }
 
+// With batch invariance off on an sm_90 device (the fold-per-128 wgmma numerics), which tile the
+// fp4 decode regime takes: 0, decode_tile_kernel (mma.sync, the released numerics: sm_90a
+// emulates its FP8 mma.sync with 12 F2FP + 2 f16 HMMA, so it is issue bound); 1, the wgmma
+// prefill tiles (register_a's 128 x 32 small tiles); 2, the wgmma decode tile
+// (launch_moe_decode_wgmma: 64 rows x 16 or 8 tokens, 4 blocks per SM). 1 and 2 give the same
+// bits. -1 (the default): 2 from kWgmmaDecodeMinRows rows on, 0 below.
+// Measured on the H200 (cuda_layer_bench, one layer's w1|w3 + w2, ms at b1 / b16 / b64 / b256,
+// 2026-12-02 00:58 call): 0 0.0816 / 0.7173 / 1.8955 / 2.9644; 2 0.0844 / 0.6868 / 1.9057 / 2.8934
+// (the model op: 0.0915 / 0.7114 / 1.8720 / 3.1244 against 0.0962 / 0.6960 / 1.9456 / 3.0005);
+// 1 0.1330 / 1.3028 / 3.5125 / 5.2615 (one 256-thread block an SM: latency bound). The two
+// decode tiles issue about as many instructions per weight byte (~250 a warp per KB of fp4 for
+// 8 tokens, scripts/cuda/sass.sh) and run at ~54% of the HBM floor, where the same weight stream
+// alone reaches it (layer bench "stream 128 B/row"): both are bound by the SM, not by HBM.
+RuntimeSetting kMoeWgmmaDecode{"DEEPINFER_MOE_WGMMA_DECODE", -1, -1, 2};
+// The automatic choice's threshold: the wgmma decode tile won at b256 (1536 rows: 2.4% on the
+// grouped GEMMs, 4% on the model op) and lost at b1 (6 rows: 3-5%); at b64 (384 rows) the two
+// were within 0.5% on the GEMMs and the mma.sync tile 4% faster on the op. Nothing was measured
+// between 384 and 1536 rows: the threshold is a guess between them.
+constexpr int64_t kWgmmaDecodeMinRows = 1024;
+
 // Which kernel and token tile a call takes, and so which code layout its quantizer writes.
 struct KernelChoice {
   bool wide = false;           // mma_gemm_kernel's wide token tile
   bool prefill_tiles = false;  // prefill_tile_kernel (fp4 only)
   bool decode_tiles = false;   // decode_tile_kernel (fp4 only)
+  bool decode_wgmma = false;   // launch_moe_decode_wgmma (fp4, batch invariance off, sm_90)
   int64_t max_tiles = 0;       // its token tile list's bound
   CodeLayout layout = CodeLayout::kEvenOdd8;
   // Batch invariance off, sm_90: the prefill tiles on wgmma (moe_prefill_wgmma.h); kPer128
@@ -1022,6 +1045,27 @@ KernelChoice choose_kernel(int64_t rows, int64_t groups, bool has_offsets, int64
                   : choice.prefill_tiles ? CodeLayout::kMmaHalves
                                          : CodeLayout::kEvenOdd8;
   if (choice.prefill_tiles) choice.wgmma = moe_wgmma_fold();
+  // fp4 decode with the wgmma numerics: a wgmma tile (kMoeWgmmaDecode) instead of the mma.sync
+  // one; moe_wgmma_fold() is kNone with batch invariance on, which keeps its kernels and bits.
+  const bool wgmma_decode_shape = !kFp8Weight && !choice.wide && tile_aligned && has_offsets &&
+                                  k % kStepK == 0 && rows <= INT32_MAX / 2;
+  int wgmma_decode = wgmma_decode_shape ? kMoeWgmmaDecode.value() : 0;
+  if (wgmma_decode < 0) wgmma_decode = rows >= kWgmmaDecodeMinRows ? 2 : 0;
+  if (wgmma_decode != 0 && moe_wgmma_fold() == WgmmaFold::kPer128) {
+    if (wgmma_decode == 1 && n % kTileRows == 0) {
+      choice.prefill_tiles = true;
+    } else if (wgmma_decode == 2 && n % kDecodeTileRows == 0) {
+      choice.decode_wgmma = true;
+      // Decode tiles of 9 or more rows, at most one of 8 or fewer per group.
+      constexpr int kDecodeBigMinRows = kDecodeBigTileTokens - kDecodeSmallTileTokens + 1;
+      choice.max_tiles = rows / kDecodeBigMinRows + std::min(rows, groups);
+    }
+    if (choice.prefill_tiles || choice.decode_wgmma) {
+      choice.decode_tiles = false;
+      choice.layout = CodeLayout::kMmaHalves;
+      choice.wgmma = WgmmaFold::kPer128;
+    }
+  }
   return choice;
 }
 
@@ -1032,6 +1076,32 @@ KernelChoice choose_kernel(int64_t rows, int64_t groups, bool has_offsets, int64
 template <bool kFp8Weight>
 void run_quantized(GroupedArgs args, const KernelChoice& choice) {
   const auto stream = current_stream();
+  if (choice.decode_wgmma) {
+    // The tile count first (16 bytes), then the tiles.
+    constexpr size_t kCountBytes = 16;
+    StreamBuffer tile_list(kCountBytes + static_cast<size_t>(choice.max_tiles) * sizeof(TokenTile));
+    auto* tile_count = tile_list.as<int>();
+    auto* tiles = reinterpret_cast<TokenTile*>(tile_list.as<uint8_t>() + kCountBytes);
+    constexpr int kListThreads = 512;
+    list_token_tiles_kernel<kListThreads, kDecodeBigTileTokens, kDecodeSmallTileTokens>
+        <<<1, kListThreads, 0, stream>>>(args.offsets, args.groups, args.rows, tiles,
+                                         static_cast<int>(choice.max_tiles), tile_count);
+    DI_CUDA_LAUNCHED(list_token_tiles_kernel);
+    PrefillWgmmaArgs wgmma;
+    wgmma.x_codes = args.x_codes;
+    wgmma.x_step_scales = reinterpret_cast<const float*>(args.x_scales);
+    wgmma.weight = args.weight;
+    wgmma.w_scales = args.w_scales;
+    wgmma.experts = args.experts;
+    wgmma.out = args.out;
+    wgmma.out_stride = args.out_stride;
+    wgmma.n = args.n;
+    wgmma.k = args.k;
+    wgmma.second_experts = args.second_experts;
+    wgmma.second_out = args.second_out;
+    launch_moe_decode_wgmma(wgmma, tiles, tile_count, choice.max_tiles);
+    return;
+  }
   if (choice.prefill_tiles) {
     // The tile count first (16 bytes), then the tiles.
     constexpr size_t kCountBytes = 16;

@@ -40,6 +40,10 @@ struct PrefillTokenTile {
 };
 inline constexpr int kPrefillBigTileTokens = 128;
 inline constexpr int kPrefillSmallTileTokens = 32;
+// The decode tile's token tiles (the same struct, another list): 16 tokens, or 8 if `small`.
+inline constexpr int kDecodeBigTileTokens = 16;
+inline constexpr int kDecodeSmallTileTokens = 8;
+inline constexpr int kDecodeTileRows = 64;  // weight rows per decode work item
 
 // kPer128's weight shift d (see above): exact up to kWgmmaExactWeightShift; from
 // kWgmmaFlushWeightShift on every code of the block becomes 0 (the tests count how often).
@@ -72,8 +76,12 @@ struct PrefillWgmmaArgs {
   const DeviceWeight* experts = nullptr;
   float* out = nullptr;
   int64_t out_stride = 0;
-  int64_t n = 0;  // % 128 == 0
+  int64_t n = 0;  // % 128 == 0 (the decode tile: % 64)
   int64_t k = 0;  // % 128 == 0
+  // The decode tile only, optional: a second weight table over the same activations, written to
+  // second_out (w1 and w3 in one launch).
+  const DeviceWeight* second_experts = nullptr;
+  float* second_out = nullptr;
 };
 
 // Runs the tiles (*tile_count of them, at most max_tiles) x all N / 128 weight row blocks on the
@@ -81,6 +89,15 @@ struct PrefillWgmmaArgs {
 void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
                               const PrefillTokenTile* tiles, const int* tile_count,
                               int64_t max_tiles);
+
+// The fold-per-128 register tile shaped for decode (a few tokens per expert): blocks of one
+// warpgroup, 64 weight rows x a token tile of kDecodeBigTileTokens or kDecodeSmallTileTokens
+// (m64n16k32 / m64n8k32, A from registers), several blocks per SM so the weight stream has more
+// bytes in flight. The same products, fold and order as register_a, so the same bits as the
+// prefill tiles for every row. Runs the tiles (*tile_count of them, at most max_tiles) x N / 64
+// row blocks x the tables (1, or 2 with args.second_out) on the current stream.
+void launch_moe_decode_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles,
+                             const int* tile_count, int64_t max_tiles);
 
 // kPer128's activation quantizer: rows [0, source.rows) of `source` (skipping rows from
 // *source.placed on), each 128 of K as the released per-32 quantizer's four blocks (the same
