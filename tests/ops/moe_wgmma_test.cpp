@@ -123,9 +123,19 @@ void expect_fold128_paths_agree(const Run& run, const std::string& what) {
       << what << ": fold per 128, weights in registers against shared memory";
   // The per-128 activation quantizer's two roundings (hardware conversions, the default, and
   // round_to_e4m3) give the same codes, so the same output bits.
-  const rt::ScopedSwitch software("DEEPINFER_MOE_QUANT_HW_CVT", false);
-  EXPECT_TRUE(same_bits(through_registers, run_fold128(true, run)))
-      << what << ": fold per 128, the quantizer's hardware and software roundings";
+  {
+    const rt::ScopedSwitch software("DEEPINFER_MOE_QUANT_HW_CVT", false);
+    EXPECT_TRUE(same_bits(through_registers, run_fold128(true, run)))
+        << what << ": fold per 128, the quantizer's hardware and software roundings";
+  }
+  // The register tile's schedules that fold a token half while the other half's wgmmas run
+  // (DEEPINFER_MOE_WGMMA_SCHEDULE 1 and 2): each element's fold is the same FFMA in the same step
+  // order, only the halves' folds move, so the same bits.
+  for (const int schedule : {1, 2}) {
+    const rt::ScopedSetting schedule_setting("DEEPINFER_MOE_WGMMA_SCHEDULE", schedule);
+    EXPECT_TRUE(same_bits(through_registers, run_fold128(true, run)))
+        << what << ": fold per 128, schedule " << schedule << " against the lockstep one";
+  }
 }
 
 // ---- the grouped GEMM (ops::cuda::moe_grouped_gemm_fp4) ------------------------------------
