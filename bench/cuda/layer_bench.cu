@@ -636,16 +636,14 @@ struct NonInvariantRun {
   bool register_a;         // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool row_scale = false;  // DEEPINFER_MOE_WGMMA_ROW_SCALE (the register tile, row-wide scales)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
-  int schedule = 0;  // DEEPINFER_MOE_WGMMA_SCHEDULE (the register tile's: 0 lockstep, 1, 2)
+  bool lean = false;                // DEEPINFER_MOE_WGMMA_LEAN (the register tile's lean step)
 };
-constexpr NonInvariantRun kNonInvariantRuns[] = {
-    {"ours, inv. off", 128, true},
-    {"ours, off, split fold", 128, true, false, false, 1},
-    {"ours, off, fold across", 128, true, false, false, 2},
-    {"ours, off, row scale", 128, true, true},
-    {"ours, off, sw quant", 128, true, false, true},
-    {"ours, off, smem weights", 128, false},
-    {"ours, off, fold 32", 32, true}};
+constexpr NonInvariantRun kNonInvariantRuns[] = {{"ours, inv. off", 128, true},
+                                                 {"ours, off, lean", 128, true, false, false, true},
+                                                 {"ours, off, row scale", 128, true, true},
+                                                 {"ours, off, sw quant", 128, true, false, true},
+                                                 {"ours, off, smem weights", 128, false},
+                                                 {"ours, off, fold 32", 32, true}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -654,7 +652,7 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
   const rt::ScopedSwitch row_scale("DEEPINFER_MOE_WGMMA_ROW_SCALE", run.row_scale);
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
-  const rt::ScopedSetting schedule("DEEPINFER_MOE_WGMMA_SCHEDULE", run.schedule);
+  const rt::ScopedSwitch lean("DEEPINFER_MOE_WGMMA_LEAN", run.lean);
   return time_ms(call);
 }
 

@@ -39,7 +39,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "ops/batch_invariance.h"
 #include "ops/cuda/common.cuh"
@@ -65,10 +64,9 @@ RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
 // true (not the default): the register tile's weights against their row's largest exponent
 // (register_a::wgmma_tile's kRowScale; other bits, within the same bound).
 RuntimeSwitch kMoeWgmmaRowScale{"DEEPINFER_MOE_WGMMA_ROW_SCALE", false};
-// The register tile's schedule (register_a::wgmma_tile's kSchedule, the same bits): 0, the
-// default, folds the whole step after its wgmmas; 1 and 2 fold one token half of a step while
-// the other half's wgmmas run (2: across the next step's barrier).
-RuntimeSetting kMoeWgmmaSchedule{"DEEPINFER_MOE_WGMMA_SCHEDULE", 0, 0, 2};
+// true: the register tile's lean step (register_a::wgmma_tile's kLean: fewer instructions, the
+// same bits); false: the step before it.
+RuntimeSwitch kMoeWgmmaLean{"DEEPINFER_MOE_WGMMA_LEAN", false};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -853,21 +851,10 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 namespace register_a {
 
 constexpr int kThreads = 2 * 128;
-// The lockstep schedule: step s refills the slot step s - 1 used (every thread waited for its
-// wgmmas and folded it before step s's barrier) with step s + 5.
-constexpr int kLockstepStages = 6;
-// kSchedule 2 (across the barrier): step s - 1's second token half is folded after step s's
-// barrier, so step s refills the slot of step s - 2, and a seventh slot keeps the copies 5 steps
-// ahead.
-constexpr int kAcrossStages = 7;
-template <int kSchedule>
-__host__ __device__ constexpr int stages_of() {
-  return kSchedule == 2 ? kAcrossStages : kLockstepStages;
-}
-template <int kSchedule>
-__host__ __device__ constexpr int copy_ahead_of() {
-  return kSchedule == 2 ? kAcrossStages - 2 : kLockstepStages - 1;
-}
+constexpr int kStages = 6;
+// Step s refills the slot step s - 1 used (every thread waited for its wgmmas and folded it
+// before step s's barrier) with step s + 5.
+constexpr int kCopyAhead = kStages - 1;
 // One pipeline slot: the tokens' e4m3 lines (swizzled, wgmma's B), the raw fp4 weight rows (64
 // bytes each, their four 16-byte chunks swizzled by raw_chunk), the rows' 4 ue8m0 codes of the
 // step, and the tokens' f32 step scales (quad-grouped by the copy).
@@ -876,17 +863,12 @@ constexpr int kRawWeightOffset = kCodesOffset + kMaxTokens * kStepK;
 constexpr int kWeightCodesOffset = kRawWeightOffset + kRows * kStepK / 2;
 constexpr int kTokenScalesOffset = kWeightCodesOffset + kRows * kStepBlocks;
 constexpr int kStageBytes = round_up_to_atom(kTokenScalesOffset + kTokenScalesPerBlock * 4);
-template <int kSchedule>
-__host__ __device__ constexpr int shift_table_offset() {
-  return stages_of<kSchedule>() * kStageBytes;
-}
-template <int kSchedule>
-__host__ __device__ constexpr int shared_allocation() {  // with room to align the base
-  return shift_table_offset<kSchedule>() + fold128::kShiftTableBytes + kSwizzleAtom;
-}
+constexpr int kShiftTableOffset = kStages * kStageBytes;
+constexpr int kSharedBytes = kShiftTableOffset + fold128::kShiftTableBytes;
+constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
 static_assert(kStageBytes % kSwizzleAtom == 0, "the token lines start on swizzle atoms");
-static_assert(shared_allocation<0>() <= 227 * 1024 && shared_allocation<2>() <= 227 * 1024,
-              "one block per SM");
+static_assert(kSharedAllocation <= 227 * 1024, "one block per SM");
+static_assert(kSharedAllocation < (1 << 18), "kLean's descriptor adds stay in the address field");
 static_assert(kRows + kMaxTokens <= kThreads,
               "one thread per weight row and per token copies a step's scales");
 
@@ -974,80 +956,14 @@ __device__ __forceinline__ void wgmma_rs_m64n32k32_add(float (&d)[16], const uin
       : "memory");
 }
 
-__device__ __forceinline__ void wgmma_rs_m64n64k32_fresh(float (&d)[32], const uint32_t (&a)[4],
-                                                         uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-      "}, {%32,%33,%34,%35}, %36, accumulate, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
-      : "memory");
-}
-
-__device__ __forceinline__ void wgmma_rs_m64n64k32_add(float (&d)[32], const uint32_t (&a)[4],
-                                                       uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-      "}, {%32,%33,%34,%35}, %36, accumulate, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
-      : "memory");
-}
-
-__device__ __forceinline__ void wgmma_rs_m64n16k32_fresh(float (&d)[8], const uint32_t (&a)[4],
-                                                         uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7"
-      "}, {%8,%9,%10,%11}, %12, accumulate, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
-      : "memory");
-}
-
-__device__ __forceinline__ void wgmma_rs_m64n16k32_add(float (&d)[8], const uint32_t (&a)[4],
-                                                       uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7"
-      "}, {%8,%9,%10,%11}, %12, accumulate, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
-      : "memory");
-}
-
-// The m64n64 / m64n16 forms multiply half of a token tile (the overlapped fold's halves).
 template <int kTokens, bool kFresh>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kTokens / 2], const uint32_t (&a)[4],
                                          uint64_t b) {
-  static_assert(kTokens == 128 || kTokens == 64 || kTokens == 32 || kTokens == 16,
-                "the token tiles and their halves");
+  static_assert(kTokens == 128 || kTokens == 32, "the token tiles");
   if constexpr (kTokens == 128 && kFresh) wgmma_rs_m64n128k32_fresh(d, a, b);
   if constexpr (kTokens == 128 && !kFresh) wgmma_rs_m64n128k32_add(d, a, b);
-  if constexpr (kTokens == 64 && kFresh) wgmma_rs_m64n64k32_fresh(d, a, b);
-  if constexpr (kTokens == 64 && !kFresh) wgmma_rs_m64n64k32_add(d, a, b);
   if constexpr (kTokens == 32 && kFresh) wgmma_rs_m64n32k32_fresh(d, a, b);
   if constexpr (kTokens == 32 && !kFresh) wgmma_rs_m64n32k32_add(d, a, b);
-  if constexpr (kTokens == 16 && kFresh) wgmma_rs_m64n16k32_fresh(d, a, b);
-  if constexpr (kTokens == 16 && !kFresh) wgmma_rs_m64n16k32_add(d, a, b);
 }
 
 // Keeps the A registers an in-flight wgmma reads allocated and untouched until after its wait:
@@ -1055,6 +971,39 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kTokens / 2], const uint32_t
 __device__ __forceinline__ void fence_registers(uint32_t (&values)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(values[i])::"memory");
+}
+
+// kLean's conversion: fold128::e2m1x8_to_e4m3_shifted's bits in fewer instructions. A byte of
+// `even` holds the magnitude of its low nibble, of `odd` its high one; x + (x >> 4) puts the
+// next byte's magnitude in the high nibble of each (the bits are disjoint, so the add is an or,
+// and one LEA.HI), so bytes 0 and 2 are the selector of the four table lookups. The table's
+// bytes have bit 7 clear (positive codes), so the sign bits are or-ed in after the lookup.
+__device__ __forceinline__ void e2m1x8_to_e4m3_shifted_lean(uint32_t codes, uint2 table,
+                                                            uint32_t& low, uint32_t& high) {
+  const uint32_t even = codes & 0x07070707u;
+  const uint32_t odd = (codes >> 4) & 0x07070707u;
+  const uint32_t even_selector = __byte_perm(even + (even >> 4), 0, 0x0020);
+  const uint32_t odd_selector = __byte_perm(odd + (odd >> 4), 0, 0x0020);
+  // prmt itself: __byte_perm clears each selector nibble's bit 3 (prmt's sign-replicate bit)
+  // with an instruction of its own, and these nibbles have it clear already.
+  uint32_t low_magnitudes;
+  uint32_t high_magnitudes;
+  asm("prmt.b32 %0, %1, %2, %3;"
+      : "=r"(low_magnitudes)
+      : "r"(table.x), "r"(table.y), "r"(even_selector));
+  asm("prmt.b32 %0, %1, %2, %3;"
+      : "=r"(high_magnitudes)
+      : "r"(table.x), "r"(table.y), "r"(odd_selector));
+  low = low_magnitudes | ((codes << 4) & 0x80808080u);
+  high = high_magnitudes | (codes & 0x80808080u);
+}
+
+// kLean: e8m0_to_float(code) (code < 256) with selects instead of the branches it compiles to.
+__device__ __forceinline__ float e8m0_to_float_selected(uint32_t code) {
+  uint32_t bits = code << 23;
+  bits = code == 0 ? 0x00400000u : bits;
+  bits = code == 0xFFu ? 0x7fc00000u : bits;
+  return __uint_as_float(bits);
 }
 
 // One step of this thread's weights: the A registers of the step's four k32 wgmmas and the two
@@ -1070,19 +1019,20 @@ struct StepWeights {
 // up to 14 as before; the tests count the blocks past it), so a row's weight scale is one
 // constant: the fold is one FFMA an element (acc += step * x_s128) and the row's scale
 // multiplies the sum once at the end, and the conversion needs no per-step maximum.
-// kSchedule (DEEPINFER_MOE_WGMMA_SCHEDULE) 1 and 2: the step's products in two token halves,
-// each its own commit group, so a half's fold overlaps the other half's wgmmas (run_step_split,
-// run_step_across); each element's fold is the same FFMA in the same step order, so the same
-// bits.
-template <int kTokens, bool kRowScale, int kSchedule>
+//
+// kLean (DEEPINFER_MOE_WGMMA_LEAN): the same arithmetic in fewer instructions a step (ncu on the
+// step before it: no eligible warp 54% of the time, stalls on short dependency chains and the
+// FMA/ALU pipes rather than on the tensor cores or the barrier; the SASS recomputed the copies'
+// 64-bit addresses and the slots' modulo 6 every step): the copies' global addresses are
+// per-thread pointers advanced a step at a time (loop-carried, so ptxas cannot rematerialize
+// them), the scale codes' copy is one predicated copy, the slots are byte offsets stepped
+// around the ring, and the conversion and the scale's e8m0 decode take fewer instructions
+// (e2m1x8_to_e4m3_shifted_lean, e8m0_to_float_selected).
+template <int kTokens, bool kRowScale, bool kLean>
 __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, int row_tile,
                                            uint8_t* shared) {
   constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
-  constexpr int kHalfTokens = kTokens / 2;
-  constexpr int kHalfPartial = kPartial / 2;
-  constexpr int kStages = stages_of<kSchedule>();
-  constexpr int kCopyAhead = copy_ahead_of<kSchedule>();
   const TileRows rows = tile_rows(args, tile, row_tile, kTokens);
   const int thread = threadIdx.x;
   const int warpgroup = thread / 128;
@@ -1099,8 +1049,7 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     return tile.first + min(token, rows.tokens - 1);
   };
   const auto slot_of = [&](int step) { return shared + (step % kStages) * kStageBytes; };
-  const uint2* shift_table =
-      reinterpret_cast<const uint2*>(shared + shift_table_offset<kSchedule>());
+  const uint2* shift_table = reinterpret_cast<const uint2*>(shared + kShiftTableOffset);
 
   // This thread's copies, the same chunks as fold128's copy loops (chunk thread + kThreads i), with
   // their addresses worked out once an item: a step only adds its offset. (Written as loops over
@@ -1164,6 +1113,51 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
       copy_4_async(base + scale_shared, token_scale_global + step);
     }
   };
+  // kLean: the same copies from per-item addresses plus the step's offset (the same for every
+  // thread). The addresses and shared offsets go through an empty asm once an item, so ptxas
+  // keeps them in registers instead of recomputing them from threadIdx every step (it did). A
+  // row's 4 scale codes and a token's f32 step scale are both 4 bytes a step.
+  uint64_t weight_source[kWeightCopies];
+#pragma unroll
+  for (int i = 0; i < kWeightCopies; ++i) {
+    weight_source[i] = reinterpret_cast<uint64_t>(weight_global + i * weight_global_step);
+  }
+  uint64_t token_source[kTokenCopies];
+#pragma unroll
+  for (int i = 0; i < kTokenCopies; ++i) {
+    token_source[i] = reinterpret_cast<uint64_t>(token_global + token_offset[i]);
+  }
+  const bool copies_scale = copies_row_codes || copies_token_scale;
+  uint64_t scale_source = copies_row_codes ? reinterpret_cast<uint64_t>(row_codes_global)
+                                           : reinterpret_cast<uint64_t>(token_scale_global);
+  uint32_t lean_shared[3] = {weight_shared, token_shared, scale_shared};
+  if constexpr (kLean) {
+#pragma unroll
+    for (int i = 0; i < kWeightCopies; ++i) asm volatile("" : "+l"(weight_source[i]));
+#pragma unroll
+    for (int i = 0; i < kTokenCopies; ++i) asm volatile("" : "+l"(token_source[i]));
+    asm volatile("" : "+l"(scale_source));
+#pragma unroll
+    for (int i = 0; i < 3; ++i) asm volatile("" : "+r"(lean_shared[i]));
+  }
+  const auto copy_stage_lean = [&](uint32_t base, int step) {
+    const uint64_t weight_step = static_cast<uint64_t>(step) * (kStepK / 2);
+    const uint64_t token_step = static_cast<uint64_t>(step) * kStepK;
+#pragma unroll
+    for (int i = 0; i < kWeightCopies; ++i) {
+      copy_16_async(base + lean_shared[0] + i * kWeightRowStep * (kStepK / 2),
+                    reinterpret_cast<const void*>(weight_source[i] + weight_step));
+    }
+#pragma unroll
+    for (int i = 0; i < kTokenCopies; ++i) {
+      copy_16_async(base + lean_shared[1] + i * kTokenStep * kStepK,
+                    reinterpret_cast<const void*>(token_source[i] + token_step));
+    }
+    if (copies_scale) {
+      copy_4_async(base + lean_shared[2],
+                   reinterpret_cast<const void*>(scale_source + static_cast<uint64_t>(step) * 4));
+    }
+  };
 
   // kRowScale: the largest exponent of each of this thread's two rows over all of K (the 4
   // threads of a quad share the rows and split the codes), and the rows' scales.
@@ -1188,10 +1182,20 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     }
   };
 
+  // kLean: where in a slot this thread's raw fp4 words sit (kept in registers as the copies'
+  // addresses are, so a word's load is slot + offset with no add).
+  uint32_t raw_word_offset[2][kStepBlocks];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) {
+      raw_word_offset[half][b] = kRawWeightOffset + raw_chunk(row + 8 * half, b) + 4 * quad;
+      if constexpr (kLean) asm volatile("" : "+r"(raw_word_offset[half][b]));
+    }
+  }
   // A landed slot -> this thread's A registers and rows' scales of the step (fold128's
   // convert_step, element for element, into registers).
-  const auto convert_step = [&](int step, StepWeights& weights) {
-    const uint8_t* base = slot_of(step);
+  const auto convert_step = [&](const uint8_t* base, StepWeights& weights) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = row + 8 * half;
@@ -1201,7 +1205,8 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
       if constexpr (!kRowScale) {
         top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
                   max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
-        const float scale = deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) *
+        const float scale = (kLean ? e8m0_to_float_selected(top)
+                                   : deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top))) *
                             fold128::kWeightShiftRescale;
         if (half == 0) {
           weights.scale_lo = scale;
@@ -1213,208 +1218,128 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
       for (int b = 0; b < kStepBlocks; ++b) {
         const uint32_t shift =
             min(top - fold128::byte_of(codes, b), static_cast<uint32_t>(fold128::kFlushShift));
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(base + kRawWeightOffset +
-                                                                 raw_chunk(r, b) + 4 * quad);
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(
+            base +
+            (kLean ? raw_word_offset[half][b] : kRawWeightOffset + raw_chunk(r, b) + 4 * quad));
         // a0 / a1: rows g / g + 8, K slots 4 quad .. + 3 (the low nibbles); a2 / a3: slots 16 +
         // 4 quad .. (the high ones).
-        fold128::e2m1x8_to_e4m3_shifted(word, shift_table[shift], weights.a[b][half],
-                                        weights.a[b][2 + half]);
+        if constexpr (kLean) {
+          e2m1x8_to_e4m3_shifted_lean(word, shift_table[shift], weights.a[b][half],
+                                      weights.a[b][2 + half]);
+        } else {
+          fold128::e2m1x8_to_e4m3_shifted(word, shift_table[shift], weights.a[b][half],
+                                          weights.a[b][2 + half]);
+        }
       }
     }
   };
 
   float acc[kPartial] = {};
-  float partial[kPartial];  // the lockstep schedule's step product
-  // kSchedule 1, 2: the step product of tokens [0, kHalfTokens) and [kHalfTokens, kTokens); as the
-  // accumulator repeats mma.sync's layout along N, half h's element i is acc's kHalfPartial h + i.
-  float half_partial[2][kHalfPartial];
-  // acc[8 first_pair + i] += d[i] * (x_step_scale * w_step_scale) for d's tokens, fold128's
-  // fold; first_pair is d's first pair of 8-token column groups in the tile.
-  const auto fold_pairs = [&](int step, float scale_lo, float scale_hi, const auto& d,
-                              auto first_pair) {
-    constexpr int kPairs = static_cast<int>(sizeof(d) / sizeof(float)) / 8;
-    constexpr int kFirst = decltype(first_pair)::value;
+  float partial[kPartial];
+  // acc += d * (x_step_scale * w_step_scale), fold128's fold.
+  const auto fold = [&](const uint8_t* slot, const StepWeights& weights) {
     const float* quad_scales =
-        reinterpret_cast<const float*>(slot_of(step) + kTokenScalesOffset) + quad * kQuadStride;
+        reinterpret_cast<const float*>(slot + kTokenScalesOffset) + quad * kQuadStride;
 #pragma unroll
-    for (int p = 0; p < kPairs; ++p) {
-      const int pair = kFirst + p;
+    for (int pair = 0; pair < kTokens / 16; ++pair) {
       // Tokens 16 pair + 2 quad + {0, 1} and 16 pair + 8 + 2 quad + {0, 1}.
       const float4 x_scales = *reinterpret_cast<const float4*>(quad_scales + 4 * pair);
       const float scale[2][2] = {{x_scales.x, x_scales.y}, {x_scales.z, x_scales.w}};
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int j = 2 * pair + half;  // acc's column group
-        const int i = 2 * p + half;     // d's
+        const int j = 2 * pair + half;
         if constexpr (kRowScale) {
-          acc[4 * j + 0] += d[4 * i + 0] * scale[half][0];
-          acc[4 * j + 1] += d[4 * i + 1] * scale[half][1];
-          acc[4 * j + 2] += d[4 * i + 2] * scale[half][0];
-          acc[4 * j + 3] += d[4 * i + 3] * scale[half][1];
+          acc[4 * j + 0] += partial[4 * j + 0] * scale[half][0];
+          acc[4 * j + 1] += partial[4 * j + 1] * scale[half][1];
+          acc[4 * j + 2] += partial[4 * j + 2] * scale[half][0];
+          acc[4 * j + 3] += partial[4 * j + 3] * scale[half][1];
         } else {
-          acc[4 * j + 0] += d[4 * i + 0] * (scale[half][0] * scale_lo);
-          acc[4 * j + 1] += d[4 * i + 1] * (scale[half][1] * scale_lo);
-          acc[4 * j + 2] += d[4 * i + 2] * (scale[half][0] * scale_hi);
-          acc[4 * j + 3] += d[4 * i + 3] * (scale[half][1] * scale_hi);
+          acc[4 * j + 0] += partial[4 * j + 0] * (scale[half][0] * weights.scale_lo);
+          acc[4 * j + 1] += partial[4 * j + 1] * (scale[half][1] * weights.scale_lo);
+          acc[4 * j + 2] += partial[4 * j + 2] * (scale[half][0] * weights.scale_hi);
+          acc[4 * j + 3] += partial[4 * j + 3] * (scale[half][1] * weights.scale_hi);
         }
       }
     }
   };
-  const auto fold = [&](int step, const StepWeights& weights) {
-    fold_pairs(step, weights.scale_lo, weights.scale_hi, partial, std::integral_constant<int, 0>{});
-  };
-  // kSchedule 1, 2: token half h (0 or 1) of the step.
-  const auto fold_half = [&](int step, const StepWeights& weights, auto half) {
-    constexpr int kHalf = decltype(half)::value;
-    fold_pairs(step, weights.scale_lo, weights.scale_hi, half_partial[kHalf],
-               std::integral_constant<int, kHalf * kHalfTokens / 16>{});
-  };
 
-  const auto issue_step = [&](int step, StepWeights& weights) {
-    const uint32_t codes_address = shared_address(slot_of(step) + kCodesOffset);
+  const auto issue_step = [&](const uint8_t* slot, StepWeights& weights) {
+    const uint32_t codes_address = shared_address(slot + kCodesOffset);
 #pragma unroll
     for (int b = 0; b < kStepBlocks; ++b) fence_registers(weights.a[b]);
     wgmma_fence();  // the A registers were written, the partial read by the last fold
     wgmma_rs<kTokens, true>(partial, weights.a[0], swizzled_operand(codes_address));
 #pragma unroll
     for (int b = 1; b < kStepBlocks; ++b) {
-      wgmma_rs<kTokens, false>(partial, weights.a[b],
-                               swizzled_operand(codes_address + b * kScaleBlock));
+      // kLean: the descriptor's start address field counts 16 bytes and a slot's lines sit far
+      // below the field's 2^18-byte wrap, so the K block's 32 bytes add 2 to it.
+      const uint64_t operand =
+          kLean ? swizzled_operand(codes_address) + static_cast<uint64_t>(b * kScaleBlock / 16)
+                : swizzled_operand(codes_address + b * kScaleBlock);
+      wgmma_rs<kTokens, false>(partial, weights.a[b], operand);
     }
     wgmma_commit();
   };
-  // kSchedule 1, 2: token half h of step s (the lines from kHalfTokens h on) as its own commit
-  // group.
-  const auto issue_half = [&](int step, StepWeights& weights, auto half) {
-    constexpr int kHalf = decltype(half)::value;
-    const uint32_t codes_address =
-        shared_address(slot_of(step) + kCodesOffset) + kHalf * kHalfTokens * kStepK;
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) fence_registers(weights.a[b]);
-    wgmma_fence();  // the A registers were written, the half's partial read by its last fold
-    wgmma_rs<kHalfTokens, true>(half_partial[kHalf], weights.a[0], swizzled_operand(codes_address));
-#pragma unroll
-    for (int b = 1; b < kStepBlocks; ++b) {
-      wgmma_rs<kHalfTokens, false>(half_partial[kHalf], weights.a[b],
-                                   swizzled_operand(codes_address + b * kScaleBlock));
-    }
-    wgmma_commit();
-  };
-  using FirstHalf = std::integral_constant<int, 0>;
-  using SecondHalf = std::integral_constant<int, 1>;
 
   // Step s: this thread's copies of step s + 1 have landed (kCopyAhead + s groups committed, s + 2
   // needed) and are made visible to the async proxy; the barrier publishes them and frees step
   // s - 1's slot; issue step s, refill, convert step s + 1 into the other register set while step
   // s runs, wait, fold.
+  // kLean: step s's slot as a byte offset into `shared`; step s + 1's follows it around the
+  // ring and step s + kCopyAhead's (= s - 1's) precedes it.
+  constexpr uint32_t kRingBytes = kStages * kStageBytes;
+  static_assert(kCopyAhead == kStages - 1, "kLean refills the slot before step s's");
+  uint32_t slot_offset = 0;
+  const uint32_t shared_base = shared_address(shared);
   const auto run_step = [&](int step, StepWeights& current, StepWeights& next) {
+    const uint32_t next_offset =
+        slot_offset + kStageBytes == kRingBytes ? 0u : slot_offset + kStageBytes;
+    const uint32_t refill_offset =
+        slot_offset == 0 ? kRingBytes - kStageBytes : slot_offset - kStageBytes;
+    const uint8_t* slot = kLean ? shared + slot_offset : slot_of(step);
+    const uint8_t* next_slot = kLean ? shared + next_offset : slot_of(step + 1);
     if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
     fence_shared_for_wgmma();
     __syncthreads();
-    issue_step(step, current);
-    if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
+    issue_step(slot, current);
+    if (step + kCopyAhead < steps) {
+      if constexpr (kLean) {
+        copy_stage_lean(shared_base + refill_offset, step + kCopyAhead);
+      } else {
+        copy_stage(step + kCopyAhead);
+      }
+    }
     commit_copies();
-    if (step + 1 < steps) convert_step(step + 1, next);
+    if (step + 1 < steps) convert_step(next_slot, next);
     wgmma_wait<0>();
     hold_after_wait(partial);
 #pragma unroll
     for (int b = 0; b < kStepBlocks; ++b) fence_registers(current.a[b]);
-    fold(step, current);
+    fold(slot, current);
+    slot_offset = next_offset;
   };
-  // kSchedule 1 (split): step s's two halves issued together, step s + 1 converted while they
-  // run, then the first half folded while the second may still run, and the second. Nothing is
-  // in flight across the barrier.
-  const auto run_step_split = [&](int step, StepWeights& current, StepWeights& next) {
-    if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
-    fence_shared_for_wgmma();
-    __syncthreads();
-    issue_half(step, current, FirstHalf{});
-    issue_half(step, current, SecondHalf{});
-    if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
-    commit_copies();
-    if (step + 1 < steps) convert_step(step + 1, next);
-    wgmma_wait<1>();
-    hold_after_wait(half_partial[0]);
-    fold_half(step, current, FirstHalf{});
-    wgmma_wait<0>();
-    hold_after_wait(half_partial[1]);
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) fence_registers(current.a[b]);
-    fold_half(step, current, SecondHalf{});
-  };
-  // kSchedule 2 (across the barrier): in each pair of steps the first step's second half stays
-  // in flight over the second step's barrier and is folded while the second step's first half
-  // runs. Step s: barrier, issue the first half, (the pair's second step) wait for step s - 1's
-  // second half and fold it, issue the second half, refill, convert step s + 1 into the other
-  // register set (step s - 1's, whose wgmmas are done), wait for the first half and fold it while
-  // the second runs; the pair ends by waiting for and folding its last second half. Nothing is in
-  // flight over the loop's back edge: ptxas does not match a wait to the group it retires across
-  // one (it serialized every wgmma of a loop that kept a half in flight over it). Step s - 1's
-  // slot is read until its second half is folded, after step s's barrier, so step s refills step
-  // s - 2's slot (kCopyAhead = kStages - 2). Every thread runs the same barriers and waits, so no
-  // schedule of the warps can deadlock.
-  const auto run_step_across = [&](int step, StepWeights& current, StepWeights& other,
-                                   auto fold_previous) {
-    if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
-    fence_shared_for_wgmma();
-    __syncthreads();
-    issue_half(step, current, FirstHalf{});
-    if constexpr (decltype(fold_previous)::value) {
-      wgmma_wait<1>();  // step s - 1's second half (pending: it and step s's first)
-      hold_after_wait(half_partial[1]);
-#pragma unroll
-      for (int b = 0; b < kStepBlocks; ++b) fence_registers(other.a[b]);
-      fold_half(step - 1, other, SecondHalf{});
-    }
-    issue_half(step, current, SecondHalf{});
-    if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
-    commit_copies();
-    if (step + 1 < steps) convert_step(step + 1, other);
-    wgmma_wait<1>();  // step s's first half (pending: it and its second)
-    hold_after_wait(half_partial[0]);
-    fold_half(step, current, FirstHalf{});
-  };
-  const auto drain_across = [&](int step, StepWeights& current) {
-    wgmma_wait<0>();  // step s's second half
-    hold_after_wait(half_partial[1]);
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) fence_registers(current.a[b]);
-    fold_half(step, current, SecondHalf{});
-  };
-  static_assert(kCopyAhead >= 2 && kCopyAhead <= kStages - (kSchedule == 2 ? 2 : 1),
-                "the slot schedules above");
+  static_assert(kCopyAhead >= 2 && kCopyAhead <= kStages - 1, "the slot schedule above");
 
 #pragma unroll
   for (int s = 0; s < kCopyAhead; ++s) {
-    if (s < steps) copy_stage(s);
+    if (s < steps) {
+      if constexpr (kLean) {
+        copy_stage_lean(shared_base + s * kStageBytes, s);
+      } else {
+        copy_stage(s);
+      }
+    }
     commit_copies();
   }
   if constexpr (kRowScale) find_row_tops();  // while the first copies are in flight
   wait_copies<kCopyAhead - 1>();             // step 0
   __syncthreads();
   StepWeights weights[2];
-  convert_step(0, weights[0]);
+  convert_step(shared, weights[0]);
   // Two steps an iteration: the register sets alternate by name, not by a run-time index.
-  if constexpr (kSchedule == 2) {
-    for (int step = 0; step < steps; step += 2) {
-      run_step_across(step, weights[0], weights[1], std::false_type{});
-      if (step + 1 < steps) {
-        run_step_across(step + 1, weights[1], weights[0], std::true_type{});
-        drain_across(step + 1, weights[1]);
-      } else {
-        drain_across(step, weights[0]);
-      }
-    }
-  } else if constexpr (kSchedule == 1) {
-    for (int step = 0; step < steps; step += 2) {
-      run_step_split(step, weights[0], weights[1]);
-      if (step + 1 < steps) run_step_split(step + 1, weights[1], weights[0]);
-    }
-  } else {
-    for (int step = 0; step < steps; step += 2) {
-      run_step(step, weights[0], weights[1]);
-      if (step + 1 < steps) run_step(step + 1, weights[1], weights[0]);
-    }
+  for (int step = 0; step < steps; step += 2) {
+    run_step(step, weights[0], weights[1]);
+    if (step + 1 < steps) run_step(step + 1, weights[1], weights[0]);
   }
   if constexpr (kRowScale) {
 #pragma unroll
@@ -1430,42 +1355,31 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 
 }  // namespace register_a
 
-// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile (the last
-// in three forms: its default, row-wide scales, the overlapped fold).
+// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile.
 enum class TileKind {
   kFold32,
   kFold128,
   kFold128RegisterA,
   kFold128RowScale,
-  kFold128RegisterASplit,
-  kFold128RegisterAAcross
+  kFold128RegisterALean
 };
-
-template <TileKind kKind>
-__host__ __device__ constexpr int register_a_schedule() {
-  if constexpr (kKind == TileKind::kFold128RegisterASplit) return 1;
-  if constexpr (kKind == TileKind::kFold128RegisterAAcross) return 2;
-  return 0;
-}
-
-template <TileKind kKind>
-__host__ __device__ constexpr bool is_register_a() {
-  return kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale ||
-         kKind == TileKind::kFold128RegisterASplit || kKind == TileKind::kFold128RegisterAAcross;
-}
 
 template <TileKind kKind>
 constexpr int threads_of() {
   if constexpr (kKind == TileKind::kFold128) return fold128::kThreads;
-  if constexpr (is_register_a<kKind>()) return register_a::kThreads;
+  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale ||
+                kKind == TileKind::kFold128RegisterALean) {
+    return register_a::kThreads;
+  }
   return kThreads;
 }
 
 template <TileKind kKind>
 constexpr int shared_allocation_of() {
   if constexpr (kKind == TileKind::kFold128) return fold128::kSharedAllocation;
-  if constexpr (is_register_a<kKind>()) {
-    return register_a::shared_allocation<register_a_schedule<kKind>()>();
+  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale ||
+                kKind == TileKind::kFold128RegisterALean) {
+    return register_a::kSharedAllocation;
   }
   return fold32::kSharedAllocation;
 }
@@ -1476,13 +1390,11 @@ __device__ __forceinline__ void run_tile(const PrefillWgmmaArgs& args, const Pre
   if constexpr (kKind == TileKind::kFold128) {
     fold128::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   } else if constexpr (kKind == TileKind::kFold128RegisterA) {
-    register_a::wgmma_tile<kTokens, false, 0>(args, tile, row_tile, shared);
+    register_a::wgmma_tile<kTokens, false, false>(args, tile, row_tile, shared);
   } else if constexpr (kKind == TileKind::kFold128RowScale) {
-    register_a::wgmma_tile<kTokens, true, 0>(args, tile, row_tile, shared);
-  } else if constexpr (kKind == TileKind::kFold128RegisterASplit ||
-                       kKind == TileKind::kFold128RegisterAAcross) {
-    register_a::wgmma_tile<kTokens, false, register_a_schedule<kKind>()>(args, tile, row_tile,
-                                                                         shared);
+    register_a::wgmma_tile<kTokens, true, false>(args, tile, row_tile, shared);
+  } else if constexpr (kKind == TileKind::kFold128RegisterALean) {
+    register_a::wgmma_tile<kTokens, false, true>(args, tile, row_tile, shared);
   } else {
     fold32::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   }
@@ -1499,9 +1411,10 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
   if constexpr (kKind == TileKind::kFold128) {
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + fold128::kShiftTableOffset));
     __syncthreads();
-  } else if constexpr (is_register_a<kKind>()) {
-    constexpr int kShiftTable = register_a::shift_table_offset<register_a_schedule<kKind>()>();
-    fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + kShiftTable));
+  } else if constexpr (kKind == TileKind::kFold128RegisterA ||
+                       kKind == TileKind::kFold128RowScale ||
+                       kKind == TileKind::kFold128RegisterALean) {
+    fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + register_a::kShiftTableOffset));
     __syncthreads();
   }
   for_each_prefill_item(args.n, kRows, tiles, tile_count,
@@ -1613,10 +1526,8 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
     launch_kernel<TileKind::kFold32>(args, blocks, tiles, tile_count);
   } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaRowScale.enabled()) {
     launch_kernel<TileKind::kFold128RowScale>(args, blocks, tiles, tile_count);
-  } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaSchedule.value() == 1) {
-    launch_kernel<TileKind::kFold128RegisterASplit>(args, blocks, tiles, tile_count);
-  } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaSchedule.value() == 2) {
-    launch_kernel<TileKind::kFold128RegisterAAcross>(args, blocks, tiles, tile_count);
+  } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaLean.enabled()) {
+    launch_kernel<TileKind::kFold128RegisterALean>(args, blocks, tiles, tile_count);
   } else if (kMoeWgmmaRegisterA.enabled()) {
     launch_kernel<TileKind::kFold128RegisterA>(args, blocks, tiles, tile_count);
   } else {
