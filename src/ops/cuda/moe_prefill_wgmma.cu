@@ -32,7 +32,9 @@
 // kPer128) converts into wgmma's A registers instead of shared memory: 16.5 -> 14.3 ms for a
 // layer's routed experts at 8192 tokens. Measured and not kept (history): the producers
 // converting for two consumer warpgroups (3% faster than fold128), and register_a
-// warp-specialized with an mbarrier ring (10% slower than register_a: docs/BENCHMARKS.md).
+// warp-specialized with an mbarrier ring (10% slower than register_a: docs/BENCHMARKS.md), and
+// register_a folding one token half while the other half's wgmmas run (2-4% slower: the tile
+// is bound by instruction issue and short dependency chains, not by the fold's latency).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -1023,11 +1025,13 @@ struct StepWeights {
 // kLean (DEEPINFER_MOE_WGMMA_LEAN): the same arithmetic in fewer instructions a step (ncu on the
 // step before it: no eligible warp 54% of the time, stalls on short dependency chains and the
 // FMA/ALU pipes rather than on the tensor cores or the barrier; the SASS recomputed the copies'
-// 64-bit addresses and the slots' modulo 6 every step): the copies' global addresses are
-// per-thread pointers advanced a step at a time (loop-carried, so ptxas cannot rematerialize
-// them), the scale codes' copy is one predicated copy, the slots are byte offsets stepped
-// around the ring, and the conversion and the scale's e8m0 decode take fewer instructions
-// (e2m1x8_to_e4m3_shifted_lean, e8m0_to_float_selected).
+// 64-bit addresses and the slots' modulo 6 every step): the copies' per-item addresses and the
+// raw words' slot offsets are held in registers (through an empty asm, so ptxas cannot
+// rematerialize them) and a step adds its offset, the scale codes' copy is one predicated copy,
+// the slots are byte offsets stepped around the ring, the descriptors of a step's K blocks are
+// one descriptor plus 2 each, and the conversion and the scale's e8m0 decode take fewer
+// instructions (e2m1x8_to_e4m3_shifted_lean, e8m0_to_float_selected). SASS a 128-token step
+// 490 -> 380 instructions, a 32-token step 364 -> 269 (docs/BENCHMARKS.md).
 template <int kTokens, bool kRowScale, bool kLean>
 __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, int row_tile,
@@ -1355,7 +1359,8 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 
 }  // namespace register_a
 
-// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile.
+// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile (the last in
+// three forms: the default, row-wide scales, the lean step).
 enum class TileKind {
   kFold32,
   kFold128,
