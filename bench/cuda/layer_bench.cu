@@ -649,18 +649,17 @@ struct NonInvariantRun {
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
   int decode_slot = 2;              // DEEPINFER_MOE_DECODE_WGMMA_SLOT (K steps a copy slot)
+  bool lean = true;                 // DEEPINFER_MOE_WGMMA_LEAN (the register tile's lean step)
 };
+// The defaults, then the paths they replaced or choose between. Measured and decided (rows
+// removed, figures in docs/BENCHMARKS.md): row-wide weight scales, the software quantizer, fold
+// per 32, the prefill tiles at decode, decode slots of 1 and 4 K steps.
 constexpr NonInvariantRun kNonInvariantRuns[] = {
-    {"ours, inv. off", 128, true},
-    {"ours, off, row scale", 128, true, true},
-    {"ours, off, sw quant", 128, true, false, true},
-    {"ours, off, smem weights", 128, false},
-    {"ours, off, fold 32", 32, true},
-    {"ours, off, decode mma.sync", 128, true, false, false, 0},
-    {"ours, off, decode prefill tiles", 128, true, false, false, 1},
-    {"ours, off, decode wgmma", 128, true, false, false, 2},
-    {"ours, off, decode 1-step slots", 128, true, false, false, 2, 1},
-    {"ours, off, decode 4-step slots", 128, true, false, false, 2, 4}};
+    {.impl = "ours, inv. off", .fold = 128, .register_a = true},
+    {.impl = "ours, off, step before lean", .fold = 128, .register_a = true, .lean = false},
+    {.impl = "ours, off, smem weights", .fold = 128, .register_a = false},
+    {.impl = "ours, off, decode mma.sync", .fold = 128, .register_a = true, .wgmma_decode = 0},
+    {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -671,6 +670,7 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", run.wgmma_decode);
   const rt::ScopedSetting slot("DEEPINFER_MOE_DECODE_WGMMA_SLOT", run.decode_slot);
+  const rt::ScopedSwitch lean("DEEPINFER_MOE_WGMMA_LEAN", run.lean);
   return time_ms(call);
 }
 

@@ -123,9 +123,16 @@ void expect_fold128_paths_agree(const Run& run, const std::string& what) {
       << what << ": fold per 128, weights in registers against shared memory";
   // The per-128 activation quantizer's two roundings (hardware conversions, the default, and
   // round_to_e4m3) give the same codes, so the same output bits.
-  const rt::ScopedSwitch software("DEEPINFER_MOE_QUANT_HW_CVT", false);
+  {
+    const rt::ScopedSwitch software("DEEPINFER_MOE_QUANT_HW_CVT", false);
+    EXPECT_TRUE(same_bits(through_registers, run_fold128(true, run)))
+        << what << ": fold per 128, the quantizer's hardware and software roundings";
+  }
+  // The register tile's lean step (DEEPINFER_MOE_WGMMA_LEAN, the default) and the step before
+  // it: the same arithmetic in fewer instructions, so the same bits.
+  const rt::ScopedSwitch lean("DEEPINFER_MOE_WGMMA_LEAN", false);
   EXPECT_TRUE(same_bits(through_registers, run_fold128(true, run)))
-      << what << ": fold per 128, the quantizer's hardware and software roundings";
+      << what << ": fold per 128, the lean register tile against the step before it";
 }
 
 // ---- the grouped GEMM (ops::cuda::moe_grouped_gemm_fp4) ------------------------------------

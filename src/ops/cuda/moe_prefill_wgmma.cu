@@ -32,7 +32,9 @@
 // kPer128) converts into wgmma's A registers instead of shared memory: 16.5 -> 14.3 ms for a
 // layer's routed experts at 8192 tokens. Measured and not kept (history): the producers
 // converting for two consumer warpgroups (3% faster than fold128), and register_a
-// warp-specialized with an mbarrier ring (10% slower than register_a: docs/BENCHMARKS.md).
+// warp-specialized with an mbarrier ring (10% slower than register_a: docs/BENCHMARKS.md), and
+// register_a folding one token half while the other half's wgmmas run (2-4% slower: the tile
+// is bound by instruction issue and short dependency chains, not by the fold's latency).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -66,6 +68,9 @@ RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
 RuntimeSwitch kMoeWgmmaRowScale{"DEEPINFER_MOE_WGMMA_ROW_SCALE", false};
 // The decode tile's K steps a copy slot (1, 2 or 4: decode_a::DecodeShape; the same bits).
 RuntimeSetting kDecodeWgmmaSlot{"DEEPINFER_MOE_DECODE_WGMMA_SLOT", 2, 1, 4};
+// true: the register tile's lean step (register_a::wgmma_tile's kLean: fewer instructions, the
+// same bits; moe_wgmma_test compares them); false (DEEPINFER_MOE_WGMMA_LEAN=0): the step before.
+RuntimeSwitch kMoeWgmmaLean{"DEEPINFER_MOE_WGMMA_LEAN", true};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -867,6 +872,7 @@ constexpr int kSharedBytes = kShiftTableOffset + fold128::kShiftTableBytes;
 constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
 static_assert(kStageBytes % kSwizzleAtom == 0, "the token lines start on swizzle atoms");
 static_assert(kSharedAllocation <= 227 * 1024, "one block per SM");
+static_assert(kSharedAllocation < (1 << 18), "kLean's descriptor adds stay in the address field");
 static_assert(kRows + kMaxTokens <= kThreads,
               "one thread per weight row and per token copies a step's scales");
 
@@ -971,6 +977,39 @@ __device__ __forceinline__ void fence_registers(uint32_t (&values)[4]) {
   for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(values[i])::"memory");
 }
 
+// kLean's conversion: fold128::e2m1x8_to_e4m3_shifted's bits in fewer instructions. A byte of
+// `even` holds the magnitude of its low nibble, of `odd` its high one; x + (x >> 4) puts the
+// next byte's magnitude in the high nibble of each (the bits are disjoint, so the add is an or,
+// and one LEA.HI), so bytes 0 and 2 are the selector of the four table lookups. The table's
+// bytes have bit 7 clear (positive codes), so the sign bits are or-ed in after the lookup.
+__device__ __forceinline__ void e2m1x8_to_e4m3_shifted_lean(uint32_t codes, uint2 table,
+                                                            uint32_t& low, uint32_t& high) {
+  const uint32_t even = codes & 0x07070707u;
+  const uint32_t odd = (codes >> 4) & 0x07070707u;
+  const uint32_t even_selector = __byte_perm(even + (even >> 4), 0, 0x0020);
+  const uint32_t odd_selector = __byte_perm(odd + (odd >> 4), 0, 0x0020);
+  // prmt itself: __byte_perm clears each selector nibble's bit 3 (prmt's sign-replicate bit)
+  // with an instruction of its own, and these nibbles have it clear already.
+  uint32_t low_magnitudes;
+  uint32_t high_magnitudes;
+  asm("prmt.b32 %0, %1, %2, %3;"
+      : "=r"(low_magnitudes)
+      : "r"(table.x), "r"(table.y), "r"(even_selector));
+  asm("prmt.b32 %0, %1, %2, %3;"
+      : "=r"(high_magnitudes)
+      : "r"(table.x), "r"(table.y), "r"(odd_selector));
+  low = low_magnitudes | ((codes << 4) & 0x80808080u);
+  high = high_magnitudes | (codes & 0x80808080u);
+}
+
+// kLean: e8m0_to_float(code) (code < 256) with selects instead of the branches it compiles to.
+__device__ __forceinline__ float e8m0_to_float_selected(uint32_t code) {
+  uint32_t bits = code << 23;
+  bits = code == 0 ? 0x00400000u : bits;
+  bits = code == 0xFFu ? 0x7fc00000u : bits;
+  return __uint_as_float(bits);
+}
+
 // One step of this thread's weights: the A registers of the step's four k32 wgmmas and the two
 // rows' step scales.
 struct StepWeights {
@@ -984,7 +1023,18 @@ struct StepWeights {
 // up to 14 as before; the tests count the blocks past it), so a row's weight scale is one
 // constant: the fold is one FFMA an element (acc += step * x_s128) and the row's scale
 // multiplies the sum once at the end, and the conversion needs no per-step maximum.
-template <int kTokens, bool kRowScale>
+//
+// kLean (DEEPINFER_MOE_WGMMA_LEAN): the same arithmetic in fewer instructions a step (ncu on the
+// step before it: no eligible warp 54% of the time, stalls on short dependency chains and the
+// FMA/ALU pipes rather than on the tensor cores or the barrier; the SASS recomputed the copies'
+// 64-bit addresses and the slots' modulo 6 every step): the copies' per-item addresses and the
+// raw words' slot offsets are held in registers (through an empty asm, so ptxas cannot
+// rematerialize them) and a step adds its offset, the scale codes' copy is one predicated copy,
+// the slots are byte offsets stepped around the ring, the descriptors of a step's K blocks are
+// one descriptor plus 2 each, and the conversion and the scale's e8m0 decode take fewer
+// instructions (e2m1x8_to_e4m3_shifted_lean, e8m0_to_float_selected). SASS a 128-token step
+// 490 -> 380 instructions, a 32-token step 364 -> 269 (docs/BENCHMARKS.md).
+template <int kTokens, bool kRowScale, bool kLean>
 __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, int row_tile,
                                            uint8_t* shared) {
@@ -1069,6 +1119,51 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
       copy_4_async(base + scale_shared, token_scale_global + step);
     }
   };
+  // kLean: the same copies from per-item addresses plus the step's offset (the same for every
+  // thread). The addresses and shared offsets go through an empty asm once an item, so ptxas
+  // keeps them in registers instead of recomputing them from threadIdx every step (it did). A
+  // row's 4 scale codes and a token's f32 step scale are both 4 bytes a step.
+  uint64_t weight_source[kWeightCopies];
+#pragma unroll
+  for (int i = 0; i < kWeightCopies; ++i) {
+    weight_source[i] = reinterpret_cast<uint64_t>(weight_global + i * weight_global_step);
+  }
+  uint64_t token_source[kTokenCopies];
+#pragma unroll
+  for (int i = 0; i < kTokenCopies; ++i) {
+    token_source[i] = reinterpret_cast<uint64_t>(token_global + token_offset[i]);
+  }
+  const bool copies_scale = copies_row_codes || copies_token_scale;
+  uint64_t scale_source = copies_row_codes ? reinterpret_cast<uint64_t>(row_codes_global)
+                                           : reinterpret_cast<uint64_t>(token_scale_global);
+  uint32_t lean_shared[3] = {weight_shared, token_shared, scale_shared};
+  if constexpr (kLean) {
+#pragma unroll
+    for (int i = 0; i < kWeightCopies; ++i) asm volatile("" : "+l"(weight_source[i]));
+#pragma unroll
+    for (int i = 0; i < kTokenCopies; ++i) asm volatile("" : "+l"(token_source[i]));
+    asm volatile("" : "+l"(scale_source));
+#pragma unroll
+    for (int i = 0; i < 3; ++i) asm volatile("" : "+r"(lean_shared[i]));
+  }
+  const auto copy_stage_lean = [&](uint32_t base, int step) {
+    const uint64_t weight_step = static_cast<uint64_t>(step) * (kStepK / 2);
+    const uint64_t token_step = static_cast<uint64_t>(step) * kStepK;
+#pragma unroll
+    for (int i = 0; i < kWeightCopies; ++i) {
+      copy_16_async(base + lean_shared[0] + i * kWeightRowStep * (kStepK / 2),
+                    reinterpret_cast<const void*>(weight_source[i] + weight_step));
+    }
+#pragma unroll
+    for (int i = 0; i < kTokenCopies; ++i) {
+      copy_16_async(base + lean_shared[1] + i * kTokenStep * kStepK,
+                    reinterpret_cast<const void*>(token_source[i] + token_step));
+    }
+    if (copies_scale) {
+      copy_4_async(base + lean_shared[2],
+                   reinterpret_cast<const void*>(scale_source + static_cast<uint64_t>(step) * 4));
+    }
+  };
 
   // kRowScale: the largest exponent of each of this thread's two rows over all of K (the 4
   // threads of a quad share the rows and split the codes), and the rows' scales.
@@ -1093,10 +1188,20 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     }
   };
 
+  // kLean: where in a slot this thread's raw fp4 words sit (kept in registers as the copies'
+  // addresses are, so a word's load is slot + offset with no add).
+  uint32_t raw_word_offset[2][kStepBlocks];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) {
+      raw_word_offset[half][b] = kRawWeightOffset + raw_chunk(row + 8 * half, b) + 4 * quad;
+      if constexpr (kLean) asm volatile("" : "+r"(raw_word_offset[half][b]));
+    }
+  }
   // A landed slot -> this thread's A registers and rows' scales of the step (fold128's
   // convert_step, element for element, into registers).
-  const auto convert_step = [&](int step, StepWeights& weights) {
-    const uint8_t* base = slot_of(step);
+  const auto convert_step = [&](const uint8_t* base, StepWeights& weights) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = row + 8 * half;
@@ -1106,7 +1211,8 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
       if constexpr (!kRowScale) {
         top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
                   max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
-        const float scale = deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) *
+        const float scale = (kLean ? e8m0_to_float_selected(top)
+                                   : deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top))) *
                             fold128::kWeightShiftRescale;
         if (half == 0) {
           weights.scale_lo = scale;
@@ -1118,12 +1224,18 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
       for (int b = 0; b < kStepBlocks; ++b) {
         const uint32_t shift =
             min(top - fold128::byte_of(codes, b), static_cast<uint32_t>(fold128::kFlushShift));
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(base + kRawWeightOffset +
-                                                                 raw_chunk(r, b) + 4 * quad);
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(
+            base +
+            (kLean ? raw_word_offset[half][b] : kRawWeightOffset + raw_chunk(r, b) + 4 * quad));
         // a0 / a1: rows g / g + 8, K slots 4 quad .. + 3 (the low nibbles); a2 / a3: slots 16 +
         // 4 quad .. (the high ones).
-        fold128::e2m1x8_to_e4m3_shifted(word, shift_table[shift], weights.a[b][half],
-                                        weights.a[b][2 + half]);
+        if constexpr (kLean) {
+          e2m1x8_to_e4m3_shifted_lean(word, shift_table[shift], weights.a[b][half],
+                                      weights.a[b][2 + half]);
+        } else {
+          fold128::e2m1x8_to_e4m3_shifted(word, shift_table[shift], weights.a[b][half],
+                                          weights.a[b][2 + half]);
+        }
       }
     }
   };
@@ -1131,9 +1243,9 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   float acc[kPartial] = {};
   float partial[kPartial];
   // acc += d * (x_step_scale * w_step_scale), fold128's fold.
-  const auto fold = [&](int step, const StepWeights& weights) {
+  const auto fold = [&](const uint8_t* slot, const StepWeights& weights) {
     const float* quad_scales =
-        reinterpret_cast<const float*>(slot_of(step) + kTokenScalesOffset) + quad * kQuadStride;
+        reinterpret_cast<const float*>(slot + kTokenScalesOffset) + quad * kQuadStride;
 #pragma unroll
     for (int pair = 0; pair < kTokens / 16; ++pair) {
       // Tokens 16 pair + 2 quad + {0, 1} and 16 pair + 8 + 2 quad + {0, 1}.
@@ -1157,16 +1269,20 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     }
   };
 
-  const auto issue_step = [&](int step, StepWeights& weights) {
-    const uint32_t codes_address = shared_address(slot_of(step) + kCodesOffset);
+  const auto issue_step = [&](const uint8_t* slot, StepWeights& weights) {
+    const uint32_t codes_address = shared_address(slot + kCodesOffset);
 #pragma unroll
     for (int b = 0; b < kStepBlocks; ++b) fence_registers(weights.a[b]);
     wgmma_fence();  // the A registers were written, the partial read by the last fold
     wgmma_rs<kTokens, true>(partial, weights.a[0], swizzled_operand(codes_address));
 #pragma unroll
     for (int b = 1; b < kStepBlocks; ++b) {
-      wgmma_rs<kTokens, false>(partial, weights.a[b],
-                               swizzled_operand(codes_address + b * kScaleBlock));
+      // kLean: the descriptor's start address field counts 16 bytes and a slot's lines sit far
+      // below the field's 2^18-byte wrap, so the K block's 32 bytes add 2 to it.
+      const uint64_t operand =
+          kLean ? swizzled_operand(codes_address) + static_cast<uint64_t>(b * kScaleBlock / 16)
+                : swizzled_operand(codes_address + b * kScaleBlock);
+      wgmma_rs<kTokens, false>(partial, weights.a[b], operand);
     }
     wgmma_commit();
   };
@@ -1175,32 +1291,57 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   // needed) and are made visible to the async proxy; the barrier publishes them and frees step
   // s - 1's slot; issue step s, refill, convert step s + 1 into the other register set while step
   // s runs, wait, fold.
+  // kLean: step s's slot as a byte offset into `shared`; step s + 1's follows it around the
+  // ring and step s + kCopyAhead's (= s - 1's) precedes it.
+  constexpr uint32_t kRingBytes = kStages * kStageBytes;
+  static_assert(kCopyAhead == kStages - 1, "kLean refills the slot before step s's");
+  uint32_t slot_offset = 0;
+  const uint32_t shared_base = shared_address(shared);
   const auto run_step = [&](int step, StepWeights& current, StepWeights& next) {
+    const uint32_t next_offset =
+        slot_offset + kStageBytes == kRingBytes ? 0u : slot_offset + kStageBytes;
+    const uint32_t refill_offset =
+        slot_offset == 0 ? kRingBytes - kStageBytes : slot_offset - kStageBytes;
+    const uint8_t* slot = kLean ? shared + slot_offset : slot_of(step);
+    const uint8_t* next_slot = kLean ? shared + next_offset : slot_of(step + 1);
     if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
     fence_shared_for_wgmma();
     __syncthreads();
-    issue_step(step, current);
-    if (step + kCopyAhead < steps) copy_stage(step + kCopyAhead);
+    issue_step(slot, current);
+    if (step + kCopyAhead < steps) {
+      if constexpr (kLean) {
+        copy_stage_lean(shared_base + refill_offset, step + kCopyAhead);
+      } else {
+        copy_stage(step + kCopyAhead);
+      }
+    }
     commit_copies();
-    if (step + 1 < steps) convert_step(step + 1, next);
+    if (step + 1 < steps) convert_step(next_slot, next);
     wgmma_wait<0>();
     hold_after_wait(partial);
 #pragma unroll
     for (int b = 0; b < kStepBlocks; ++b) fence_registers(current.a[b]);
-    fold(step, current);
+    fold(slot, current);
+    slot_offset = next_offset;
   };
   static_assert(kCopyAhead >= 2 && kCopyAhead <= kStages - 1, "the slot schedule above");
 
 #pragma unroll
   for (int s = 0; s < kCopyAhead; ++s) {
-    if (s < steps) copy_stage(s);
+    if (s < steps) {
+      if constexpr (kLean) {
+        copy_stage_lean(shared_base + s * kStageBytes, s);
+      } else {
+        copy_stage(s);
+      }
+    }
     commit_copies();
   }
   if constexpr (kRowScale) find_row_tops();  // while the first copies are in flight
   wait_copies<kCopyAhead - 1>();             // step 0
   __syncthreads();
   StepWeights weights[2];
-  convert_step(0, weights[0]);
+  convert_step(shared, weights[0]);
   // Two steps an iteration: the register sets alternate by name, not by a run-time index.
   for (int step = 0; step < steps; step += 2) {
     run_step(step, weights[0], weights[1]);
@@ -1220,13 +1361,21 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 
 }  // namespace register_a
 
-// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile.
-enum class TileKind { kFold32, kFold128, kFold128RegisterA, kFold128RowScale };
+// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile (the last in
+// three forms: the default, row-wide scales, the lean step).
+enum class TileKind {
+  kFold32,
+  kFold128,
+  kFold128RegisterA,
+  kFold128RowScale,
+  kFold128RegisterALean
+};
 
 template <TileKind kKind>
 constexpr int threads_of() {
   if constexpr (kKind == TileKind::kFold128) return fold128::kThreads;
-  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale) {
+  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale ||
+                kKind == TileKind::kFold128RegisterALean) {
     return register_a::kThreads;
   }
   return kThreads;
@@ -1235,7 +1384,8 @@ constexpr int threads_of() {
 template <TileKind kKind>
 constexpr int shared_allocation_of() {
   if constexpr (kKind == TileKind::kFold128) return fold128::kSharedAllocation;
-  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale) {
+  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale ||
+                kKind == TileKind::kFold128RegisterALean) {
     return register_a::kSharedAllocation;
   }
   return fold32::kSharedAllocation;
@@ -1247,9 +1397,11 @@ __device__ __forceinline__ void run_tile(const PrefillWgmmaArgs& args, const Pre
   if constexpr (kKind == TileKind::kFold128) {
     fold128::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   } else if constexpr (kKind == TileKind::kFold128RegisterA) {
-    register_a::wgmma_tile<kTokens, false>(args, tile, row_tile, shared);
+    register_a::wgmma_tile<kTokens, false, false>(args, tile, row_tile, shared);
   } else if constexpr (kKind == TileKind::kFold128RowScale) {
-    register_a::wgmma_tile<kTokens, true>(args, tile, row_tile, shared);
+    register_a::wgmma_tile<kTokens, true, false>(args, tile, row_tile, shared);
+  } else if constexpr (kKind == TileKind::kFold128RegisterALean) {
+    register_a::wgmma_tile<kTokens, false, true>(args, tile, row_tile, shared);
   } else {
     fold32::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   }
@@ -1267,7 +1419,8 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + fold128::kShiftTableOffset));
     __syncthreads();
   } else if constexpr (kKind == TileKind::kFold128RegisterA ||
-                       kKind == TileKind::kFold128RowScale) {
+                       kKind == TileKind::kFold128RowScale ||
+                       kKind == TileKind::kFold128RegisterALean) {
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + register_a::kShiftTableOffset));
     __syncthreads();
   }
@@ -1835,6 +1988,8 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
     launch_kernel<TileKind::kFold32>(args, blocks, tiles, tile_count);
   } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaRowScale.enabled()) {
     launch_kernel<TileKind::kFold128RowScale>(args, blocks, tiles, tile_count);
+  } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaLean.enabled()) {
+    launch_kernel<TileKind::kFold128RegisterALean>(args, blocks, tiles, tile_count);
   } else if (kMoeWgmmaRegisterA.enabled()) {
     launch_kernel<TileKind::kFold128RegisterA>(args, blocks, tiles, tile_count);
   } else {
