@@ -643,20 +643,18 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 // DEEPINFER_MOE_DECODE_WGMMA_SLOT's 1 or 4).
 struct NonInvariantRun {
   const char* impl;
-  int fold;                // DEEPINFER_MOE_WGMMA_FOLD
-  bool register_a;         // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
-  bool row_scale = false;  // DEEPINFER_MOE_WGMMA_ROW_SCALE (the register tile, row-wide scales)
+  int fold;         // DEEPINFER_MOE_WGMMA_FOLD
+  bool register_a;  // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
   int decode_slot = 2;              // DEEPINFER_MOE_DECODE_WGMMA_SLOT (K steps a copy slot)
-  bool lean = true;                 // DEEPINFER_MOE_WGMMA_LEAN (the register tile's lean step)
 };
 // The defaults, then the paths they replaced or choose between. Measured and decided (rows
-// removed, figures in docs/BENCHMARKS.md): row-wide weight scales, the software quantizer, fold
-// per 32, the prefill tiles at decode, decode slots of 1 and 4 K steps.
+// removed, figures in docs/BENCHMARKS.md): the software quantizer, fold per 32, the prefill tiles
+// at decode, decode slots of 1 and 4 K steps. The register tile's row-wide weight scales and its
+// step before the lean rewrite were measured and removed from the code (2026-12-02).
 constexpr NonInvariantRun kNonInvariantRuns[] = {
     {.impl = "ours, inv. off", .fold = 128, .register_a = true},
-    {.impl = "ours, off, step before lean", .fold = 128, .register_a = true, .lean = false},
     {.impl = "ours, off, smem weights", .fold = 128, .register_a = false},
     {.impl = "ours, off, decode mma.sync", .fold = 128, .register_a = true, .wgmma_decode = 0},
     {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2}};
@@ -666,11 +664,9 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const ops::ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold("DEEPINFER_MOE_WGMMA_FOLD", run.fold);
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
-  const rt::ScopedSwitch row_scale("DEEPINFER_MOE_WGMMA_ROW_SCALE", run.row_scale);
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", run.wgmma_decode);
   const rt::ScopedSetting slot("DEEPINFER_MOE_DECODE_WGMMA_SLOT", run.decode_slot);
-  const rt::ScopedSwitch lean("DEEPINFER_MOE_WGMMA_LEAN", run.lean);
   return time_ms(call);
 }
 

@@ -63,14 +63,8 @@ RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
 // true: quantize_rows_per128 rounds with the hardware's e4m3 conversions; false
 // (DEEPINFER_MOE_QUANT_HW_CVT=0): with round_to_e4m3 (the kernel before), the same codes.
 RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
-// true (not the default): the register tile's weights against their row's largest exponent
-// (register_a::wgmma_tile's kRowScale; other bits, within the same bound).
-RuntimeSwitch kMoeWgmmaRowScale{"DEEPINFER_MOE_WGMMA_ROW_SCALE", false};
 // The decode tile's K steps a copy slot (1, 2 or 4: decode_a::DecodeShape; the same bits).
 RuntimeSetting kDecodeWgmmaSlot{"DEEPINFER_MOE_DECODE_WGMMA_SLOT", 2, 1, 4};
-// true: the register tile's lean step (register_a::wgmma_tile's kLean: fewer instructions, the
-// same bits; moe_wgmma_test compares them); false (DEEPINFER_MOE_WGMMA_LEAN=0): the step before.
-RuntimeSwitch kMoeWgmmaLean{"DEEPINFER_MOE_WGMMA_LEAN", true};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -872,7 +866,7 @@ constexpr int kSharedBytes = kShiftTableOffset + fold128::kShiftTableBytes;
 constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
 static_assert(kStageBytes % kSwizzleAtom == 0, "the token lines start on swizzle atoms");
 static_assert(kSharedAllocation <= 227 * 1024, "one block per SM");
-static_assert(kSharedAllocation < (1 << 18), "kLean's descriptor adds stay in the address field");
+static_assert(kSharedAllocation < (1 << 18), "a step's descriptor adds stay in the address field");
 static_assert(kRows + kMaxTokens <= kThreads,
               "one thread per weight row and per token copies a step's scales");
 
@@ -977,7 +971,7 @@ __device__ __forceinline__ void fence_registers(uint32_t (&values)[4]) {
   for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(values[i])::"memory");
 }
 
-// kLean's conversion: fold128::e2m1x8_to_e4m3_shifted's bits in fewer instructions. A byte of
+// register_a's conversion: fold128::e2m1x8_to_e4m3_shifted's bits in fewer instructions. A byte of
 // `even` holds the magnitude of its low nibble, of `odd` its high one; x + (x >> 4) puts the
 // next byte's magnitude in the high nibble of each (the bits are disjoint, so the add is an or,
 // and one LEA.HI), so bytes 0 and 2 are the selector of the four table lookups. The table's
@@ -1002,7 +996,7 @@ __device__ __forceinline__ void e2m1x8_to_e4m3_shifted_lean(uint32_t codes, uint
   high = high_magnitudes | (codes & 0x80808080u);
 }
 
-// kLean: e8m0_to_float(code) (code < 256) with selects instead of the branches it compiles to.
+// e8m0_to_float(code) (code < 256) with selects instead of the branches it compiles to.
 __device__ __forceinline__ float e8m0_to_float_selected(uint32_t code) {
   uint32_t bits = code << 23;
   bits = code == 0 ? 0x00400000u : bits;
@@ -1018,23 +1012,21 @@ struct StepWeights {
   float scale_hi;
 };
 
-// kRowScale (DEEPINFER_MOE_WGMMA_ROW_SCALE, not the default): the weights re-expressed against
-// the largest ue8m0 exponent of their whole row instead of the step's four (exact for shifts
-// up to 14 as before; the tests count the blocks past it), so a row's weight scale is one
-// constant: the fold is one FFMA an element (acc += step * x_s128) and the row's scale
-// multiplies the sum once at the end, and the conversion needs no per-step maximum.
-//
-// kLean (DEEPINFER_MOE_WGMMA_LEAN): the same arithmetic in fewer instructions a step (ncu on the
-// step before it: no eligible warp 54% of the time, stalls on short dependency chains and the
-// FMA/ALU pipes rather than on the tensor cores or the barrier; the SASS recomputed the copies'
-// 64-bit addresses and the slots' modulo 6 every step): the copies' per-item addresses and the
-// raw words' slot offsets are held in registers (through an empty asm, so ptxas cannot
-// rematerialize them) and a step adds its offset, the scale codes' copy is one predicated copy,
-// the slots are byte offsets stepped around the ring, the descriptors of a step's K blocks are
-// one descriptor plus 2 each, and the conversion and the scale's e8m0 decode take fewer
-// instructions (e2m1x8_to_e4m3_shifted_lean, e8m0_to_float_selected). SASS a 128-token step
-// 490 -> 380 instructions, a 32-token step 364 -> 269 (docs/BENCHMARKS.md).
-template <int kTokens, bool kRowScale, bool kLean>
+// A K step of the tile is written for few instructions (ncu on an earlier form of it: no eligible
+// warp 54% of the time, stalls on short dependency chains and the FMA/ALU pipes rather than on the
+// tensor cores or the barrier; its SASS recomputed the copies' 64-bit addresses and the slots'
+// modulo 6 every step): the copies' per-item addresses and the raw words' slot offsets are held in
+// registers (through an empty asm, so ptxas cannot rematerialize them) and a step adds its
+// offset, the scale codes' copy is one predicated copy, the slots are byte offsets stepped around
+// the ring, the descriptors of a step's K blocks are one descriptor plus 2 each, and the
+// conversion and the scale's e8m0 decode take fewer instructions (e2m1x8_to_e4m3_shifted_lean,
+// e8m0_to_float_selected). SASS a 128-token step 380 instructions, a 32-token step 269
+// (docs/BENCHMARKS.md). The step before this one (490 / 364 instructions) and a variant with
+// row-wide weight scales were measured on the H200 and removed on 2026-12-02 (one layer's routed
+// experts at 8192 tokens: this step 10.87 ms, the step before 11.90 ms with the same bits; the
+// row-wide scales 1% faster with other bits, not worth a second numerics); git history before
+// that date has them.
+template <int kTokens>
 __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                                            const PrefillTokenTile& tile, int row_tile,
                                            uint8_t* shared) {
@@ -1054,7 +1046,6 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   const auto token_row = [&](int token) -> int64_t {
     return tile.first + min(token, rows.tokens - 1);
   };
-  const auto slot_of = [&](int step) { return shared + (step % kStages) * kStageBytes; };
   const uint2* shift_table = reinterpret_cast<const uint2*>(shared + kShiftTableOffset);
 
   // This thread's copies, the same chunks as fold128's copy loops (chunk thread + kThreads i), with
@@ -1099,30 +1090,10 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
           ? kWeightCodesOffset + thread * kStepBlocks
           : kTokenScalesOffset + quad_grouped(copies_token_scale ? thread - kRows : 0) * 4;
 
-  const auto copy_stage = [&](int step) {
-    const uint32_t base = shared_address(slot_of(step));
-    const uint8_t* weights = weight_global + static_cast<int64_t>(step) * (kStepK / 2);
-#pragma unroll
-    for (int i = 0; i < kWeightCopies; ++i) {
-      copy_16_async(base + weight_shared + i * kWeightRowStep * (kStepK / 2),
-                    weights + i * weight_global_step);
-    }
-    const uint8_t* tokens = token_global + static_cast<int64_t>(step) * kStepK;
-#pragma unroll
-    for (int i = 0; i < kTokenCopies; ++i) {
-      copy_16_async(base + token_shared + i * kTokenStep * kStepK, tokens + token_offset[i]);
-    }
-    if (copies_row_codes) {
-      copy_4_async(base + scale_shared,
-                   row_codes_global + static_cast<int64_t>(step) * kStepBlocks);
-    } else if (copies_token_scale) {
-      copy_4_async(base + scale_shared, token_scale_global + step);
-    }
-  };
-  // kLean: the same copies from per-item addresses plus the step's offset (the same for every
-  // thread). The addresses and shared offsets go through an empty asm once an item, so ptxas
-  // keeps them in registers instead of recomputing them from threadIdx every step (it did). A
-  // row's 4 scale codes and a token's f32 step scale are both 4 bytes a step.
+  // A step's copies: the per-item addresses plus the step's offset (the same for every thread).
+  // The addresses and shared offsets go through an empty asm once an item, so ptxas keeps them in
+  // registers instead of recomputing them from threadIdx every step (it did). A row's 4 scale
+  // codes and a token's f32 step scale are both 4 bytes a step.
   uint64_t weight_source[kWeightCopies];
 #pragma unroll
   for (int i = 0; i < kWeightCopies; ++i) {
@@ -1136,59 +1107,34 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   const bool copies_scale = copies_row_codes || copies_token_scale;
   uint64_t scale_source = copies_row_codes ? reinterpret_cast<uint64_t>(row_codes_global)
                                            : reinterpret_cast<uint64_t>(token_scale_global);
-  uint32_t lean_shared[3] = {weight_shared, token_shared, scale_shared};
-  if constexpr (kLean) {
+  uint32_t copy_shared[3] = {weight_shared, token_shared, scale_shared};
 #pragma unroll
-    for (int i = 0; i < kWeightCopies; ++i) asm volatile("" : "+l"(weight_source[i]));
+  for (int i = 0; i < kWeightCopies; ++i) asm volatile("" : "+l"(weight_source[i]));
 #pragma unroll
-    for (int i = 0; i < kTokenCopies; ++i) asm volatile("" : "+l"(token_source[i]));
-    asm volatile("" : "+l"(scale_source));
+  for (int i = 0; i < kTokenCopies; ++i) asm volatile("" : "+l"(token_source[i]));
+  asm volatile("" : "+l"(scale_source));
 #pragma unroll
-    for (int i = 0; i < 3; ++i) asm volatile("" : "+r"(lean_shared[i]));
-  }
-  const auto copy_stage_lean = [&](uint32_t base, int step) {
+  for (int i = 0; i < 3; ++i) asm volatile("" : "+r"(copy_shared[i]));
+  const auto copy_stage = [&](uint32_t base, int step) {
     const uint64_t weight_step = static_cast<uint64_t>(step) * (kStepK / 2);
     const uint64_t token_step = static_cast<uint64_t>(step) * kStepK;
 #pragma unroll
     for (int i = 0; i < kWeightCopies; ++i) {
-      copy_16_async(base + lean_shared[0] + i * kWeightRowStep * (kStepK / 2),
+      copy_16_async(base + copy_shared[0] + i * kWeightRowStep * (kStepK / 2),
                     reinterpret_cast<const void*>(weight_source[i] + weight_step));
     }
 #pragma unroll
     for (int i = 0; i < kTokenCopies; ++i) {
-      copy_16_async(base + lean_shared[1] + i * kTokenStep * kStepK,
+      copy_16_async(base + copy_shared[1] + i * kTokenStep * kStepK,
                     reinterpret_cast<const void*>(token_source[i] + token_step));
     }
     if (copies_scale) {
-      copy_4_async(base + lean_shared[2],
+      copy_4_async(base + copy_shared[2],
                    reinterpret_cast<const void*>(scale_source + static_cast<uint64_t>(step) * 4));
     }
   };
 
-  // kRowScale: the largest exponent of each of this thread's two rows over all of K (the 4
-  // threads of a quad share the rows and split the codes), and the rows' scales.
-  uint32_t row_top[2] = {0, 0};
-  float row_scale[2] = {1.0f, 1.0f};
-  const auto find_row_tops = [&] {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const auto* words =
-          reinterpret_cast<const uint32_t*>(rows.w_scales + (row + 8 * half) * k_blocks);
-      uint32_t top = 0;
-      for (int64_t w = quad; w < k_blocks / 4; w += 4) {
-        const uint32_t codes = words[w];
-        top = max(top, max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
-                           max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3))));
-      }
-      top = max(top, __shfl_xor_sync(0xFFFFFFFFu, top, 1));
-      top = max(top, __shfl_xor_sync(0xFFFFFFFFu, top, 2));
-      row_top[half] = top;
-      row_scale[half] =
-          deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) * fold128::kWeightShiftRescale;
-    }
-  };
-
-  // kLean: where in a slot this thread's raw fp4 words sit (kept in registers as the copies'
+  // Where in a slot this thread's raw fp4 words sit (kept in registers as the copies'
   // addresses are, so a word's load is slot + offset with no add).
   uint32_t raw_word_offset[2][kStepBlocks];
 #pragma unroll
@@ -1196,46 +1142,37 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 #pragma unroll
     for (int b = 0; b < kStepBlocks; ++b) {
       raw_word_offset[half][b] = kRawWeightOffset + raw_chunk(row + 8 * half, b) + 4 * quad;
-      if constexpr (kLean) asm volatile("" : "+r"(raw_word_offset[half][b]));
+      asm volatile("" : "+r"(raw_word_offset[half][b]));
     }
   }
   // A landed slot -> this thread's A registers and rows' scales of the step (fold128's
   // convert_step, element for element, into registers).
   const auto convert_step = [&](const uint8_t* base, StepWeights& weights) {
+    // Each row's largest ue8m0 code of the step's four. (An array, not a scalar a row: with the
+    // scalar the compiler gives the accumulators other registers, the same instructions.)
+    uint32_t top[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = row + 8 * half;
       const uint32_t codes =
           *reinterpret_cast<const uint32_t*>(base + kWeightCodesOffset + r * kStepBlocks);
-      uint32_t top = row_top[half];
-      if constexpr (!kRowScale) {
-        top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
-                  max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
-        const float scale = (kLean ? e8m0_to_float_selected(top)
-                                   : deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top))) *
-                            fold128::kWeightShiftRescale;
-        if (half == 0) {
-          weights.scale_lo = scale;
-        } else {
-          weights.scale_hi = scale;
-        }
+      top[half] = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
+                      max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
+      const float scale = e8m0_to_float_selected(top[half]) * fold128::kWeightShiftRescale;
+      if (half == 0) {
+        weights.scale_lo = scale;
+      } else {
+        weights.scale_hi = scale;
       }
 #pragma unroll
       for (int b = 0; b < kStepBlocks; ++b) {
-        const uint32_t shift =
-            min(top - fold128::byte_of(codes, b), static_cast<uint32_t>(fold128::kFlushShift));
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(
-            base +
-            (kLean ? raw_word_offset[half][b] : kRawWeightOffset + raw_chunk(r, b) + 4 * quad));
+        const uint32_t shift = min(top[half] - fold128::byte_of(codes, b),
+                                   static_cast<uint32_t>(fold128::kFlushShift));
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(base + raw_word_offset[half][b]);
         // a0 / a1: rows g / g + 8, K slots 4 quad .. + 3 (the low nibbles); a2 / a3: slots 16 +
         // 4 quad .. (the high ones).
-        if constexpr (kLean) {
-          e2m1x8_to_e4m3_shifted_lean(word, shift_table[shift], weights.a[b][half],
-                                      weights.a[b][2 + half]);
-        } else {
-          fold128::e2m1x8_to_e4m3_shifted(word, shift_table[shift], weights.a[b][half],
-                                          weights.a[b][2 + half]);
-        }
+        e2m1x8_to_e4m3_shifted_lean(word, shift_table[shift], weights.a[b][half],
+                                    weights.a[b][2 + half]);
       }
     }
   };
@@ -1254,17 +1191,10 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = 2 * pair + half;
-        if constexpr (kRowScale) {
-          acc[4 * j + 0] += partial[4 * j + 0] * scale[half][0];
-          acc[4 * j + 1] += partial[4 * j + 1] * scale[half][1];
-          acc[4 * j + 2] += partial[4 * j + 2] * scale[half][0];
-          acc[4 * j + 3] += partial[4 * j + 3] * scale[half][1];
-        } else {
-          acc[4 * j + 0] += partial[4 * j + 0] * (scale[half][0] * weights.scale_lo);
-          acc[4 * j + 1] += partial[4 * j + 1] * (scale[half][1] * weights.scale_lo);
-          acc[4 * j + 2] += partial[4 * j + 2] * (scale[half][0] * weights.scale_hi);
-          acc[4 * j + 3] += partial[4 * j + 3] * (scale[half][1] * weights.scale_hi);
-        }
+        acc[4 * j + 0] += partial[4 * j + 0] * (scale[half][0] * weights.scale_lo);
+        acc[4 * j + 1] += partial[4 * j + 1] * (scale[half][1] * weights.scale_lo);
+        acc[4 * j + 2] += partial[4 * j + 2] * (scale[half][0] * weights.scale_hi);
+        acc[4 * j + 3] += partial[4 * j + 3] * (scale[half][1] * weights.scale_hi);
       }
     }
   };
@@ -1277,11 +1207,10 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     wgmma_rs<kTokens, true>(partial, weights.a[0], swizzled_operand(codes_address));
 #pragma unroll
     for (int b = 1; b < kStepBlocks; ++b) {
-      // kLean: the descriptor's start address field counts 16 bytes and a slot's lines sit far
-      // below the field's 2^18-byte wrap, so the K block's 32 bytes add 2 to it.
+      // The descriptor's start address field counts 16 bytes and a slot's lines sit far below the
+      // field's 2^18-byte wrap, so the K block's 32 bytes add 2 to it.
       const uint64_t operand =
-          kLean ? swizzled_operand(codes_address) + static_cast<uint64_t>(b * kScaleBlock / 16)
-                : swizzled_operand(codes_address + b * kScaleBlock);
+          swizzled_operand(codes_address) + static_cast<uint64_t>(b * kScaleBlock / 16);
       wgmma_rs<kTokens, false>(partial, weights.a[b], operand);
     }
     wgmma_commit();
@@ -1291,10 +1220,10 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   // needed) and are made visible to the async proxy; the barrier publishes them and frees step
   // s - 1's slot; issue step s, refill, convert step s + 1 into the other register set while step
   // s runs, wait, fold.
-  // kLean: step s's slot as a byte offset into `shared`; step s + 1's follows it around the
-  // ring and step s + kCopyAhead's (= s - 1's) precedes it.
+  // Step s's slot is a byte offset into `shared`; step s + 1's follows it around the ring and
+  // step s + kCopyAhead's (= s - 1's) precedes it.
   constexpr uint32_t kRingBytes = kStages * kStageBytes;
-  static_assert(kCopyAhead == kStages - 1, "kLean refills the slot before step s's");
+  static_assert(kCopyAhead == kStages - 1, "step s refills the slot before step s's");
   uint32_t slot_offset = 0;
   const uint32_t shared_base = shared_address(shared);
   const auto run_step = [&](int step, StepWeights& current, StepWeights& next) {
@@ -1302,19 +1231,13 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
         slot_offset + kStageBytes == kRingBytes ? 0u : slot_offset + kStageBytes;
     const uint32_t refill_offset =
         slot_offset == 0 ? kRingBytes - kStageBytes : slot_offset - kStageBytes;
-    const uint8_t* slot = kLean ? shared + slot_offset : slot_of(step);
-    const uint8_t* next_slot = kLean ? shared + next_offset : slot_of(step + 1);
+    const uint8_t* slot = shared + slot_offset;
+    const uint8_t* next_slot = shared + next_offset;
     if (step + 1 < steps) wait_copies<kCopyAhead - 2>();
     fence_shared_for_wgmma();
     __syncthreads();
     issue_step(slot, current);
-    if (step + kCopyAhead < steps) {
-      if constexpr (kLean) {
-        copy_stage_lean(shared_base + refill_offset, step + kCopyAhead);
-      } else {
-        copy_stage(step + kCopyAhead);
-      }
-    }
+    if (step + kCopyAhead < steps) copy_stage(shared_base + refill_offset, step + kCopyAhead);
     commit_copies();
     if (step + 1 < steps) convert_step(next_slot, next);
     wgmma_wait<0>();
@@ -1328,17 +1251,10 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
 
 #pragma unroll
   for (int s = 0; s < kCopyAhead; ++s) {
-    if (s < steps) {
-      if constexpr (kLean) {
-        copy_stage_lean(shared_base + s * kStageBytes, s);
-      } else {
-        copy_stage(s);
-      }
-    }
+    if (s < steps) copy_stage(shared_base + s * kStageBytes, s);
     commit_copies();
   }
-  if constexpr (kRowScale) find_row_tops();  // while the first copies are in flight
-  wait_copies<kCopyAhead - 1>();             // step 0
+  wait_copies<kCopyAhead - 1>();  // step 0
   __syncthreads();
   StepWeights weights[2];
   convert_step(shared, weights[0]);
@@ -1347,35 +1263,18 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     run_step(step, weights[0], weights[1]);
     if (step + 1 < steps) run_step(step + 1, weights[1], weights[0]);
   }
-  if constexpr (kRowScale) {
-#pragma unroll
-    for (int j = 0; j < kTokens / 8; ++j) {
-      acc[4 * j + 0] *= row_scale[0];
-      acc[4 * j + 1] *= row_scale[0];
-      acc[4 * j + 2] *= row_scale[1];
-      acc[4 * j + 3] *= row_scale[1];
-    }
-  }
   store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
 }
 
 }  // namespace register_a
 
-// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile (the last in
-// three forms: the default, row-wide scales, the lean step).
-enum class TileKind {
-  kFold32,
-  kFold128,
-  kFold128RegisterA,
-  kFold128RowScale,
-  kFold128RegisterALean
-};
+// The three tiles: fold32::wgmma_tile, fold128::wgmma_tile, register_a::wgmma_tile.
+enum class TileKind { kFold32, kFold128, kFold128RegisterA };
 
 template <TileKind kKind>
 constexpr int threads_of() {
   if constexpr (kKind == TileKind::kFold128) return fold128::kThreads;
-  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale ||
-                kKind == TileKind::kFold128RegisterALean) {
+  if constexpr (kKind == TileKind::kFold128RegisterA) {
     return register_a::kThreads;
   }
   return kThreads;
@@ -1384,8 +1283,7 @@ constexpr int threads_of() {
 template <TileKind kKind>
 constexpr int shared_allocation_of() {
   if constexpr (kKind == TileKind::kFold128) return fold128::kSharedAllocation;
-  if constexpr (kKind == TileKind::kFold128RegisterA || kKind == TileKind::kFold128RowScale ||
-                kKind == TileKind::kFold128RegisterALean) {
+  if constexpr (kKind == TileKind::kFold128RegisterA) {
     return register_a::kSharedAllocation;
   }
   return fold32::kSharedAllocation;
@@ -1397,11 +1295,7 @@ __device__ __forceinline__ void run_tile(const PrefillWgmmaArgs& args, const Pre
   if constexpr (kKind == TileKind::kFold128) {
     fold128::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   } else if constexpr (kKind == TileKind::kFold128RegisterA) {
-    register_a::wgmma_tile<kTokens, false, false>(args, tile, row_tile, shared);
-  } else if constexpr (kKind == TileKind::kFold128RowScale) {
-    register_a::wgmma_tile<kTokens, true, false>(args, tile, row_tile, shared);
-  } else if constexpr (kKind == TileKind::kFold128RegisterALean) {
-    register_a::wgmma_tile<kTokens, false, true>(args, tile, row_tile, shared);
+    register_a::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   } else {
     fold32::wgmma_tile<kTokens>(args, tile, row_tile, shared);
   }
@@ -1418,9 +1312,7 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
   if constexpr (kKind == TileKind::kFold128) {
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + fold128::kShiftTableOffset));
     __syncthreads();
-  } else if constexpr (kKind == TileKind::kFold128RegisterA ||
-                       kKind == TileKind::kFold128RowScale ||
-                       kKind == TileKind::kFold128RegisterALean) {
+  } else if constexpr (kKind == TileKind::kFold128RegisterA) {
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + register_a::kShiftTableOffset));
     __syncthreads();
   }
@@ -1986,10 +1878,6 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
   if (blocks == 0) return;
   if (fold == WgmmaFold::kPer32) {
     launch_kernel<TileKind::kFold32>(args, blocks, tiles, tile_count);
-  } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaRowScale.enabled()) {
-    launch_kernel<TileKind::kFold128RowScale>(args, blocks, tiles, tile_count);
-  } else if (kMoeWgmmaRegisterA.enabled() && kMoeWgmmaLean.enabled()) {
-    launch_kernel<TileKind::kFold128RegisterALean>(args, blocks, tiles, tile_count);
   } else if (kMoeWgmmaRegisterA.enabled()) {
     launch_kernel<TileKind::kFold128RegisterA>(args, blocks, tiles, tile_count);
   } else {
