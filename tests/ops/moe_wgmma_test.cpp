@@ -282,36 +282,46 @@ TEST_F(MoeWgmmaTest, DecodeGemmV41FlashShapes) {
 
 // ---- the routed experts' op (ops::cuda::moe_experts) ---------------------------------------
 
+// One op case: random experts, routes, route weights and input, and the CPU op's output.
+struct MoeOpCase {
+  MoeOpCase(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, int64_t top_k,
+            uint32_t seed)
+      : set(make_experts(experts, dim, inter, seed)),
+        chosen(random_routes(tokens, experts, top_k, seed + 100)),
+        weights(random_f32({tokens, top_k}, seed + 101)),
+        x(random_f32({tokens, dim}, seed + 102)),
+        want(Tensor::empty(DType::kF32, {tokens, dim})) {
+    moe_experts(x.view(), chosen.view(), weights.view(), set.host, 10.0f,
+                ActivationQuant::kFp8PerBlock32, want.view());
+  }
+  ExpertSet set;
+  Tensor chosen, weights, x, want;
+};
+
 // The op without batch invariance (both folds) against the CPU op; with it, the mma.sync tile's
 // bits and each of a few tokens alone equal to itself in the batch (the decode tile).
 void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, int64_t top_k,
                   uint32_t seed, const std::string& what) {
-  const ExpertSet set = make_experts(experts, dim, inter, seed);
-  const Tensor chosen = random_routes(tokens, experts, top_k, seed + 100);
-  const Tensor weights = random_f32({tokens, top_k}, seed + 101);
-  const Tensor x = random_f32({tokens, dim}, seed + 102);
-  Tensor want = Tensor::empty(DType::kF32, {tokens, dim});
-  moe_experts(x.view(), chosen.view(), weights.view(), set.host, 10.0f,
-              ActivationQuant::kFp8PerBlock32, want.view());
+  const MoeOpCase c(experts, dim, inter, tokens, top_k, seed);
   const double tolerance = wgmma_op_tolerance(dim, inter);
   for (const int fold : {128, 32}) {
     const ScopedBatchInvariance off(false);
     const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", fold);
     const double error =
-        worst_error_matching_nans(want, run_moe_op(set, x, chosen, weights, 0, tokens));
+        worst_error_matching_nans(c.want, run_moe_op(c.set, c.x, c.chosen, c.weights, 0, tokens));
     std::printf(
         "moe_experts %s, fold per %d: worst error %.3g of the output's scale (bound %.3g)\n",
         what.c_str(), fold, error, tolerance);
     EXPECT_LE(error, tolerance) << what << ", fold per " << fold;
   }
-  const auto run_op = [&] { return run_moe_op(set, x, chosen, weights, 0, tokens); };
+  const auto run_op = [&] { return run_moe_op(c.set, c.x, c.chosen, c.weights, 0, tokens); };
   expect_fold128_paths_agree(run_op, what);
   Tensor invariant;
   {
     const ScopedBatchInvariance on(true);
-    invariant = run_moe_op(set, x, chosen, weights, 0, tokens);
+    invariant = run_moe_op(c.set, c.x, c.chosen, c.weights, 0, tokens);
     for (const int64_t token : {int64_t{0}, tokens / 2, tokens - 1}) {
-      const Tensor alone = run_moe_op(set, x, chosen, weights, token, 1);
+      const Tensor alone = run_moe_op(c.set, c.x, c.chosen, c.weights, token, 1);
       EXPECT_EQ(0, std::memcmp(invariant.data<float>() + token * dim, alone.data<float>(),
                                static_cast<size_t>(dim) * sizeof(float)))
           << what << ": token " << token << " alone";
@@ -321,10 +331,10 @@ void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, i
   {
     const ScopedBatchInvariance off(false);
     const rt::ScopedSwitch no_wgmma("DEEPINFER_MOE_WGMMA", false);
-    mma_sync_tile = run_moe_op(set, x, chosen, weights, 0, tokens);
+    mma_sync_tile = run_moe_op(c.set, c.x, c.chosen, c.weights, 0, tokens);
   }
   EXPECT_TRUE(same_bits(invariant, mma_sync_tile)) << what;
-  EXPECT_LE(worst_error_matching_nans(want, invariant), 2e-3) << what << ", batch invariant";
+  EXPECT_LE(worst_error_matching_nans(c.want, invariant), 2e-3) << what << ", batch invariant";
 }
 
 // The op at decode shapes (w1 and w3 in one launch of the decode tile, the SwiGLU's per-128
@@ -333,17 +343,11 @@ void check_moe_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, i
 void check_moe_decode_op(int64_t experts, int64_t dim, int64_t inter, int64_t tokens, int64_t top_k,
                          uint32_t seed, const std::string& what) {
   ASSERT_LT(tokens * top_k, 16 * experts) << what << " is not a decode shape";
-  const ExpertSet set = make_experts(experts, dim, inter, seed);
-  const Tensor chosen = random_routes(tokens, experts, top_k, seed + 100);
-  const Tensor weights = random_f32({tokens, top_k}, seed + 101);
-  const Tensor x = random_f32({tokens, dim}, seed + 102);
-  Tensor want = Tensor::empty(DType::kF32, {tokens, dim});
-  moe_experts(x.view(), chosen.view(), weights.view(), set.host, 10.0f,
-              ActivationQuant::kFp8PerBlock32, want.view());
-  const auto run = [&] { return run_moe_op(set, x, chosen, weights, 0, tokens); };
+  const MoeOpCase c(experts, dim, inter, tokens, top_k, seed);
+  const auto run = [&] { return run_moe_op(c.set, c.x, c.chosen, c.weights, 0, tokens); };
   const Tensor decode_tile = run_wgmma_decode(2, run);
   expect_decode_shapes_match_prefill_tiles(run, what);
-  const double error = worst_error_matching_nans(want, decode_tile);
+  const double error = worst_error_matching_nans(c.want, decode_tile);
   const double tolerance = wgmma_op_tolerance(dim, inter);
   std::printf("moe_experts %s, wgmma decode tile: worst error %.3g (bound %.3g)\n", what.c_str(),
               error, tolerance);

@@ -1069,6 +1069,46 @@ KernelChoice choose_kernel(int64_t rows, int64_t groups, bool has_offsets, int64
   return choice;
 }
 
+// A token-tile list (tiles of kBigTokens and kSmallTokens) built on the device by
+// list_token_tiles_kernel: the tile count first (16 bytes), then the tiles, in one stream-ordered
+// buffer.
+template <int kBigTokens, int kSmallTokens>
+struct TokenTileList {
+  static constexpr size_t kCountBytes = 16;
+  static constexpr int kListThreads = 512;
+  TokenTileList(const GroupedArgs& args, int64_t max_tiles, cudaStream_t stream)
+      : buffer(kCountBytes + static_cast<size_t>(max_tiles) * sizeof(TokenTile)),
+        tile_count(buffer.as<int>()),
+        tiles(reinterpret_cast<TokenTile*>(buffer.as<uint8_t>() + kCountBytes)) {
+    list_token_tiles_kernel<kListThreads, kBigTokens, kSmallTokens><<<1, kListThreads, 0, stream>>>(
+        args.offsets, args.groups, args.rows, tiles, static_cast<int>(max_tiles), tile_count);
+    DI_CUDA_LAUNCHED(list_token_tiles_kernel);
+  }
+  StreamBuffer buffer;
+  int* tile_count;
+  TokenTile* tiles;
+};
+
+// The wgmma tiles' arguments for `args` (one weight table; the caller adds a second): kPer128
+// reads the per-128 step scales of quantize_rows_per128, kPer32 the per-32 ue8m0 codes.
+PrefillWgmmaArgs wgmma_args(const GroupedArgs& args, WgmmaFold fold) {
+  PrefillWgmmaArgs wgmma;
+  wgmma.x_codes = args.x_codes;
+  if (fold == WgmmaFold::kPer128) {
+    wgmma.x_step_scales = reinterpret_cast<const float*>(args.x_scales);
+  } else {
+    wgmma.x_scales = args.x_scales;
+  }
+  wgmma.weight = args.weight;
+  wgmma.w_scales = args.w_scales;
+  wgmma.experts = args.experts;
+  wgmma.out = args.out;
+  wgmma.out_stride = args.out_stride;
+  wgmma.n = args.n;
+  wgmma.k = args.k;
+  return wgmma;
+}
+
 // Runs the kernel `choice` names over activations already quantized into args.x_codes /
 // x_scales in choice.layout; args carries everything else (rows, groups, out). With
 // args.second_out, both weight tables (fp4 decode / register tile: one launch; prefill tile: two
@@ -1077,57 +1117,20 @@ template <bool kFp8Weight>
 void run_quantized(GroupedArgs args, const KernelChoice& choice) {
   const auto stream = current_stream();
   if (choice.decode_wgmma) {
-    // The tile count first (16 bytes), then the tiles.
-    constexpr size_t kCountBytes = 16;
-    StreamBuffer tile_list(kCountBytes + static_cast<size_t>(choice.max_tiles) * sizeof(TokenTile));
-    auto* tile_count = tile_list.as<int>();
-    auto* tiles = reinterpret_cast<TokenTile*>(tile_list.as<uint8_t>() + kCountBytes);
-    constexpr int kListThreads = 512;
-    list_token_tiles_kernel<kListThreads, kDecodeBigTileTokens, kDecodeSmallTileTokens>
-        <<<1, kListThreads, 0, stream>>>(args.offsets, args.groups, args.rows, tiles,
-                                         static_cast<int>(choice.max_tiles), tile_count);
-    DI_CUDA_LAUNCHED(list_token_tiles_kernel);
-    PrefillWgmmaArgs wgmma;
-    wgmma.x_codes = args.x_codes;
-    wgmma.x_step_scales = reinterpret_cast<const float*>(args.x_scales);
-    wgmma.weight = args.weight;
-    wgmma.w_scales = args.w_scales;
-    wgmma.experts = args.experts;
-    wgmma.out = args.out;
-    wgmma.out_stride = args.out_stride;
-    wgmma.n = args.n;
-    wgmma.k = args.k;
+    const TokenTileList<kDecodeBigTileTokens, kDecodeSmallTileTokens> list(args, choice.max_tiles,
+                                                                           stream);
+    PrefillWgmmaArgs wgmma = wgmma_args(args, WgmmaFold::kPer128);
     wgmma.second_experts = args.second_experts;
     wgmma.second_out = args.second_out;
-    launch_moe_decode_wgmma(wgmma, tiles, tile_count, choice.max_tiles);
+    launch_moe_decode_wgmma(wgmma, list.tiles, list.tile_count, choice.max_tiles);
     return;
   }
   if (choice.prefill_tiles) {
-    // The tile count first (16 bytes), then the tiles.
-    constexpr size_t kCountBytes = 16;
-    StreamBuffer tile_list(kCountBytes + static_cast<size_t>(choice.max_tiles) * sizeof(TokenTile));
-    auto* tile_count = tile_list.as<int>();
-    auto* tiles = reinterpret_cast<TokenTile*>(tile_list.as<uint8_t>() + kCountBytes);
-    constexpr int kListThreads = 512;
-    list_token_tiles_kernel<kListThreads>
-        <<<1, kListThreads, 0, stream>>>(args.offsets, args.groups, args.rows, tiles,
-                                         static_cast<int>(choice.max_tiles), tile_count);
-    DI_CUDA_LAUNCHED(list_token_tiles_kernel);
+    const TokenTileList<kBigTileTokens, kSmallTileTokens> list(args, choice.max_tiles, stream);
+    const TokenTile* tiles = list.tiles;
+    const int* tile_count = list.tile_count;
     if (choice.wgmma != WgmmaFold::kNone) {
-      PrefillWgmmaArgs wgmma;
-      wgmma.x_codes = args.x_codes;
-      if (choice.wgmma == WgmmaFold::kPer128) {
-        wgmma.x_step_scales = reinterpret_cast<const float*>(args.x_scales);
-      } else {
-        wgmma.x_scales = args.x_scales;
-      }
-      wgmma.weight = args.weight;
-      wgmma.w_scales = args.w_scales;
-      wgmma.experts = args.experts;
-      wgmma.out = args.out;
-      wgmma.out_stride = args.out_stride;
-      wgmma.n = args.n;
-      wgmma.k = args.k;
+      PrefillWgmmaArgs wgmma = wgmma_args(args, choice.wgmma);
       launch_moe_prefill_wgmma(wgmma, choice.wgmma, tiles, tile_count, choice.max_tiles);
       if (args.second_out != nullptr) {
         wgmma.experts = args.second_experts;
