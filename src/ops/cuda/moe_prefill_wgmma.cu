@@ -1832,26 +1832,32 @@ __device__ __forceinline__ void fill_tables(uint8_t* shared) {
   }
 }
 
-// Shared-memory loads at 32-bit addresses (volatile: kept in order with the barriers and the
-// copies' waits, which are volatile asm too).
+// Shared-memory loads at 32-bit addresses (volatile, with a memory clobber: kept in order with the
+// barriers and the copies' waits).
 __device__ __forceinline__ uint32_t load_u32(uint32_t address) {
   uint32_t value;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(address));
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(address) : "memory");
   return value;
 }
 __device__ __forceinline__ uint2 load_u32x2(uint32_t address) {
   uint2 value;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(value.x), "=r"(value.y) : "r"(address));
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+               : "=r"(value.x), "=r"(value.y)
+               : "r"(address)
+               : "memory");
   return value;
 }
 __device__ __forceinline__ float load_f32(uint32_t address) {
   float value;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(value) : "r"(address));
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(value) : "r"(address) : "memory");
   return value;
 }
 __device__ __forceinline__ float2 load_f32x2(uint32_t address) {
   float2 value;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(value.x), "=f"(value.y) : "r"(address));
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+               : "=f"(value.x), "=f"(value.y)
+               : "r"(address)
+               : "memory");
   return value;
 }
 
@@ -2304,6 +2310,9 @@ void launch_moe_decode_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTil
       break;
     case 2:
       if (kMoeDecodeWgmmaLean.enabled()) {
+        // The lean copies step 16 weight rows with a 32-bit stride.
+        DI_CHECK(args.k <= (int64_t{1} << 28), "launch_moe_decode_wgmma: K ", args.k,
+                 " is too large for the lean decode step");
         decode_a::launch<decode_a::TwoStepSlots, true>(args, tiles, tile_count, max_items, sms);
       } else {
         decode_a::launch<decode_a::TwoStepSlots>(args, tiles, tile_count, max_items, sms);
