@@ -648,6 +648,7 @@ struct NonInvariantRun {
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
   int decode_slot = 2;              // DEEPINFER_MOE_DECODE_WGMMA_SLOT (K steps a copy slot)
+  bool decode_lean = false;         // DEEPINFER_MOE_DECODE_WGMMA_LEAN (the lean decode step)
 };
 // The defaults, then the paths they replaced or choose between. Measured and decided (rows
 // removed, figures in docs/BENCHMARKS.md): the software quantizer, fold per 32, the prefill tiles
@@ -657,7 +658,12 @@ constexpr NonInvariantRun kNonInvariantRuns[] = {
     {.impl = "ours, inv. off", .fold = 128, .register_a = true},
     {.impl = "ours, off, smem weights", .fold = 128, .register_a = false},
     {.impl = "ours, off, decode mma.sync", .fold = 128, .register_a = true, .wgmma_decode = 0},
-    {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2}};
+    {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2},
+    {.impl = "ours, off, decode wgmma lean",
+     .fold = 128,
+     .register_a = true,
+     .wgmma_decode = 2,
+     .decode_lean = true}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -667,6 +673,7 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", run.wgmma_decode);
   const rt::ScopedSetting slot("DEEPINFER_MOE_DECODE_WGMMA_SLOT", run.decode_slot);
+  const rt::ScopedSwitch lean("DEEPINFER_MOE_DECODE_WGMMA_LEAN", run.decode_lean);
   return time_ms(call);
 }
 

@@ -215,16 +215,19 @@ TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
 // the same bits too; 4-step slots meet a partial last slot at K = 2304 (18 steps) and 256.
 constexpr int kDecodeSlotSteps[] = {1, 2, 4};
 
+// lean: the decode tile's lean step (DEEPINFER_MOE_DECODE_WGMMA_LEAN, taken with 2-step slots).
 template <typename Run>
-Tensor run_wgmma_decode(int setting, const Run& run, int slot_steps = 2) {
+Tensor run_wgmma_decode(int setting, const Run& run, int slot_steps = 2, bool lean = false) {
   const ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", 128);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", setting);
   const rt::ScopedSetting slot("DEEPINFER_MOE_DECODE_WGMMA_SLOT", slot_steps);
+  const rt::ScopedSwitch lean_step("DEEPINFER_MOE_DECODE_WGMMA_LEAN", lean);
   return run();
 }
 
-// Every decode tile shape against the prefill tiles, bit for bit.
+// Every decode tile shape against the prefill tiles, bit for bit, and the lean step against the
+// default decode tile (and so the prefill tiles).
 template <typename Run>
 void expect_decode_shapes_match_prefill_tiles(const Run& run, const std::string& what) {
   const Tensor prefill_tiles = run_wgmma_decode(1, run);
@@ -233,6 +236,12 @@ void expect_decode_shapes_match_prefill_tiles(const Run& run, const std::string&
         << what << ": the wgmma decode tile (" << slot_steps
         << "-step slots) against the prefill tiles";
   }
+  const Tensor default_step = run_wgmma_decode(2, run);
+  const Tensor lean_step = run_wgmma_decode(2, run, 2, true);
+  EXPECT_TRUE(same_bits(lean_step, default_step))
+      << what << ": the decode tile's lean step against its default step";
+  EXPECT_TRUE(same_bits(lean_step, prefill_tiles))
+      << what << ": the decode tile's lean step against the prefill tiles";
 }
 
 // With batch invariance on the setting changes nothing: the mma.sync decode tile's bits.

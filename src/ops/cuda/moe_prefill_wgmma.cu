@@ -65,6 +65,9 @@ RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
 RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
 // The decode tile's K steps a copy slot (1, 2 or 4: decode_a::DecodeShape; the same bits).
 RuntimeSetting kDecodeWgmmaSlot{"DEEPINFER_MOE_DECODE_WGMMA_SLOT", 2, 1, 4};
+// true: the decode tile's lean step with 2-step slots (decode_a::lean; the same bits; the other
+// slot shapes keep their step). Off until measured on the H200.
+RuntimeSwitch kMoeDecodeWgmmaLean{"DEEPINFER_MOE_DECODE_WGMMA_LEAN", false};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -1779,16 +1782,408 @@ __device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
   store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
 }
 
+// ---- the lean decode step (DEEPINFER_MOE_DECODE_WGMMA_LEAN) -----------------------------------
+// decode_tile's products, folds and codes (the same bits), written for fewer instructions a step:
+// at b256 the tile issued ~250 warp instructions a 128-K step of 16 rows at 0.64 a cycle per
+// scheduler (ncu: conversion PRMT/LOP3 27%, address and loop integer ops 28%, uniform descriptor
+// rebuilds 14%, LDS 10%), bound by issue while the weight stream alone reaches the HBM floor. As
+// register_a's lean step: the slots are ring positions stepped once a slot (no `% kSlots`, no
+// `/ kSteps`: a slot's two steps are the loop body's two halves, so a step's place in its slot is
+// a constant), this thread's shared-memory addresses of a slot are built once a slot and a step
+// reads at constant offsets from them (immediates of the loads), each slot's wgmma descriptors are
+// one low word plus a constant per step and K block. The step's shifts: the shift table has an
+// entry for every top - code (0..255, zero from kFlushShift on, which is what the clamp to
+// kFlushShift selected: fold128::fill_shift_table's entry kFlushShift is zero), so a block's entry
+// is (table + 8 top) - 8 code, one multiply-add, and the rows' step scales come from a 256-entry
+// table of e8m0_to_float(code) * kWeightShiftRescale computed by the same expression. The copies
+// are decode_tile's, predicated instead of branched around. SASS (scripts/cuda/sass.sh, the main
+// loop's two steps over 2): 180 instructions a step with 8 tokens (the default step 244), 193 with
+// 16 (261); 128 registers, no spills. Not yet measured on a GPU.
+namespace lean {
+
+constexpr int kShiftEntries = 256;  // every top - code of two ue8m0 bytes
+constexpr int kShiftTableBytes = kShiftEntries * 8;
+constexpr int kScaleEntries = 256;  // every ue8m0 code
+constexpr int kScaleTableBytes = kScaleEntries * 4;
+static_assert(fold128::kFlushShift < kShiftEntries, "the flushed entries follow the computed ones");
+
+// The lean tile's shared memory: the shape's slots, then the two tables.
+template <typename Shape>
+struct Tables {
+  static constexpr int kShiftTableOffset = Shape::kShiftTableOffset;
+  static constexpr int kScaleTableOffset = kShiftTableOffset + kShiftTableBytes;
+  static constexpr int kSharedAllocation = kScaleTableOffset + kScaleTableBytes + kSwizzleAtom;
+  static_assert(Shape::kBlocksPerSm * (kSharedAllocation + 1024) <= 228 * 1024,
+                "the tables fit beside kBlocksPerSm blocks an SM");
+};
+
+template <typename Shape>
+__device__ __forceinline__ void fill_tables(uint8_t* shared) {
+  auto* shifts = reinterpret_cast<uint2*>(shared + Tables<Shape>::kShiftTableOffset);
+  fold128::fill_shift_table(shifts);  // entries 0..kFlushShift, the default tile's
+  for (int d = fold128::kFlushShift + 1 + static_cast<int>(threadIdx.x); d < kShiftEntries;
+       d += kThreads) {
+    shifts[d] = make_uint2(0, 0);
+  }
+  auto* scales = reinterpret_cast<float*>(shared + Tables<Shape>::kScaleTableOffset);
+  for (int code = static_cast<int>(threadIdx.x); code < kScaleEntries; code += kThreads) {
+    scales[code] =
+        deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(code)) * fold128::kWeightShiftRescale;
+  }
+}
+
+// Shared-memory loads at 32-bit addresses (volatile, with a memory clobber: kept in order with the
+// barriers and the copies' waits).
+__device__ __forceinline__ uint32_t load_u32(uint32_t address) {
+  uint32_t value;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ uint2 load_u32x2(uint32_t address) {
+  uint2 value;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+               : "=r"(value.x), "=r"(value.y)
+               : "r"(address)
+               : "memory");
+  return value;
+}
+__device__ __forceinline__ float load_f32(uint32_t address) {
+  float value;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(value) : "r"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ float2 load_f32x2(uint32_t address) {
+  float2 value;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+               : "=f"(value.x), "=f"(value.y)
+               : "r"(address)
+               : "memory");
+  return value;
+}
+
+// cp.async of 16 (4) bytes when `copy` holds: one predicated copy instead of a branch around it.
+__device__ __forceinline__ void copy_16_async_if(bool copy, uint32_t shared, const void* global) {
+  asm volatile(
+      "{\n.reg .pred copy;\nsetp.ne.b32 copy, %2, 0;\n"
+      "@copy cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(shared),
+      "l"(global), "r"(static_cast<uint32_t>(copy))
+      : "memory");
+}
+__device__ __forceinline__ void copy_4_async_if(bool copy, uint32_t shared, const void* global) {
+  asm volatile(
+      "{\n.reg .pred copy;\nsetp.ne.b32 copy, %2, 0;\n"
+      "@copy cp.async.ca.shared.global [%0], [%1], 4;\n}\n" ::"r"(shared),
+      "l"(global), "r"(static_cast<uint32_t>(copy))
+      : "memory");
+}
+
+// swizzled_operand(address) is this high word over ((address & 0x3FFFF) >> 4) | 1 << 16. A
+// slot's token lines start on a swizzle atom below 2^18 - 4 KB (shared memory ends at 228 KB), so
+// the step's 2 KB and the K block's 32 bytes add 128 and 2 to the low word without carrying out
+// of the 14-bit address field: the same descriptors as swizzled_operand of the summed address.
+constexpr uint32_t kDescriptorHigh = (kSwizzleAtom >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t descriptor_low(uint32_t address) {
+  return ((address & 0x3FFFFu) >> 4) | (uint32_t{16 >> 4} << 16);
+}
+__device__ __forceinline__ uint64_t descriptor(uint32_t low) {
+  return (static_cast<uint64_t>(kDescriptorHigh) << 32) | low;
+}
+
+// Byte b of `word`, zero-extended: one prmt.
+__device__ __forceinline__ uint32_t byte_at(uint32_t word, int b) {
+  return select_bytes(word, 0, 0x4440u + static_cast<uint32_t>(b));
+}
+
+// This thread's shared-memory addresses in one slot (built once a slot): its rows' raw words of
+// each K block, its rows' codes, its quad's token scales, and the token lines' descriptor word.
+struct SlotAddresses {
+  uint32_t raw[kStepBlocks];
+  uint32_t codes;
+  uint32_t token_scales;
+  uint32_t descriptor_low;
+};
+
+template <typename Shape, int kTokens>
+__device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
+                                                 const PrefillTokenTile& tile, int row_tile,
+                                                 uint8_t* shared) {
+  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
+  constexpr int kSteps = Shape::kSteps;
+  static_assert(kSteps == 2, "a slot's two steps are the main loop's two halves");
+  TileRows rows;
+  rows.n_first = static_cast<int64_t>(row_tile) * kRows;
+  rows.tokens = min(tile.end - tile.first, kTokens);
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  if (args.experts != nullptr) {
+    rows.weight = args.experts[tile.expert].bytes + rows.n_first * w_row_bytes;
+    rows.w_scales = args.experts[tile.expert].scale + rows.n_first * k_blocks;
+  } else {
+    const int64_t first = tile.expert * args.n + rows.n_first;
+    rows.weight = args.weight + first * w_row_bytes;
+    rows.w_scales = args.w_scales + first * k_blocks;
+  }
+  const int thread = threadIdx.x;
+  const int lane = thread & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  // This thread's accumulator rows within the item: row and row + 8.
+  const int row = (thread / 32) * 16 + group;
+  const int steps = static_cast<int>(args.k / kStepK);
+  const int slots = (steps + kSteps - 1) / kSteps;
+  const auto token_row = [&](int token) -> int64_t {
+    return tile.first + min(token, rows.tokens - 1);
+  };
+  const uint32_t shared_base = shared_address(shared);
+  const uint32_t shift_table = shared_base + Tables<Shape>::kShiftTableOffset;
+  const uint32_t scale_table = shared_base + Tables<Shape>::kScaleTableOffset;
+  // Ring position p's token lines and weight slot.
+  const auto token_slot_address = [&](int position) {
+    return shared_base + static_cast<uint32_t>(position * Shape::kTokenSlotBytes);
+  };
+  const auto weight_slot_address = [&](int position) {
+    return shared_base +
+           static_cast<uint32_t>(Shape::kWeightRingOffset + position * Shape::kWeightSlotBytes);
+  };
+
+  // The copies: decode_tile's chunks and sources, the slot's place from a ring position.
+  constexpr int kWeightCopies = 2 * kSteps;
+  constexpr int kWeightRowStep = 32 / kSteps;
+  const int weight_row = thread / (4 * kSteps);
+  const int weight_step = thread % (4 * kSteps) / 4;
+  const int weight_chunk = thread & 3;
+  uint32_t weight_shared = Shape::kRawOffset + weight_step * kRawStepBytes +
+                           register_a::raw_chunk(weight_row, weight_chunk);
+  const uint8_t* weight_global =
+      rows.weight + weight_row * w_row_bytes + weight_step * (kStepK / 2) + weight_chunk * 16;
+  // 32 bits (16 rows of at most 2.5 KB) and opaque, so ptxas neither widens nor rebuilds it.
+  uint32_t weight_global_row_step = static_cast<uint32_t>(kWeightRowStep * w_row_bytes);
+  asm volatile("" : "+r"(weight_global_row_step));
+  constexpr int kTokenChunks = kTokens * kSteps * kStepK / 16;
+  constexpr int kTokenCopies = (kTokenChunks + kThreads - 1) / kThreads;
+  constexpr int kTokenRowStep = 16 / kSteps;
+  const bool copies_token_chunks = thread < kTokenChunks;
+  const int token_step = thread % (8 * kSteps) / 8;
+  const int token_chunk = thread & 7;
+  uint32_t token_shared[kTokenCopies];
+  uint32_t token_offset[kTokenCopies];
+#pragma unroll
+  for (int i = 0; i < kTokenCopies; ++i) {
+    const int token = thread / (8 * kSteps) + kTokenRowStep * i;
+    token_shared[i] =
+        token_step * kTokenStepBytes + token * kStepK + ((token_chunk ^ (token & 7)) << 4);
+    token_offset[i] = static_cast<uint32_t>((token_row(token) - tile.first) * args.k);
+  }
+  const uint8_t* token_global =
+      args.x_codes + tile.first * args.k + token_step * kStepK + token_chunk * 16;
+  const bool copies_row_codes = thread < kRows;
+  const bool copies_token_scale = !copies_row_codes && thread - kRows < kTokens;
+  const uint8_t* scale_global =
+      copies_row_codes
+          ? rows.w_scales + thread * k_blocks
+          : reinterpret_cast<const uint8_t*>(
+                args.x_step_scales + token_row(copies_token_scale ? thread - kRows : 0) * steps);
+  // A row's four codes and a token's f32 step scale are both 4 bytes a step.
+  constexpr int kScaleStepBytes = 4;
+  static_assert(kStepBlocks == kScaleStepBytes, "one scale copy map for rows and tokens");
+  const bool copies_scale = copies_row_codes || copies_token_scale;
+  uint32_t scale_shared[kSteps];
+#pragma unroll
+  for (int q = 0; q < kSteps; ++q) {
+    scale_shared[q] = copies_row_codes
+                          ? Shape::kCodesOffset + q * kCodeStepBytes + thread * kStepBlocks
+                          : Shape::kTokenScalesOffset + q * kTokenScaleStepBytes +
+                                (copies_token_scale ? thread - kRows : 0) * 4;
+  }
+
+  const uint8_t* weight_source = weight_global;
+  const uint8_t* token_source = token_global;
+  const uint8_t* scale_source = scale_global;
+  int copied_slot = 0;
+  int copy_position = 0;  // copied_slot % kSlots
+  // Predicated copies (no branches): a slot's steps past the last copy nothing.
+  const auto copy_slot = [&] {
+    const int first_step = copied_slot * kSteps;
+    const uint32_t weight_base = weight_slot_address(copy_position);
+    const bool copies_weights = first_step + weight_step < steps;
+    const uint8_t* weight_row_source = weight_source;
+#pragma unroll
+    for (int i = 0; i < kWeightCopies; ++i) {
+      copy_16_async_if(copies_weights,
+                       weight_base + weight_shared + i * kWeightRowStep * (kStepK / 2),
+                       weight_row_source);
+      weight_row_source += weight_global_row_step;
+    }
+    const uint32_t token_base = token_slot_address(copy_position);
+    const bool copies_tokens = copies_token_chunks && first_step + token_step < steps;
+#pragma unroll
+    for (int i = 0; i < kTokenCopies; ++i) {
+      copy_16_async_if(copies_tokens, token_base + token_shared[i], token_source + token_offset[i]);
+    }
+#pragma unroll
+    for (int q = 0; q < kSteps; ++q) {
+      copy_4_async_if(copies_scale && first_step + q < steps, weight_base + scale_shared[q],
+                      scale_source + q * kScaleStepBytes);
+    }
+    weight_source += kSteps * (kStepK / 2);
+    token_source += kSteps * kStepK;
+    scale_source += kSteps * kScaleStepBytes;
+    ++copied_slot;
+    copy_position = copy_position == Shape::kSlots - 1 ? 0 : copy_position + 1;
+    asm volatile("" : "+r"(weight_shared));
+#pragma unroll
+    for (int q = 0; q < kSteps; ++q) asm volatile("" : "+r"(scale_shared[q]));
+#pragma unroll
+    for (int i = 0; i < kTokenCopies; ++i) asm volatile("" : "+r"(token_shared[i]));
+  };
+
+  // This thread's offsets inside a weight slot, kept in registers (an empty asm, so ptxas does not
+  // rebuild them from threadIdx): row's raw word `quad` of each K block (row + 8's is 512 bytes
+  // on: raw_chunk's xor is the same for both), row's codes (row + 8's 32 bytes on), the token
+  // scales of its quad (tokens 8 j + 2 quad + {0, 1}).
+  uint32_t raw_offset[kStepBlocks];
+#pragma unroll
+  for (int b = 0; b < kStepBlocks; ++b) {
+    raw_offset[b] = Shape::kRawOffset + register_a::raw_chunk(row, b) + 4 * quad;
+    asm volatile("" : "+r"(raw_offset[b]));
+  }
+  uint32_t codes_offset = Shape::kCodesOffset + row * kStepBlocks;
+  uint32_t token_scales_offset = Shape::kTokenScalesOffset + 8 * quad;
+  asm volatile("" : "+r"(codes_offset), "+r"(token_scales_offset));
+  constexpr uint32_t kSecondRowRaw = 8 * (kStepK / 2);
+  constexpr uint32_t kSecondRowCodes = 8 * kStepBlocks;
+  const auto slot_addresses = [&](int position) {
+    SlotAddresses at;
+    const uint32_t weights = weight_slot_address(position);
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) at.raw[b] = weights + raw_offset[b];
+    at.codes = weights + codes_offset;
+    at.token_scales = weights + token_scales_offset;
+    at.descriptor_low = descriptor_low(token_slot_address(position));
+    return at;
+  };
+
+  // Step q of a slot -> this thread's A registers and rows' scales (decode_tile's convert_step).
+  const auto convert_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& weights) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t codes = load_u32(at.codes + q * kCodeStepBytes + half * kSecondRowCodes);
+      uint32_t code[kStepBlocks];
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) code[b] = byte_at(codes, b);
+      const uint32_t top = max(max(code[0], code[1]), max(code[2], code[3]));
+      const float scale = load_f32(scale_table + 4 * top);
+      if (half == 0) {
+        weights.scale_lo = scale;
+      } else {
+        weights.scale_hi = scale;
+      }
+      // Entry top - code[b] of the shift table: (table + 8 top) - 8 code[b].
+      const uint32_t top_entry = shift_table + 8 * top;
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        const uint2 entry = load_u32x2(top_entry - 8 * code[b]);
+        const uint32_t word = load_u32(at.raw[b] + q * kRawStepBytes + half * kSecondRowRaw);
+        e2m1x8_to_e4m3_shifted_by_pairs(word, entry, weights.a[b][half], weights.a[b][2 + half]);
+      }
+    }
+  };
+
+  float acc[kPartial] = {};
+  float partial[kPartial];
+  const auto fold = [&](const SlotAddresses& at, int q, const register_a::StepWeights& weights) {
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+      const float2 x_scales = load_f32x2(at.token_scales + q * kTokenScaleStepBytes + 32 * j);
+      acc[4 * j + 0] += partial[4 * j + 0] * (x_scales.x * weights.scale_lo);
+      acc[4 * j + 1] += partial[4 * j + 1] * (x_scales.y * weights.scale_lo);
+      acc[4 * j + 2] += partial[4 * j + 2] * (x_scales.x * weights.scale_hi);
+      acc[4 * j + 3] += partial[4 * j + 3] * (x_scales.y * weights.scale_hi);
+    }
+  };
+
+  const auto issue_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& weights) {
+    const uint32_t low = at.descriptor_low + static_cast<uint32_t>(q * (kTokenStepBytes >> 4));
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(weights.a[b]);
+    wgmma_fence();  // the A registers were written, the partial read by the last fold
+    wgmma_rs<kTokens, true>(partial, weights.a[0], descriptor(low));
+#pragma unroll
+    for (int b = 1; b < kStepBlocks; ++b) {
+      wgmma_rs<kTokens, false>(partial, weights.a[b],
+                               descriptor(low + static_cast<uint32_t>(b * kScaleBlock / 16)));
+    }
+    wgmma_commit();
+  };
+
+  const auto finish_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& current) {
+    wgmma_wait<0>();
+    hold_after_wait(partial);
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(current.a[b]);
+    fold(at, q, current);
+  };
+
+  // decode_tile's schedule with its two-step slots: the first step of slot j meets at a barrier
+  // (every thread folded slot j - 1), issues, refills slot j - 1's place with slot j + kSlotsAhead
+  // and converts the slot's second step; the second waits for this thread's copies of slot j + 1,
+  // fences them for the async proxy, meets at a barrier, issues, converts slot j + 1's first step.
+  constexpr int kPendingAtWait = Shape::kSlotsAhead - 1;
+#pragma unroll
+  for (int s = 0; s < Shape::kSlotsAhead; ++s) {
+    if (copied_slot < slots) copy_slot();
+    commit_copies();
+  }
+  wait_copies<Shape::kSlotsAhead - 1>();  // slot 0
+  fence_shared_for_wgmma();
+  __syncthreads();
+  register_a::StepWeights weights[2];
+  int read_position = 0;
+  SlotAddresses current = slot_addresses(read_position);
+  convert_step(current, 0, weights[0]);
+  for (int slot = 0; slot < slots; ++slot) {
+    const int step = slot * kSteps;
+    const bool has_second = step + 1 < steps;
+    __syncthreads();
+    issue_step(current, 0, weights[0]);
+    if (copied_slot < slots) copy_slot();
+    commit_copies();
+    if (has_second) convert_step(current, 1, weights[1]);
+    finish_step(current, 0, weights[0]);
+    if (!has_second) break;  // the last slot, one step long
+    const bool has_next = step + 2 < steps;
+    if (has_next) {
+      wait_copies<kPendingAtWait>();
+      fence_shared_for_wgmma();
+      __syncthreads();
+    }
+    issue_step(current, 1, weights[1]);
+    read_position = read_position == Shape::kSlots - 1 ? 0 : read_position + 1;
+    const SlotAddresses next = slot_addresses(read_position);
+    if (has_next) convert_step(next, 0, weights[0]);
+    finish_step(current, 1, weights[1]);
+    current = next;
+  }
+  store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
+}
+
+}  // namespace lean
+
 // Persistent blocks walk the items (token tile, table, 64 weight rows; weight rows fastest, as
 // for_each_prefill_item) in list order, so the items in flight share few experts' weights.
-template <typename Shape>
+// kLean: lean::decode_tile_lean (DEEPINFER_MOE_DECODE_WGMMA_LEAN), the same bits.
+template <typename Shape, bool kLean>
 __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
     decode_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
                         const int* tile_count) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t dynamic_shared[];
   uint8_t* shared = align_to_swizzle_atom(dynamic_shared);
-  fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + Shape::kShiftTableOffset));
+  if constexpr (kLean) {
+    lean::fill_tables<Shape>(shared);
+  } else {
+    fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + Shape::kShiftTableOffset));
+  }
   __syncthreads();
   const int row_tiles = static_cast<int>(args.n / kRows);
   const int64_t items_per_tile = (args.second_out != nullptr ? 2 : 1) * row_tiles;
@@ -1801,10 +2196,20 @@ __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
       table.experts = args.second_experts;
       table.out = args.second_out;
     }
-    if (tile.small != 0) {
-      decode_tile<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles, shared);
+    if constexpr (kLean) {
+      if (tile.small != 0) {
+        lean::decode_tile_lean<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles,
+                                                              shared);
+      } else {
+        lean::decode_tile_lean<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles,
+                                                            shared);
+      }
     } else {
-      decode_tile<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles, shared);
+      if (tile.small != 0) {
+        decode_tile<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles, shared);
+      } else {
+        decode_tile<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles, shared);
+      }
     }
     // The next item's first copies overwrite slots that slow warps may still read.
     __syncthreads();
@@ -1831,21 +2236,22 @@ using OneStepSlots = DecodeShape<1, 8, 4>;
 using TwoStepSlots = DecodeShape<2, 4, 4>;
 using FourStepSlots = DecodeShape<4, 4, 2>;
 
-template <typename Shape>
+template <typename Shape, bool kLean = false>
 void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
             int64_t max_items, int sms) {
   const auto blocks = static_cast<unsigned>(
       std::min<int64_t>(max_items, static_cast<int64_t>(sms) * Shape::kBlocksPerSm));
   if (blocks == 0) return;
+  constexpr int kAllocation =
+      kLean ? lean::Tables<Shape>::kSharedAllocation : Shape::kSharedAllocation;
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_wgmma_kernel<Shape>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Shape::kSharedAllocation));
+    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_wgmma_kernel<Shape, kLean>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kAllocation));
     return true;
   }();
   (void)configured;
-  decode_wgmma_kernel<Shape>
-      <<<blocks, kThreads, Shape::kSharedAllocation, current_stream()>>>(args, tiles, tile_count);
+  decode_wgmma_kernel<Shape, kLean>
+      <<<blocks, kThreads, kAllocation, current_stream()>>>(args, tiles, tile_count);
   DI_CUDA_LAUNCHED(decode_wgmma_kernel);
 }
 
@@ -1903,7 +2309,14 @@ void launch_moe_decode_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTil
       decode_a::launch<decode_a::OneStepSlots>(args, tiles, tile_count, max_items, sms);
       break;
     case 2:
-      decode_a::launch<decode_a::TwoStepSlots>(args, tiles, tile_count, max_items, sms);
+      if (kMoeDecodeWgmmaLean.enabled()) {
+        // The lean copies step 16 weight rows with a 32-bit stride.
+        DI_CHECK(args.k <= (int64_t{1} << 28), "launch_moe_decode_wgmma: K ", args.k,
+                 " is too large for the lean decode step");
+        decode_a::launch<decode_a::TwoStepSlots, true>(args, tiles, tile_count, max_items, sms);
+      } else {
+        decode_a::launch<decode_a::TwoStepSlots>(args, tiles, tile_count, max_items, sms);
+      }
       break;
     case 4:
       decode_a::launch<decode_a::FourStepSlots>(args, tiles, tile_count, max_items, sms);
