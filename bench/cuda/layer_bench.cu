@@ -638,32 +638,25 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 // wgmma tile (moe_prefill_wgmma.h), folding once per 128 of K (the default) or, for comparison,
 // per 32-block (its first version); decode batches (fewer than 16 rows per expert) take the
 // wgmma decode tile from 1024 rows on and the mma.sync decode tile below
-// (DEEPINFER_MOE_WGMMA_DECODE unset), or for comparison always the mma.sync decode tile (0), the
-// prefill tiles (1) or the wgmma decode tile (2, with 2-step copy slots or
-// DEEPINFER_MOE_DECODE_WGMMA_SLOT's 1 or 4).
+// (DEEPINFER_MOE_WGMMA_DECODE unset), or for comparison always the mma.sync decode tile (0) or
+// the wgmma decode tile (2).
 struct NonInvariantRun {
   const char* impl;
   int fold;         // DEEPINFER_MOE_WGMMA_FOLD
   bool register_a;  // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
-  int decode_slot = 2;              // DEEPINFER_MOE_DECODE_WGMMA_SLOT (K steps a copy slot)
-  bool decode_lean = false;         // DEEPINFER_MOE_DECODE_WGMMA_LEAN (the lean decode step)
 };
 // The defaults, then the paths they replaced or choose between. Measured and decided (rows
 // removed, figures in docs/BENCHMARKS.md): the software quantizer, fold per 32, the prefill tiles
-// at decode, decode slots of 1 and 4 K steps. The register tile's row-wide weight scales and its
-// step before the lean rewrite were measured and removed from the code (2026-12-02).
+// at decode, decode slots of 1 and 4 K steps. The register tile's row-wide weight scales, its
+// step before the lean rewrite and the decode tile's first step were measured and removed from
+// the code (2026-12-02).
 constexpr NonInvariantRun kNonInvariantRuns[] = {
     {.impl = "ours, inv. off", .fold = 128, .register_a = true},
     {.impl = "ours, off, smem weights", .fold = 128, .register_a = false},
     {.impl = "ours, off, decode mma.sync", .fold = 128, .register_a = true, .wgmma_decode = 0},
-    {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2},
-    {.impl = "ours, off, decode wgmma lean",
-     .fold = 128,
-     .register_a = true,
-     .wgmma_decode = 2,
-     .decode_lean = true}};
+    {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -672,8 +665,6 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", run.wgmma_decode);
-  const rt::ScopedSetting slot("DEEPINFER_MOE_DECODE_WGMMA_SLOT", run.decode_slot);
-  const rt::ScopedSwitch lean("DEEPINFER_MOE_DECODE_WGMMA_LEAN", run.decode_lean);
   return time_ms(call);
 }
 

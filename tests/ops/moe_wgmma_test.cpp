@@ -211,37 +211,19 @@ TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
 // wgmma numerics too: the decode tile (DEEPINFER_MOE_WGMMA_DECODE=2: 64 rows x 16 or 8 tokens)
 // computes register_a's products and folds in its order, so it must give the prefill tiles' bits
 // (=1: register_a's 32-token tiles), and both lie within the wgmma bound of the reference.
-// The decode tile's pipeline shapes (DEEPINFER_MOE_DECODE_WGMMA_SLOT: K steps a copy slot) give
-// the same bits too; 4-step slots meet a partial last slot at K = 2304 (18 steps) and 256.
-constexpr int kDecodeSlotSteps[] = {1, 2, 4};
-
-// lean: the decode tile's lean step (DEEPINFER_MOE_DECODE_WGMMA_LEAN, taken with 2-step slots).
 template <typename Run>
-Tensor run_wgmma_decode(int setting, const Run& run, int slot_steps = 2, bool lean = false) {
+Tensor run_wgmma_decode(int setting, const Run& run) {
   const ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", 128);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", setting);
-  const rt::ScopedSetting slot("DEEPINFER_MOE_DECODE_WGMMA_SLOT", slot_steps);
-  const rt::ScopedSwitch lean_step("DEEPINFER_MOE_DECODE_WGMMA_LEAN", lean);
   return run();
 }
 
-// Every decode tile shape against the prefill tiles, bit for bit, and the lean step against the
-// default decode tile (and so the prefill tiles).
+// The decode tile against the prefill tiles, bit for bit.
 template <typename Run>
-void expect_decode_shapes_match_prefill_tiles(const Run& run, const std::string& what) {
-  const Tensor prefill_tiles = run_wgmma_decode(1, run);
-  for (const int slot_steps : kDecodeSlotSteps) {
-    EXPECT_TRUE(same_bits(run_wgmma_decode(2, run, slot_steps), prefill_tiles))
-        << what << ": the wgmma decode tile (" << slot_steps
-        << "-step slots) against the prefill tiles";
-  }
-  const Tensor default_step = run_wgmma_decode(2, run);
-  const Tensor lean_step = run_wgmma_decode(2, run, 2, true);
-  EXPECT_TRUE(same_bits(lean_step, default_step))
-      << what << ": the decode tile's lean step against its default step";
-  EXPECT_TRUE(same_bits(lean_step, prefill_tiles))
-      << what << ": the decode tile's lean step against the prefill tiles";
+void expect_decode_tile_matches_prefill_tiles(const Run& run, const std::string& what) {
+  EXPECT_TRUE(same_bits(run_wgmma_decode(2, run), run_wgmma_decode(1, run)))
+      << what << ": the wgmma decode tile against the prefill tiles";
 }
 
 // With batch invariance on the setting changes nothing: the mma.sync decode tile's bits.
@@ -263,7 +245,7 @@ void check_decode_gemm(const Problem& p, const std::string& what) {
   const Tensor want = reference(p);
   const auto run = [&] { return run_gemm(p); };
   const Tensor decode_tile = run_wgmma_decode(2, run);
-  expect_decode_shapes_match_prefill_tiles(run, what);
+  expect_decode_tile_matches_prefill_tiles(run, what);
   const double error = worst_error_matching_nans(want, decode_tile);
   const double tolerance = wgmma_dot_tolerance(p.k);
   std::printf("%s, wgmma decode tile: worst error %.3g of the output's scale (bound %.3g)\n",
@@ -273,8 +255,8 @@ void check_decode_gemm(const Problem& p, const std::string& what) {
 }
 
 // 1, 4, 16 (one full tile), 17 (a full tile and an 8-token one) and 9 (a 16-token tile for 9
-// rows) tokens per expert, an empty expert; 4 and 2 K steps (the copy ring of 8 slots never
-// wraps), weights below their step's largest scale by more than the exact shift.
+// rows) tokens per expert, an empty expert; 4 and 2 K steps (2 and 1 two-step slots: the ring
+// of 4 never wraps), weights below their step's largest scale by more than the exact shift.
 TEST_F(MoeWgmmaTest, DecodeGemmSmallShapes) {
   check_decode_gemm(make_problem(256, 512, {1, 4, 16, 0, 17, 9}, 60), "decode 256 x 512");
   check_decode_gemm(make_problem(128, 256, {8, 0, 3}, 61), "decode 128 x 256");
@@ -355,7 +337,7 @@ void check_moe_decode_op(int64_t experts, int64_t dim, int64_t inter, int64_t to
   const MoeOpCase c(experts, dim, inter, tokens, top_k, seed);
   const auto run = [&] { return run_moe_op(c.set, c.x, c.chosen, c.weights, 0, tokens); };
   const Tensor decode_tile = run_wgmma_decode(2, run);
-  expect_decode_shapes_match_prefill_tiles(run, what);
+  expect_decode_tile_matches_prefill_tiles(run, what);
   const double error = worst_error_matching_nans(c.want, decode_tile);
   const double tolerance = wgmma_op_tolerance(dim, inter);
   std::printf("moe_experts %s, wgmma decode tile: worst error %.3g (bound %.3g)\n", what.c_str(),

@@ -51,7 +51,6 @@ void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const Tenso
 //  DEEPINFER_MOE_WGMMA_DECODE=0 / 1 / 2 (unset or -1: 2 from 1024 rows on, else 0): with batch
 //    invariance off and the fold per 128, the decode regime keeps the mma.sync decode tile / takes
 //    the wgmma prefill tiles / the wgmma decode tile (1 and 2: the same bits);
-//    DEEPINFER_MOE_DECODE_WGMMA_SLOT=1 / 4 (2 by default): the decode tile's K steps a copy slot;
 //  DEEPINFER_MOE_FUSED=0: ops::cuda::moe_experts runs FP4 experts under the released numerics
 //    through the earlier per-projection path instead of one fused sequence (rows quantized
 //    straight from x, w1 and w3 in one launch, the SwiGLU folded into w2's quantizer).

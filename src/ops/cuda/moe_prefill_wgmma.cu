@@ -63,11 +63,6 @@ RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
 // true: quantize_rows_per128 rounds with the hardware's e4m3 conversions; false
 // (DEEPINFER_MOE_QUANT_HW_CVT=0): with round_to_e4m3 (the kernel before), the same codes.
 RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
-// The decode tile's K steps a copy slot (1, 2 or 4: decode_a::DecodeShape; the same bits).
-RuntimeSetting kDecodeWgmmaSlot{"DEEPINFER_MOE_DECODE_WGMMA_SLOT", 2, 1, 4};
-// true: the decode tile's lean step with 2-step slots (decode_a::lean; the same bits; the other
-// slot shapes keep their step). Off until measured on the H200.
-RuntimeSwitch kMoeDecodeWgmmaLean{"DEEPINFER_MOE_DECODE_WGMMA_LEAN", false};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
 bool device_is_sm90() {
@@ -1445,11 +1440,14 @@ struct DecodeShape {
   static constexpr int kTokenScalesOffset = kCodesOffset + kSteps * kCodeStepBytes;  // [step][16]
   static constexpr int kWeightSlotBytes = kTokenScalesOffset + kSteps * kTokenScaleStepBytes;
   static constexpr int kWeightRingOffset = kSlots * kTokenSlotBytes;
+  // The tables after the rings: a shift-table entry (uint2) for every top - code of two ue8m0
+  // bytes, and a weight step scale (f32) for every ue8m0 code (lean::fill_tables).
   static constexpr int kShiftTableOffset = kWeightRingOffset + kSlots * kWeightSlotBytes;
-  static constexpr int kSharedBytes = kShiftTableOffset + fold128::kShiftTableBytes;
+  static constexpr int kScaleTableOffset = kShiftTableOffset + 256 * 8;
+  static constexpr int kSharedBytes = kScaleTableOffset + 256 * 4;
   static constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
-  static_assert(kSlots >= 2 && (kSteps == 1 || kSteps == 2 || kSteps == 4),
-                "a slot in flight while one is read; the copy maps below");
+  static_assert(kSlots >= 2 && kSteps == 2,
+                "a slot in flight while one is read; a slot's two steps are the loop's halves");
   static_assert(kWeightSlotBytes % 16 == 0 && kShiftTableOffset % 8 == 0,
                 "16-byte copies into the weight slots, 8-byte reads of the shift table");
   // Each block also holds the 1 KB the system reserves.
@@ -1528,263 +1526,10 @@ __device__ __forceinline__ void e2m1x8_to_e4m3_shifted_by_pairs(uint32_t codes, 
   high = __byte_perm(first, second, 0x7531) | (codes & 0x80808080u);
 }
 
-// One work item: weight rows [64 row_tile, +64) of args' table times one token tile of kTokens.
-// Per step register_a's run_step, per slot of Shape::kSteps steps the copies: at the last step of
-// slot j, wait for this thread's copies of slot j + 1 and fence them for the async proxy; the
-// barrier after it makes them visible to all (step j's next step converts from them); at the
-// first step of slot j, after its barrier (every thread folded slot j - 1's last step), refill
-// slot j - 1's place with slot j + kSlotsAhead. Each step: issue its wgmmas, convert the next
-// step into the other register set while they run, wait, fold.
-template <typename Shape, int kTokens>
-__device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
-                                            const PrefillTokenTile& tile, int row_tile,
-                                            uint8_t* shared) {
-  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
-  constexpr int kSteps = Shape::kSteps;
-  TileRows rows;
-  rows.n_first = static_cast<int64_t>(row_tile) * kRows;
-  rows.tokens = min(tile.end - tile.first, kTokens);
-  const int64_t k_blocks = args.k / kScaleBlock;
-  const int64_t w_row_bytes = args.k / 2;
-  if (args.experts != nullptr) {
-    rows.weight = args.experts[tile.expert].bytes + rows.n_first * w_row_bytes;
-    rows.w_scales = args.experts[tile.expert].scale + rows.n_first * k_blocks;
-  } else {
-    const int64_t first = tile.expert * args.n + rows.n_first;
-    rows.weight = args.weight + first * w_row_bytes;
-    rows.w_scales = args.w_scales + first * k_blocks;
-  }
-  const int thread = threadIdx.x;
-  const int lane = thread & 31;
-  const int group = lane >> 2;
-  const int quad = lane & 3;
-  // This thread's accumulator rows within the item: row and row + 8.
-  const int row = (thread / 32) * 16 + group;
-  const int steps = static_cast<int>(args.k / kStepK);
-  const int slots = (steps + kSteps - 1) / kSteps;
-  // Tokens past the tile's rows load the last row and are never stored (as the other tiles).
-  const auto token_row = [&](int token) -> int64_t {
-    return tile.first + min(token, rows.tokens - 1);
-  };
-  const auto token_slot = [&](int slot) {
-    return shared + (slot % Shape::kSlots) * Shape::kTokenSlotBytes;
-  };
-  const auto weight_slot = [&](int slot) {
-    return shared + Shape::kWeightRingOffset + (slot % Shape::kSlots) * Shape::kWeightSlotBytes;
-  };
-  // Step s's pieces: its slot's, at its place in the slot.
-  const auto token_lines = [&](int step) {
-    return token_slot(step / kSteps) + (step % kSteps) * kTokenStepBytes;
-  };
-  const auto raw_weights = [&](int step) {
-    return weight_slot(step / kSteps) + Shape::kRawOffset + (step % kSteps) * kRawStepBytes;
-  };
-  const auto weight_codes = [&](int step) {
-    return weight_slot(step / kSteps) + Shape::kCodesOffset + (step % kSteps) * kCodeStepBytes;
-  };
-  const auto token_scales_of = [&](int step) {
-    return reinterpret_cast<const float*>(weight_slot(step / kSteps) + Shape::kTokenScalesOffset +
-                                          (step % kSteps) * kTokenScaleStepBytes);
-  };
-  const uint2* shift_table = reinterpret_cast<const uint2*>(shared + Shape::kShiftTableOffset);
-
-  // This thread's copies of a slot, addresses worked out once an item. Weights: 64 rows x kSteps
-  // x four 16-byte chunks; chunk thread + 128 i is row thread / (4 kSteps) + (32 / kSteps) i,
-  // step thread % (4 kSteps) / 4 of the slot, chunk thread % 4 (the same step and chunk for
-  // every i, and raw_chunk's xor does not change: the rows move by a multiple of 8).
-  constexpr int kWeightCopies = 2 * kSteps;
-  constexpr int kWeightRowStep = 32 / kSteps;
-  const int weight_row = thread / (4 * kSteps);
-  const int weight_step = thread % (4 * kSteps) / 4;
-  const int weight_chunk = thread & 3;
-  uint32_t weight_shared = Shape::kRawOffset + weight_step * kRawStepBytes +
-                           register_a::raw_chunk(weight_row, weight_chunk);
-  const uint8_t* weight_global =
-      rows.weight + weight_row * w_row_bytes + weight_step * (kStepK / 2) + weight_chunk * 16;
-  const int64_t weight_global_row_step = kWeightRowStep * w_row_bytes;
-  // Tokens: kTokens x kSteps x eight 16-byte chunks; chunk thread + 128 i is token
-  // thread / (8 kSteps) + (16 / kSteps) i, step thread % (8 kSteps) / 8, chunk thread % 8.
-  constexpr int kTokenChunks = kTokens * kSteps * kStepK / 16;
-  constexpr int kTokenCopies = (kTokenChunks + kThreads - 1) / kThreads;
-  constexpr int kTokenRowStep = 16 / kSteps;
-  const bool copies_token_chunks = thread < kTokenChunks;  // all threads once kTokenChunks >= 128
-  const int token_step = thread % (8 * kSteps) / 8;
-  const int token_chunk = thread & 7;
-  uint32_t token_shared[kTokenCopies];
-  uint32_t token_offset[kTokenCopies];  // (the token's clamped row - tile.first) * K
-#pragma unroll
-  for (int i = 0; i < kTokenCopies; ++i) {
-    const int token = thread / (8 * kSteps) + kTokenRowStep * i;
-    token_shared[i] =
-        token_step * kTokenStepBytes + token * kStepK + ((token_chunk ^ (token & 7)) << 4);
-    token_offset[i] = static_cast<uint32_t>((token_row(token) - tile.first) * args.k);
-  }
-  const uint8_t* token_global =
-      args.x_codes + tile.first * args.k + token_step * kStepK + token_chunk * 16;
-  // Scales: a row's four codes (threads < 64) or a token's step scale, kSteps of them.
-  const bool copies_row_codes = thread < kRows;
-  const bool copies_token_scale = !copies_row_codes && thread - kRows < kTokens;
-  const uint8_t* scale_global =
-      copies_row_codes
-          ? rows.w_scales + thread * k_blocks
-          : reinterpret_cast<const uint8_t*>(
-                args.x_step_scales + token_row(copies_token_scale ? thread - kRows : 0) * steps);
-  const int scale_step_bytes = copies_row_codes ? kStepBlocks : 4;
-  uint32_t scale_shared =
-      copies_row_codes ? Shape::kCodesOffset + thread * kStepBlocks
-                       : Shape::kTokenScalesOffset + (copies_token_scale ? thread - kRows : 0) * 4;
-  const int scale_shared_step = copies_row_codes ? kCodeStepBytes : kTokenScaleStepBytes;
-
-  // The sources of the next slot to copy, advanced a slot at a time: loop-carried, so the
-  // compiler keeps them in registers (written as base + step * stride, ptxas recomputed the
-  // 64-bit products every step: ~60 of ~350 instructions a step in the SASS).
-  const uint8_t* weight_source = weight_global;
-  const uint8_t* token_source = token_global;
-  const uint8_t* scale_source = scale_global;
-  int copied_slot = 0;
-  const auto copy_slot = [&] {
-    const int first_step = copied_slot * kSteps;
-    const uint32_t weight_base = shared_address(weight_slot(copied_slot));
-    if (first_step + weight_step < steps) {
-#pragma unroll
-      for (int i = 0; i < kWeightCopies; ++i) {
-        copy_16_async(weight_base + weight_shared + i * kWeightRowStep * (kStepK / 2),
-                      weight_source + i * weight_global_row_step);
-      }
-    }
-    const uint32_t token_base = shared_address(token_slot(copied_slot));
-    if (copies_token_chunks && first_step + token_step < steps) {
-#pragma unroll
-      for (int i = 0; i < kTokenCopies; ++i) {
-        copy_16_async(token_base + token_shared[i], token_source + token_offset[i]);
-      }
-    }
-    if (copies_row_codes || copies_token_scale) {
-#pragma unroll
-      for (int q = 0; q < kSteps; ++q) {
-        if (first_step + q < steps) {
-          copy_4_async(weight_base + scale_shared + q * scale_shared_step,
-                       scale_source + q * scale_step_bytes);
-        }
-      }
-    }
-    weight_source += kSteps * (kStepK / 2);
-    token_source += kSteps * kStepK;
-    scale_source += kSteps * scale_step_bytes;
-    ++copied_slot;
-    // Opaque to the compiler, so kept in registers instead of recomputed at every copy.
-    asm volatile("" : "+r"(weight_shared), "+r"(scale_shared));
-#pragma unroll
-    for (int i = 0; i < kTokenCopies; ++i) asm volatile("" : "+r"(token_shared[i]));
-  };
-
-  // A landed slot -> this thread's A registers and rows' scales of the step (register_a's
-  // convert_step with the step's own exponents, element for element).
-  const auto convert_step = [&](int step, register_a::StepWeights& weights) {
-    const uint8_t* raw = raw_weights(step);
-    const uint8_t* codes_of_rows = weight_codes(step);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row + 8 * half;
-      const uint32_t codes = *reinterpret_cast<const uint32_t*>(codes_of_rows + r * kStepBlocks);
-      const uint32_t top = max(max(fold128::byte_of(codes, 0), fold128::byte_of(codes, 1)),
-                               max(fold128::byte_of(codes, 2), fold128::byte_of(codes, 3)));
-      const float scale =
-          deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(top)) * fold128::kWeightShiftRescale;
-      if (half == 0) {
-        weights.scale_lo = scale;
-      } else {
-        weights.scale_hi = scale;
-      }
-#pragma unroll
-      for (int b = 0; b < kStepBlocks; ++b) {
-        const uint32_t shift =
-            min(top - fold128::byte_of(codes, b), static_cast<uint32_t>(fold128::kFlushShift));
-        const uint32_t word =
-            *reinterpret_cast<const uint32_t*>(raw + register_a::raw_chunk(r, b) + 4 * quad);
-        e2m1x8_to_e4m3_shifted_by_pairs(word, shift_table[shift], weights.a[b][half],
-                                        weights.a[b][2 + half]);
-      }
-    }
-  };
-
-  float acc[kPartial] = {};
-  float partial[kPartial];
-  // acc += d * (x_step_scale * w_step_scale), register_a's fold: tokens 8 j + 2 quad + {0, 1}.
-  const auto fold = [&](int step, const register_a::StepWeights& weights) {
-    const float* token_scales = token_scales_of(step);
-#pragma unroll
-    for (int j = 0; j < kTokens / 8; ++j) {
-      const float2 x_scales = *reinterpret_cast<const float2*>(token_scales + 8 * j + 2 * quad);
-      acc[4 * j + 0] += partial[4 * j + 0] * (x_scales.x * weights.scale_lo);
-      acc[4 * j + 1] += partial[4 * j + 1] * (x_scales.y * weights.scale_lo);
-      acc[4 * j + 2] += partial[4 * j + 2] * (x_scales.x * weights.scale_hi);
-      acc[4 * j + 3] += partial[4 * j + 3] * (x_scales.y * weights.scale_hi);
-    }
-  };
-
-  const auto issue_step = [&](int step, register_a::StepWeights& weights) {
-    const uint32_t codes_address = shared_address(token_lines(step));
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(weights.a[b]);
-    wgmma_fence();  // the A registers were written, the partial read by the last fold
-    wgmma_rs<kTokens, true>(partial, weights.a[0], swizzled_operand(codes_address));
-#pragma unroll
-    for (int b = 1; b < kStepBlocks; ++b) {
-      wgmma_rs<kTokens, false>(partial, weights.a[b],
-                               swizzled_operand(codes_address + b * kScaleBlock));
-    }
-    wgmma_commit();
-  };
-
-  // At the last step of slot j: kSlotsAhead + j + 1 groups committed (the prologue's and the
-  // refills of slots 0..j; with one step a slot, slot j's refill comes after this wait), slot
-  // j + 1 needed.
-  constexpr int kPendingAtWait = kSteps == 1 ? Shape::kSlotsAhead - 2 : Shape::kSlotsAhead - 1;
-  static_assert(kPendingAtWait >= 0, "a slot's copies in flight while the next is waited for");
-  const auto run_step = [&](int step, register_a::StepWeights& current,
-                            register_a::StepWeights& next) {
-    const bool opens_slot = step % kSteps == 0;
-    const bool next_opens_slot = (step + 1) % kSteps == 0 && step + 1 < steps;
-    if (next_opens_slot) {
-      wait_copies<kPendingAtWait>();
-      fence_shared_for_wgmma();
-    }
-    if (opens_slot || next_opens_slot) __syncthreads();
-    issue_step(step, current);
-    if (opens_slot) {
-      if (copied_slot < slots) copy_slot();
-      commit_copies();
-    }
-    if (step + 1 < steps) convert_step(step + 1, next);
-    wgmma_wait<0>();
-    hold_after_wait(partial);
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(current.a[b]);
-    fold(step, current);
-  };
-
-#pragma unroll
-  for (int s = 0; s < Shape::kSlotsAhead; ++s) {
-    if (copied_slot < slots) copy_slot();
-    commit_copies();
-  }
-  wait_copies<Shape::kSlotsAhead - 1>();  // slot 0
-  fence_shared_for_wgmma();
-  __syncthreads();
-  register_a::StepWeights weights[2];
-  convert_step(0, weights[0]);
-  // Two steps an iteration: the register sets alternate by name, not by a run-time index.
-  for (int step = 0; step < steps; step += 2) {
-    run_step(step, weights[0], weights[1]);
-    if (step + 1 < steps) run_step(step + 1, weights[1], weights[0]);
-  }
-  store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
-}
-
-// ---- the lean decode step (DEEPINFER_MOE_DECODE_WGMMA_LEAN) -----------------------------------
-// decode_tile's products, folds and codes (the same bits), written for fewer instructions a step:
-// at b256 the tile issued ~250 warp instructions a 128-K step of 16 rows at 0.64 a cycle per
+// ---- the decode step -------------------------------------------------------------------------
+// register_a's products, folds and codes (the same bits: moe_wgmma_test), written for few
+// instructions a step. Its first version (2026-12-02, removed after the H200 measured this one
+// 14% faster at b256) issued ~250 warp instructions a 128-K step of 16 rows at 0.64 a cycle per
 // scheduler (ncu: conversion PRMT/LOP3 27%, address and loop integer ops 28%, uniform descriptor
 // rebuilds 14%, LDS 10%), bound by issue while the weight stream alone reaches the HBM floor. As
 // register_a's lean step: the slots are ring positions stepped once a slot (no `% kSlots`, no
@@ -1796,36 +1541,28 @@ __device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
 // kFlushShift selected: fold128::fill_shift_table's entry kFlushShift is zero), so a block's entry
 // is (table + 8 top) - 8 code, one multiply-add, and the rows' step scales come from a 256-entry
 // table of e8m0_to_float(code) * kWeightShiftRescale computed by the same expression. The copies
-// are decode_tile's, predicated instead of branched around. SASS (scripts/cuda/sass.sh, the main
-// loop's two steps over 2): 180 instructions a step with 8 tokens (the default step 244), 193 with
-// 16 (261); 128 registers, no spills. Not yet measured on a GPU.
+// are predicated instead of branched around. SASS (scripts/cuda/sass.sh, the main loop's two
+// steps over 2): 180 instructions a step with 8 tokens (the first version 244), 193 with 16
+// (261); 128 registers, no spills. One layer's routed experts at b256 2.895 -> 2.490 ms (54% ->
+// 63% of the HBM floor; H200, 2026-12-02 02:56 call).
 namespace lean {
 
 constexpr int kShiftEntries = 256;  // every top - code of two ue8m0 bytes
-constexpr int kShiftTableBytes = kShiftEntries * 8;
 constexpr int kScaleEntries = 256;  // every ue8m0 code
-constexpr int kScaleTableBytes = kScaleEntries * 4;
 static_assert(fold128::kFlushShift < kShiftEntries, "the flushed entries follow the computed ones");
-
-// The lean tile's shared memory: the shape's slots, then the two tables.
-template <typename Shape>
-struct Tables {
-  static constexpr int kShiftTableOffset = Shape::kShiftTableOffset;
-  static constexpr int kScaleTableOffset = kShiftTableOffset + kShiftTableBytes;
-  static constexpr int kSharedAllocation = kScaleTableOffset + kScaleTableBytes + kSwizzleAtom;
-  static_assert(Shape::kBlocksPerSm * (kSharedAllocation + 1024) <= 228 * 1024,
-                "the tables fit beside kBlocksPerSm blocks an SM");
-};
 
 template <typename Shape>
 __device__ __forceinline__ void fill_tables(uint8_t* shared) {
-  auto* shifts = reinterpret_cast<uint2*>(shared + Tables<Shape>::kShiftTableOffset);
+  static_assert(Shape::kScaleTableOffset - Shape::kShiftTableOffset == kShiftEntries * 8 &&
+                    Shape::kSharedBytes - Shape::kScaleTableOffset == kScaleEntries * 4,
+                "DecodeShape's tables");
+  auto* shifts = reinterpret_cast<uint2*>(shared + Shape::kShiftTableOffset);
   fold128::fill_shift_table(shifts);  // entries 0..kFlushShift, the default tile's
   for (int d = fold128::kFlushShift + 1 + static_cast<int>(threadIdx.x); d < kShiftEntries;
        d += kThreads) {
     shifts[d] = make_uint2(0, 0);
   }
-  auto* scales = reinterpret_cast<float*>(shared + Tables<Shape>::kScaleTableOffset);
+  auto* scales = reinterpret_cast<float*>(shared + Shape::kScaleTableOffset);
   for (int code = static_cast<int>(threadIdx.x); code < kScaleEntries; code += kThreads) {
     scales[code] =
         deepinfer::cuda::e8m0_to_float(static_cast<uint8_t>(code)) * fold128::kWeightShiftRescale;
@@ -1935,8 +1672,8 @@ __device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
     return tile.first + min(token, rows.tokens - 1);
   };
   const uint32_t shared_base = shared_address(shared);
-  const uint32_t shift_table = shared_base + Tables<Shape>::kShiftTableOffset;
-  const uint32_t scale_table = shared_base + Tables<Shape>::kScaleTableOffset;
+  const uint32_t shift_table = shared_base + Shape::kShiftTableOffset;
+  const uint32_t scale_table = shared_base + Shape::kScaleTableOffset;
   // Ring position p's token lines and weight slot.
   const auto token_slot_address = [&](int position) {
     return shared_base + static_cast<uint32_t>(position * Shape::kTokenSlotBytes);
@@ -1946,7 +1683,8 @@ __device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
            static_cast<uint32_t>(Shape::kWeightRingOffset + position * Shape::kWeightSlotBytes);
   };
 
-  // The copies: decode_tile's chunks and sources, the slot's place from a ring position.
+  // The copies: 16-byte chunks of the weight rows and token lines, 4 bytes of codes and token
+  // scales a step; the slot's place from a ring position.
   constexpr int kWeightCopies = 2 * kSteps;
   constexpr int kWeightRowStep = 32 / kSteps;
   const int weight_row = thread / (4 * kSteps);
@@ -2063,7 +1801,7 @@ __device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
     return at;
   };
 
-  // Step q of a slot -> this thread's A registers and rows' scales (decode_tile's convert_step).
+  // Step q of a slot -> this thread's A registers and rows' scales.
   const auto convert_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& weights) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -2124,7 +1862,7 @@ __device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
     fold(at, q, current);
   };
 
-  // decode_tile's schedule with its two-step slots: the first step of slot j meets at a barrier
+  // The schedule with two-step slots: the first step of slot j meets at a barrier
   // (every thread folded slot j - 1), issues, refills slot j - 1's place with slot j + kSlotsAhead
   // and converts the slot's second step; the second waits for this thread's copies of slot j + 1,
   // fences them for the async proxy, meets at a barrier, issues, converts slot j + 1's first step.
@@ -2171,19 +1909,14 @@ __device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
 
 // Persistent blocks walk the items (token tile, table, 64 weight rows; weight rows fastest, as
 // for_each_prefill_item) in list order, so the items in flight share few experts' weights.
-// kLean: lean::decode_tile_lean (DEEPINFER_MOE_DECODE_WGMMA_LEAN), the same bits.
-template <typename Shape, bool kLean>
+template <typename Shape>
 __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
     decode_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
                         const int* tile_count) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t dynamic_shared[];
   uint8_t* shared = align_to_swizzle_atom(dynamic_shared);
-  if constexpr (kLean) {
-    lean::fill_tables<Shape>(shared);
-  } else {
-    fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + Shape::kShiftTableOffset));
-  }
+  lean::fill_tables<Shape>(shared);
   __syncthreads();
   const int row_tiles = static_cast<int>(args.n / kRows);
   const int64_t items_per_tile = (args.second_out != nullptr ? 2 : 1) * row_tiles;
@@ -2196,20 +1929,12 @@ __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
       table.experts = args.second_experts;
       table.out = args.second_out;
     }
-    if constexpr (kLean) {
-      if (tile.small != 0) {
-        lean::decode_tile_lean<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles,
-                                                              shared);
-      } else {
-        lean::decode_tile_lean<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles,
+    if (tile.small != 0) {
+      lean::decode_tile_lean<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles,
                                                             shared);
-      }
     } else {
-      if (tile.small != 0) {
-        decode_tile<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles, shared);
-      } else {
-        decode_tile<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles, shared);
-      }
+      lean::decode_tile_lean<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles,
+                                                          shared);
     }
     // The next item's first copies overwrite slots that slow warps may still read.
     __syncthreads();
@@ -2222,36 +1947,33 @@ __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
 #endif
 }
 
-// The shapes DEEPINFER_MOE_DECODE_WGMMA_SLOT chooses from (steps a slot: 1, 2 or 4), each with
-// kSlotsAhead x 4 kSteps KB of weight copies in flight a block, 96 KB an SM. On the H200
-// (cuda_layer_bench, one layer's w1|w3 + w2, ms at b1 / b16 / b64 / b256, 2026-12-02): 1-step
-// slots 0.0925 / 0.7485 / 2.0402 / 3.1034, 2-step (the default) 0.0844 / 0.6868 / 1.9057 /
-// 2.8934, 4-step (2 blocks an SM) 0.0986 / 0.8802 / 2.4276 / 3.6364. Per step a warp issues
-// ~244 instructions with 8 tokens, ~261 with 16 (2-step slots, scripts/cuda/sass.sh: ~82 convert
-// the fp4 codes, ~36 find the shifts and read their table entries, ~35 uniform ones rebuild the
-// wgmma descriptors, ~25 copy), at ~0.5 instructions a cycle per scheduler: the tile is bound by
-// the SM (fewer warps an SM was slower), not by the weight stream, which alone reaches the HBM
-// floor in 128-byte pieces a row (the layer bench's "stream 128 B/row" rows).
-using OneStepSlots = DecodeShape<1, 8, 4>;
-using TwoStepSlots = DecodeShape<2, 4, 4>;
-using FourStepSlots = DecodeShape<4, 4, 2>;
+// Two K steps a slot, 4 slots, 4 blocks an SM: kSlotsAhead x 8 KB of weight copies in flight a
+// block, 96 KB an SM. The first version of the step was also built with 1-step slots (8 of them)
+// and 4-step slots (2 blocks an SM): on the H200 (cuda_layer_bench, one layer's w1|w3 + w2, ms at
+// b1 / b16 / b64 / b256, 2026-12-02) 1-step 0.0925 / 0.7485 / 2.0402 / 3.1034, 2-step 0.0844 /
+// 0.6868 / 1.9057 / 2.8934, 4-step 0.0986 / 0.8802 / 2.4276 / 3.6364; 3 and 5-6 blocks an SM
+// bought at most 1.8%. The tile is bound by the SM's instruction issue, not by the weight stream,
+// which alone reaches the HBM floor in 128-byte pieces a row (the layer bench's "stream 128 B/row"
+// rows).
+using DecodeSlots = DecodeShape<2, 4, 4>;
+static_assert(DecodeSlots::kBlocksPerSm * (DecodeSlots::kSharedAllocation + 1024) <= 228 * 1024,
+              "the tables fit beside kBlocksPerSm blocks an SM");
 
-template <typename Shape, bool kLean = false>
 void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
             int64_t max_items, int sms) {
+  using Shape = DecodeSlots;
   const auto blocks = static_cast<unsigned>(
       std::min<int64_t>(max_items, static_cast<int64_t>(sms) * Shape::kBlocksPerSm));
   if (blocks == 0) return;
-  constexpr int kAllocation =
-      kLean ? lean::Tables<Shape>::kSharedAllocation : Shape::kSharedAllocation;
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_wgmma_kernel<Shape, kLean>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kAllocation));
+    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_wgmma_kernel<Shape>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Shape::kSharedAllocation));
     return true;
   }();
   (void)configured;
-  decode_wgmma_kernel<Shape, kLean>
-      <<<blocks, kThreads, kAllocation, current_stream()>>>(args, tiles, tile_count);
+  decode_wgmma_kernel<Shape>
+      <<<blocks, kThreads, Shape::kSharedAllocation, current_stream()>>>(args, tiles, tile_count);
   DI_CUDA_LAUNCHED(decode_wgmma_kernel);
 }
 
@@ -2304,27 +2026,10 @@ void launch_moe_decode_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTil
   DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tables = args.second_out != nullptr ? 2 : 1;
   const int64_t max_items = max_tiles * tables * (args.n / decode_a::kRows);
-  switch (kDecodeWgmmaSlot.value()) {
-    case 1:
-      decode_a::launch<decode_a::OneStepSlots>(args, tiles, tile_count, max_items, sms);
-      break;
-    case 2:
-      if (kMoeDecodeWgmmaLean.enabled()) {
-        // The lean copies step 16 weight rows with a 32-bit stride.
-        DI_CHECK(args.k <= (int64_t{1} << 28), "launch_moe_decode_wgmma: K ", args.k,
-                 " is too large for the lean decode step");
-        decode_a::launch<decode_a::TwoStepSlots, true>(args, tiles, tile_count, max_items, sms);
-      } else {
-        decode_a::launch<decode_a::TwoStepSlots>(args, tiles, tile_count, max_items, sms);
-      }
-      break;
-    case 4:
-      decode_a::launch<decode_a::FourStepSlots>(args, tiles, tile_count, max_items, sms);
-      break;
-    default:
-      DI_THROW("DEEPINFER_MOE_DECODE_WGMMA_SLOT=", kDecodeWgmmaSlot.value(),
-               " is not accepted: 1, 2 or 4");
-  }
+  // The copies step 16 weight rows with a 32-bit stride.
+  DI_CHECK(args.k <= (int64_t{1} << 28), "launch_moe_decode_wgmma: K ", args.k,
+           " is too large for the decode tile");
+  decode_a::launch(args, tiles, tile_count, max_items, sms);
 }
 
 template <bool kSwiglu>
