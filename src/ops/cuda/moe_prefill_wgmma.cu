@@ -1933,8 +1933,7 @@ __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
       lean::decode_tile_lean<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles,
                                                             shared);
     } else {
-      lean::decode_tile_lean<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles,
-                                                          shared);
+      lean::decode_tile_lean<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles, shared);
     }
     // The next item's first copies overwrite slots that slow warps may still read.
     __syncthreads();
