@@ -637,7 +637,7 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 // The routed experts with batch invariance off (ops::batch_invariant() false): at prefill the
 // wgmma tile (moe_prefill_wgmma.h), folding once per 128 of K (the default) or, for comparison,
 // per 32-block (its first version); decode batches (fewer than 16 rows per expert) take the
-// wgmma decode tile from 1024 rows on and the mma.sync decode tile below
+// wgmma decode tile from 64 rows on and the mma.sync decode tile below
 // (DEEPINFER_MOE_WGMMA_DECODE unset), or for comparison always the mma.sync decode tile (0) or
 // the wgmma decode tile (2).
 struct NonInvariantRun {

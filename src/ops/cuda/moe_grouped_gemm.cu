@@ -997,19 +997,17 @@ const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* wha
 // prefill tiles (register_a's 128 x 32 small tiles); 2, the wgmma decode tile
 // (launch_moe_decode_wgmma: 64 rows x 16 or 8 tokens, 4 blocks per SM). 1 and 2 give the same
 // bits. -1 (the default): 2 from kWgmmaDecodeMinRows rows on, 0 below.
-// Measured on the H200 (cuda_layer_bench, one layer's w1|w3 + w2, ms at b1 / b16 / b64 / b256,
-// 2026-12-02 00:58 call): 0 0.0816 / 0.7173 / 1.8955 / 2.9644; 2 0.0844 / 0.6868 / 1.9057 / 2.8934
-// (the model op: 0.0915 / 0.7114 / 1.8720 / 3.1244 against 0.0962 / 0.6960 / 1.9456 / 3.0005);
-// 1 0.1330 / 1.3028 / 3.5125 / 5.2615 (one 256-thread block an SM: latency bound). The two
-// decode tiles issue about as many instructions per weight byte (~250 a warp per KB of fp4 for
-// 8 tokens, scripts/cuda/sass.sh) and run at ~54% of the HBM floor, where the same weight stream
-// alone reaches it (layer bench "stream 128 B/row"): both are bound by the SM, not by HBM.
+// Measured on the H200 (cuda_layer_bench, one layer's routed experts, 2026-12-02 03:06 call, ms at
+// b1 / b16 / b64 / b256 = 6 / 96 / 384 / 1536 rows): the grouped GEMMs (w1|w3 + w2) 0 0.0821 /
+// 0.7096 / 1.9557 / 3.0087, 2 0.0800 / 0.5920 / 1.6411 / 2.5146; the model's op (with its sort,
+// quantizers and combine) 0 0.0911 / 0.7200 / 1.9471 / 3.1431, 2 0.0948 / 0.6265 / 1.6788 /
+// 2.6523. The decode tile's first version (removed) was 2.89 ms at b256; 1 (the prefill tiles,
+// one 256-thread block an SM) was 5.26 ms there, latency bound.
 RuntimeSetting kMoeWgmmaDecode{"DEEPINFER_MOE_WGMMA_DECODE", -1, -1, 2};
-// The automatic choice's threshold: the wgmma decode tile won at b256 (1536 rows: 2.4% on the
-// grouped GEMMs, 4% on the model op) and lost at b1 (6 rows: 3-5%); at b64 (384 rows) the two
-// were within 0.5% on the GEMMs and the mma.sync tile 4% faster on the op. Nothing was measured
-// between 384 and 1536 rows: the threshold is a guess between them.
-constexpr int64_t kWgmmaDecodeMinRows = 1024;
+// The automatic choice's threshold: the op on the wgmma decode tile was 4% slower at 6 rows (b1;
+// its quantizer writes per-128 scales, the tile's 64-row items leave blocks idle) and 13% faster
+// at 96 (b16); nothing was measured in between: 64 is a guess between them.
+constexpr int64_t kWgmmaDecodeMinRows = 64;
 
 // Which kernel and token tile a call takes, and so which code layout its quantizer writes.
 struct KernelChoice {

@@ -1330,53 +1330,76 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
 #endif
 }
 
-// One warp per (row, 128 of K): lane l quantizes K 32b + l of the step's four blocks exactly as
-// moe_grouped_gemm.cu's store_quantized (the same scale and e4m3 value per block), then stores
-// each code re-expressed against the step's largest scale: value * 2^-(e_step - e_block),
-// rounded to nearest even by the e4m3 conversion (exact unless it becomes subnormal).
-// kHardwareCvt: the same codes from the hardware's conversions. The block scale is a power of
-// two, so value * (1 / scale) is value / scale exactly (both the correctly rounded value of one
-// real number); after the clamp to +-448, cvt.rn.satfinite's nearest-even e4m3 code is
-// round_to_e4m3's value (the nearest multiple of the binade's quantum, ties to the even multiple,
-// which is the even mantissa), and its value comes back exactly through f16.
+// One warp per (row, kQuantStepsPerWarp steps of 128 of K): lane l quantizes K 32b + l of each
+// step's four blocks exactly as moe_grouped_gemm.cu's store_quantized (the same scale and e4m3
+// value per block), then stores each code re-expressed against the step's largest scale:
+// value * 2^-(e_step - e_block), rounded to nearest even by the e4m3 conversion (exact unless it
+// becomes subnormal). Every step's loads are issued before the first is used: with one step a
+// warp (its first version) a warp waited through its row index and four loads for 128 values,
+// and the launch ran in ~7 waves of those latencies (32 us for the 1536 rows of a b256 step,
+// 0.76 ms for the 49152 of a prefill of 8192 tokens; H200, 2026-12-02). kHardwareCvt: the same
+// codes from the hardware's conversions. The block scale is a power of two, so
+// value * (1 / scale) is value / scale exactly (both the correctly rounded value of one real
+// number); after the clamp to +-448, cvt.rn.satfinite's nearest-even e4m3 code is round_to_e4m3's
+// value (the nearest multiple of the binade's quantum, ties to the even multiple, which is the
+// even mantissa), and its value comes back exactly through f16.
+constexpr int kQuantStepsPerWarp = 4;
+
 template <bool kSwiglu, bool kHardwareCvt>
 __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* codes,
                                             float* step_scales) {
   const int64_t steps_per_row = source.cols / kStepK;
+  const int64_t warps_per_row = (steps_per_row + kQuantStepsPerWarp - 1) / kQuantStepsPerWarp;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (warp >= source.rows * steps_per_row) return;
-  const int64_t row = warp / steps_per_row;  // the same for the whole warp
+  if (warp >= source.rows * warps_per_row) return;
+  const int64_t row = warp / warps_per_row;  // the same for the whole warp
   if (source.placed != nullptr && row >= *source.placed) return;
   const int lane = threadIdx.x & 31;
-  const int64_t first = (warp % steps_per_row) * kStepK;
-  float quantized[kStepBlocks];
-  float scale[kStepBlocks];
-  float step_scale = 0.0f;
+  const int64_t first_step = (warp % warps_per_row) * kQuantStepsPerWarp;
+  const int step_count =
+      static_cast<int>(min(static_cast<int64_t>(kQuantStepsPerWarp), steps_per_row - first_step));
+  float value[kQuantStepsPerWarp][kStepBlocks];
 #pragma unroll
-  for (int b = 0; b < kStepBlocks; ++b) {
-    const float value = expert_row_value<kSwiglu>(source, row, first + b * kScaleBlock + lane);
-    scale[b] = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value)));
-    if constexpr (kHardwareCvt) {
-      const float clamped = fminf(fmaxf(value * (1.0f / scale[b]), -448.0f), 448.0f);
-      const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(clamped, __NV_SATFINITE, __NV_E4M3);
-      quantized[b] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
-    } else {
-      quantized[b] =
-          deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value / scale[b], -448.0f), 448.0f));
+  for (int s = 0; s < kQuantStepsPerWarp; ++s) {
+    if (s < step_count) {
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        value[s][b] = expert_row_value<kSwiglu>(source, row,
+                                                (first_step + s) * kStepK + b * kScaleBlock + lane);
+      }
     }
-    step_scale = fmaxf(step_scale, scale[b]);
   }
   // kMmaHalves: K 8t + 2i at byte 4t + i of the block, K 8t + 2i + 1 at 16 + 4t + i.
   const int in_block = ((lane & 1) << 4) | ((lane >> 3) << 2) | ((lane & 7) >> 1);
-  uint8_t* row_codes = codes + row * source.cols + first;
 #pragma unroll
-  for (int b = 0; b < kStepBlocks; ++b) {
-    // Both scales are powers of two: the product is exact before the one rounding.
-    const float shifted = quantized[b] * (scale[b] / step_scale);
-    row_codes[b * kScaleBlock + in_block] =
-        static_cast<uint8_t>(__nv_cvt_float_to_fp8(shifted, __NV_SATFINITE, __NV_E4M3));
+  for (int s = 0; s < kQuantStepsPerWarp; ++s) {
+    if (s >= step_count) break;
+    float quantized[kStepBlocks];
+    float scale[kStepBlocks];
+    float step_scale = 0.0f;
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) {
+      scale[b] = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value[s][b])));
+      if constexpr (kHardwareCvt) {
+        const float clamped = fminf(fmaxf(value[s][b] * (1.0f / scale[b]), -448.0f), 448.0f);
+        const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(clamped, __NV_SATFINITE, __NV_E4M3);
+        quantized[b] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+      } else {
+        quantized[b] =
+            deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value[s][b] / scale[b], -448.0f), 448.0f));
+      }
+      step_scale = fmaxf(step_scale, scale[b]);
+    }
+    uint8_t* row_codes = codes + row * source.cols + (first_step + s) * kStepK;
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) {
+      // Both scales are powers of two: the product is exact before the one rounding.
+      const float shifted = quantized[b] * (scale[b] / step_scale);
+      row_codes[b * kScaleBlock + in_block] =
+          static_cast<uint8_t>(__nv_cvt_float_to_fp8(shifted, __NV_SATFINITE, __NV_E4M3));
+    }
+    if (lane == 0) step_scales[row * steps_per_row + first_step + s] = step_scale;
   }
-  if (lane == 0) step_scales[warp] = step_scale;
 }
 
 template <TileKind kKind>
@@ -2036,7 +2059,9 @@ void quantize_rows_per128(const ExpertRowsSource& source, uint8_t* codes, float*
   DI_CHECK(source.cols % kStepK == 0, "quantize_rows_per128: ", source.cols,
            " columns are not 128-wide steps");
   constexpr int kQuantThreads = 256;
-  const int64_t warps = source.rows * (source.cols / kStepK);
+  const int64_t steps_per_row = source.cols / kStepK;
+  const int64_t warps =
+      source.rows * ((steps_per_row + kQuantStepsPerWarp - 1) / kQuantStepsPerWarp);
   if (warps == 0) return;
   const unsigned blocks = blocks_for(warps * 32, kQuantThreads);
   if (kQuantHardwareCvt.enabled()) {
