@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops/batch_invariance.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
@@ -121,6 +122,12 @@ void bench_rows(int64_t rows, double hbm) {
     const double ms = time_ms([&] { mixes(); });
     row("hc_mixes", tile == 2 ? "rows kernel, 2 rows a warp" : "rows kernel, 4 rows a warp", rows,
         ms, mix_bytes, hbm, same_bits(old_out, mixes_out()) ? "same" : "DIFFER");
+  }
+
+  {  // batch invariance off from 65 rows: the dots as one cuBLASLt FP32 GEMM (other sums' order)
+    const ops::ScopedBatchInvariance off(false);
+    row("hc_mixes", "invariance off (cuBLASLt GEMM from 65 rows)", rows, time_ms([&] { mixes(); }),
+        mix_bytes, hbm, same_bits(old_out, mixes_out()) ? "same" : "other bits");
   }
 
   const double collapse_bytes = stream_bytes + row_bytes + rows * kHc * 4.0;

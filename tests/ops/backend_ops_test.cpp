@@ -24,6 +24,7 @@
 #include "attention_batch_case.h"
 #include "core/dtype_convert.h"
 #include "gpu_support.h"
+#include "ops/batch_invariance.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/runtime_switch.h"
@@ -763,6 +764,11 @@ TEST_F(BackendOpsTest, HyperConnectionMixesCollapseExpand) {
       const deepinfer::cuda::ScopedSetting every_row_count{"DEEPINFER_HC_ROWS_MIN", 1};
       check_gpu_mixes("hc_mixes rows kernel");
     }
+    {  // batch invariance off: the dots as one cuBLASLt FP32 GEMM (by default from 65 rows)
+      const ScopedBatchInvariance off(false);
+      const deepinfer::cuda::ScopedSetting every_row_count{"DEEPINFER_CUBLASLT_MIN_ROWS", 1};
+      check_gpu_mixes("hc_mixes cuBLASLt");
+    }
 
     // Collapse and expand take the CPU's mixes, so they are tested on their own.
     Tensor dpre_exact = gpu(pre), dpost_exact = gpu(post), dcomb_exact = gpu(comb);
@@ -1207,6 +1213,38 @@ TEST_F(BackendOpsTest, HcMixesFastPathsMatchOldBitsSmallShapes) {
 TEST_F(BackendOpsTest, HcMixesFastPathsMatchOldBitsRealShapes) {
   if (tiny_shapes_only()) GTEST_SKIP() << "model widths: not under BACKEND_OPS_TINY_ONLY";
   hc_mixes_fast_vs_old(4, 5120, 20, "real", /*prefill_rows=*/true);
+}
+
+// Batch invariance off at V4.1's width: the cuBLASLt FP32 GEMM path against the slice kernels
+// (which HyperConnectionMixesCollapseExpand holds to the CPU), at the threshold, a decode batch of
+// 256 and a prefill: other sums' order, the same bounds as against the CPU.
+TEST_F(BackendOpsTest, HcMixesCublasLtWithinBoundsRealShapes) {
+  if (tiny_shapes_only()) GTEST_SKIP() << "model widths: not under BACKEND_OPS_TINY_ONLY";
+  constexpr int hc = 4;
+  constexpr int64_t hidden = 5120;
+  const int64_t mixes = static_cast<int64_t>(2 + hc) * hc;
+  Tensor fn = gpu(host_f32({mixes, hc * hidden}, 61, 0.02f));
+  Tensor scale = gpu(host_f32({3}, 62));
+  Tensor base = gpu(host_f32({mixes}, 63));
+  const HcParams params{hc, 20, 1e-6f, 1e-6f};
+  for (const int64_t rows : {int64_t{65}, int64_t{256}, kPrefillRows}) {
+    Tensor dx = gpu(host_f32({rows, hc, hidden}, 60));
+    const auto op = [&](bool invariant) {
+      const ScopedBatchInvariance policy(invariant);
+      Tensor pre = gpu_output(DType::kF32, {rows, hc});
+      Tensor post = gpu_output(DType::kF32, {rows, hc});
+      Tensor comb = gpu_output(DType::kF32, {rows, hc, hc});
+      cuda::hc_mixes(dx, fn, scale, base, params, pre, post, comb);
+      rt::synchronize();
+      return outputs_of(rt::to_host(pre), rt::to_host(post), rt::to_host(comb));
+    };
+    const std::vector<Tensor> slices = op(true);
+    const std::vector<Tensor> gemm = op(false);
+    const std::string name = "hc_mixes cuBLASLt rows " + std::to_string(rows);
+    expect_close(slices[0], gpu(gemm[0]), kRowReductionTolerance, name + " pre");
+    expect_close(slices[1], gpu(gemm[1]), kRowReductionTolerance, name + " post");
+    expect_close(slices[2], gpu(gemm[2]), 5e-5, name + " comb");
+  }
 }
 
 // hc_collapse_vec_kernel and hc_expand_vec_kernel (also in place) against a thread per channel.

@@ -2,6 +2,7 @@
 // the collapse of the streams into one sublayer input, and the expansion back.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/linear_cublaslt.h"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -457,6 +458,15 @@ RuntimeSetting kRowsPartialsTile{"DEEPINFER_HC_ROWS_TILE", 2, 2, 4};
 // false (or DEEPINFER_HC_WARP_FINISH=0): hc_mix_finish_kernel.
 RuntimeSwitch kWarpFinish{"DEEPINFER_HC_WARP_FINISH", true};
 
+// With batch invariance off and at least DEEPINFER_CUBLASLT_MIN_ROWS rows
+// (linear_cublaslt_selected: not while recording a graph), the mixes' dot products are one cuBLASLt
+// FP32 GEMM (x . fn^T into the partials, one slice) and hc_row_squares_kernel adds the rows'
+// squares: other sums' order, so other bits, within the same bounds. false
+// (DEEPINFER_HC_CUBLASLT=0): the slice kernels. The slice kernels issue 24 dependent dot products
+// an x element at a fraction of the FP32 rate (0.74 ms a call at 8192 rows, 36 us at 256; H200,
+// 2026-12-02).
+RuntimeSwitch kCublasLtMixes{"DEEPINFER_HC_CUBLASLT", true};
+
 // false (or DEEPINFER_HC_SPLIT=0): one block per row does every mix (hc_mixes_kernel).
 RuntimeSwitch kSplitMixes{"DEEPINFER_HC_SPLIT", true};
 
@@ -493,6 +503,22 @@ void launch_rows_partials(const MixArgs& args, int slices, float* partials) {
       <<<static_cast<unsigned>(blocks), kThreads, fn_bytes, current_stream()>>>(
           args, slices, chunks_per_slice, partials);
   DI_CUDA_LAUNCHED(hc_mix_partials_rows_kernel);
+}
+
+// One warp a row: the sum of its squares into partials[row * stride + mix_count] (the GEMM path's
+// one slice; float4 rows).
+constexpr int kSquaresRowsPerBlock = 8;
+__global__ void __launch_bounds__(kSquaresRowsPerBlock * 32)
+    hc_row_squares_kernel(DeviceRows<const float> x, int stride, int mix_count, float* partials) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kSquaresRowsPerBlock + threadIdx.x / 32;
+  if (row >= x.rows) return;
+  const int lane = threadIdx.x & 31;
+  const auto* quads = reinterpret_cast<const float4*>(x.row(row));
+  const int64_t quad_count = x.cols / 4;
+  float squares = 0.0f;
+  for (int64_t q = lane; q < quad_count; q += 32) squares += dot4(quads[q], quads[q]);
+  squares = fold_warp(squares);
+  if (lane == 0) partials[row * stride + mix_count] = squares;
 }
 
 __global__ void hc_collapse_kernel(DeviceRows<const float> x, int64_t hc, int64_t dim,
@@ -644,6 +670,23 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
     hc_mixes_kernel<<<static_cast<unsigned>(args.x.rows), kThreads, 0, current_stream()>>>(args);
     DI_CUDA_LAUNCHED(hc_mixes_kernel);
     return;
+  }
+  const int stride = static_cast<int>(mix_count + 1);
+  if (kCublasLtMixes.enabled() && stride <= 32 && linear_cublaslt_selected(args.x.rows)) {
+    deepinfer::cuda::StreamBuffer partials(static_cast<size_t>(args.x.rows * stride) *
+                                           sizeof(float));
+    if (try_gemm_f32_cublaslt(args.x.data, args.x.stride, args.x.rows, args.fn.data, args.fn.stride,
+                              mix_count, args.x.cols, partials.as<float>(), stride)) {
+      hc_row_squares_kernel<<<blocks_for(args.x.rows, kSquaresRowsPerBlock),
+                              kSquaresRowsPerBlock * 32, 0, current_stream()>>>(
+          args.x, stride, static_cast<int>(mix_count), partials.as<float>());
+      DI_CUDA_LAUNCHED(hc_row_squares_kernel);
+      hc_mix_finish_warp_kernel<<<blocks_for(args.x.rows, kFinishRowsPerBlock),
+                                  kFinishRowsPerBlock * 32, 0, current_stream()>>>(
+          args, /*slices=*/1, partials.as<float>());
+      DI_CUDA_LAUNCHED(hc_mix_finish_warp_kernel);
+      return;
+    }
   }
   const int slices = static_cast<int>((args.x.cols + kSliceCols - 1) / kSliceCols);
   const int64_t row_blocks = (args.x.rows + kSliceRows - 1) / kSliceRows;

@@ -278,13 +278,15 @@ struct Staging {
 // pointers the calls will pass (the heuristic must exclude algorithms that need more).
 struct GemmShape {
   int device = 0;
+  cudaDataType_t operands = CUDA_R_16BF;  // A's and B's type (D is f32)
   int64_t m = 0, n = 0, k = 0, batch = 1;
+  int64_t ld_a = 0;  // 0: k (a contiguous weight)
   int64_t ld_b = 0, ld_d = 0;
   int64_t stride_a = 0, stride_b = 0, stride_d = 0;
   int64_t align_a = 0, align_b = 0, align_d = 0;
   auto key() const {
-    return std::tie(device, m, n, k, batch, ld_b, ld_d, stride_a, stride_b, stride_d, align_a,
-                    align_b, align_d);
+    return std::tie(device, operands, m, n, k, batch, ld_a, ld_b, ld_d, stride_a, stride_b,
+                    stride_d, align_a, align_b, align_d);
   }
   bool operator<(const GemmShape& other) const { return key() < other.key(); }
 };
@@ -300,8 +302,9 @@ class GemmPlan {
                                                      sizeof(transpose)));
     DI_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)));
-    DI_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_16BF, s.k, s.n, s.k));
-    DI_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_16BF, s.k, s.m, s.ld_b));
+    DI_CUBLASLT_CHECK(
+        cublasLtMatrixLayoutCreate(&a_, s.operands, s.k, s.n, s.ld_a != 0 ? s.ld_a : s.k));
+    DI_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&b_, s.operands, s.k, s.m, s.ld_b));
     DI_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&d_, CUDA_R_32F, s.n, s.m, s.ld_d));
     if (s.batch > 1) {
       const auto count = static_cast<int32_t>(s.batch);
@@ -592,6 +595,38 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
                o.row(first), /*accumulate=*/t > 0, cublas_workspace, stream);
     }
   }
+  return true;
+}
+
+bool try_gemm_f32_cublaslt(const float* x, int64_t x_stride, int64_t rows, const float* w,
+                           int64_t w_stride, int64_t n, int64_t k, float* out, int64_t out_stride) {
+  DI_CHECK(rows >= 0 && n >= 0 && k >= 0 && x_stride >= k && w_stride >= k && out_stride >= n,
+           "gemm_f32_cublaslt: rows ", rows, ", n ", n, ", k ", k, ", strides ", x_stride, " / ",
+           w_stride, " / ", out_stride);
+  if (rows == 0 || n == 0) return true;
+  const StreamHandle stream = current_stream();
+  if (stream_is_capturing(stream)) return false;  // the workspace may grow
+  int device = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&device));
+  GemmShape shape;
+  shape.device = device;
+  shape.operands = CUDA_R_32F;
+  shape.m = rows;
+  shape.n = n;
+  shape.k = k;
+  shape.ld_a = w_stride;
+  shape.ld_b = x_stride;
+  shape.ld_d = out_stride;
+  constexpr int64_t f32_bytes = 4;
+  shape.align_a = common_alignment({address(w), w_stride * f32_bytes});
+  shape.align_b = common_alignment({address(x), x_stride * f32_bytes});
+  shape.align_d = common_alignment({address(out), out_stride * f32_bytes});
+  CublasLtState& state = CublasLtState::instance();
+  const std::shared_ptr<const GemmPlan> plan = state.plan(shape);
+  if (!plan->found()) return false;
+  Staging& staging = state.staging(device, stream);
+  void* cublas_workspace = staging.cublas_workspace.reserve(kCublasWorkspaceBytes, stream);
+  plan->run(state.handle(device), w, x, out, /*accumulate=*/false, cublas_workspace, stream);
   return true;
 }
 

@@ -25,7 +25,8 @@
 
 namespace deepinfer::ops::cuda {
 
-// Whether ops::cuda::linear / linear_grouped should try the path for a call of `rows` rows:
+// Whether ops::cuda::linear / linear_grouped (and hc_mixes, for its FP32 GEMM) should try the
+// path for a call of `rows` rows:
 // batch invariance is off, DEEPINFER_CUBLASLT_MIN_ROWS (a RuntimeSetting; 0 = never) is at most
 // `rows`, and the current stream is not capturing a CUDA graph (the staging buffers may grow and
 // move, which a recorded graph would not see; the model records decode steps of <= 64 tokens, and
@@ -49,5 +50,12 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
 // the path at any row count with it).
 void linear_cublaslt(const TensorView& x, const LinearWeight& weight, const TensorView& out,
                      ActivationQuant activation_quant, int64_t groups = 1);
+
+// out[r, :n] = x[r, :k] . w[:n, :k]^T for r < rows, all f32 (row strides in elements), as one
+// cuBLASLt GEMM with CUBLAS_COMPUTE_32F (FP32 products and sums, no TF32): the batch-variant path
+// of callers whose operands are f32 matrices (hc_mixes). Returns false having launched nothing
+// while the current stream captures a graph or when cuBLASLt has no algorithm for the shape.
+bool try_gemm_f32_cublaslt(const float* x, int64_t x_stride, int64_t rows, const float* w,
+                           int64_t w_stride, int64_t n, int64_t k, float* out, int64_t out_stride);
 
 }  // namespace deepinfer::ops::cuda
