@@ -764,9 +764,10 @@ TEST_F(BackendOpsTest, HyperConnectionMixesCollapseExpand) {
       const deepinfer::cuda::ScopedSetting every_row_count{"DEEPINFER_HC_ROWS_MIN", 1};
       check_gpu_mixes("hc_mixes rows kernel");
     }
-    {  // batch invariance off: the dots as one cuBLASLt FP32 GEMM (by default from 65 rows)
+    {  // batch invariance off: the dots as one cuBLASLt FP32 GEMM (by default from 1024 rows)
       const ScopedBatchInvariance off(false);
       const deepinfer::cuda::ScopedSetting every_row_count{"DEEPINFER_CUBLASLT_MIN_ROWS", 1};
+      const deepinfer::cuda::ScopedSetting gemm_rows{"DEEPINFER_HC_CUBLASLT_MIN_ROWS", 1};
       check_gpu_mixes("hc_mixes cuBLASLt");
     }
 
@@ -1231,6 +1232,7 @@ TEST_F(BackendOpsTest, HcMixesCublasLtWithinBoundsRealShapes) {
     Tensor dx = gpu(host_f32({rows, hc, hidden}, 60));
     const auto op = [&](bool invariant) {
       const ScopedBatchInvariance policy(invariant);
+      const deepinfer::cuda::ScopedSetting gemm_rows{"DEEPINFER_HC_CUBLASLT_MIN_ROWS", 1};
       Tensor pre = gpu_output(DType::kF32, {rows, hc});
       Tensor post = gpu_output(DType::kF32, {rows, hc});
       Tensor comb = gpu_output(DType::kF32, {rows, hc, hc});

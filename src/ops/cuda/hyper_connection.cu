@@ -458,14 +458,16 @@ RuntimeSetting kRowsPartialsTile{"DEEPINFER_HC_ROWS_TILE", 2, 2, 4};
 // false (or DEEPINFER_HC_WARP_FINISH=0): hc_mix_finish_kernel.
 RuntimeSwitch kWarpFinish{"DEEPINFER_HC_WARP_FINISH", true};
 
-// With batch invariance off and at least DEEPINFER_CUBLASLT_MIN_ROWS rows
-// (linear_cublaslt_selected: not while recording a graph), the mixes' dot products are one cuBLASLt
-// FP32 GEMM (x . fn^T into the partials, one slice) and hc_row_squares_kernel adds the rows'
-// squares: other sums' order, so other bits, within the same bounds. false
-// (DEEPINFER_HC_CUBLASLT=0): the slice kernels. The slice kernels issue 24 dependent dot products
-// an x element at a fraction of the FP32 rate (0.74 ms a call at 8192 rows, 36 us at 256; H200,
-// 2026-12-02).
+// With batch invariance off and at least DEEPINFER_HC_CUBLASLT_MIN_ROWS rows (and what
+// linear_cublaslt_selected asks: not while recording a graph), the mixes' dot products are one
+// cuBLASLt FP32 GEMM (x . fn^T into the partials, one slice) and hc_row_squares_kernel adds the
+// rows' squares: other sums' order, so other bits, within the same bounds. false
+// (DEEPINFER_HC_CUBLASLT=0): the slice kernels at every row count. H200 (cuda_hc_bench, hc 4 x
+// 5120, the whole op, 2026-12-02 03:17 call): 8192 rows 0.555 ms against the rows kernel's 0.825,
+// 256 rows 0.0615 against the preload kernel's 0.0526 (the GEMM and the squares' pass over x cost
+// more than the slices' one pass there); nothing measured between: 1024 is a guess.
 RuntimeSwitch kCublasLtMixes{"DEEPINFER_HC_CUBLASLT", true};
+RuntimeSetting kCublasLtMixesMinRows{"DEEPINFER_HC_CUBLASLT_MIN_ROWS", 1024, 1, 1 << 30};
 
 // false (or DEEPINFER_HC_SPLIT=0): one block per row does every mix (hc_mixes_kernel).
 RuntimeSwitch kSplitMixes{"DEEPINFER_HC_SPLIT", true};
@@ -672,7 +674,8 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
     return;
   }
   const int stride = static_cast<int>(mix_count + 1);
-  if (kCublasLtMixes.enabled() && stride <= 32 && linear_cublaslt_selected(args.x.rows)) {
+  if (kCublasLtMixes.enabled() && stride <= 32 && args.x.rows >= kCublasLtMixesMinRows.value() &&
+      linear_cublaslt_selected(args.x.rows)) {
     deepinfer::cuda::StreamBuffer partials(static_cast<size_t>(args.x.rows * stride) *
                                            sizeof(float));
     if (try_gemm_f32_cublaslt(args.x.data, args.x.stride, args.x.rows, args.fn.data, args.fn.stride,

@@ -60,8 +60,9 @@ RuntimeSetting kMoeWgmmaFold{"DEEPINFER_MOE_WGMMA_FOLD", 128, 32, 128};
 // true: the fold-per-128 tile converts the weights into wgmma's A registers (register_a); false
 // (DEEPINFER_MOE_WGMMA_REGISTER_A=0): into shared memory (fold128), the same bits.
 RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
-// true: quantize_rows_per128 rounds with the hardware's e4m3 conversions; false
-// (DEEPINFER_MOE_QUANT_HW_CVT=0): with round_to_e4m3 (the kernel before), the same codes.
+// true: quantize_rows_per128 rounds with the hardware's e4m3 conversions (float4 rows: its vector
+// kernel); false (DEEPINFER_MOE_QUANT_HW_CVT=0): with round_to_e4m3 in the scalar kernel, the
+// same codes (moe_wgmma_test compares them).
 RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
 
 // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
@@ -1330,8 +1331,10 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
 #endif
 }
 
-// One warp per (row, kQuantStepsPerWarp steps of 128 of K): lane l quantizes K 32b + l of each
-// step's four blocks exactly as moe_grouped_gemm.cu's store_quantized (the same scale and e4m3
+// The per-128 quantizer for rows that are not float4-aligned and for its software rounding
+// (DEEPINFER_MOE_QUANT_HW_CVT=0); aligned rows take quantize_rows_per128_vec_kernel (the same
+// codes). One warp per (row, kQuantStepsPerWarp steps of 128 of K): lane l quantizes K 32b + l of
+// each step's four blocks exactly as moe_grouped_gemm.cu's store_quantized (the same scale and e4m3
 // value per block), then stores each code re-expressed against the step's largest scale:
 // value * 2^-(e_step - e_block), rounded to nearest even by the e4m3 conversion (exact unless it
 // becomes subnormal). Every step's loads are issued before the first is used: with one step a
@@ -1398,6 +1401,65 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
       row_codes[b * kScaleBlock + in_block] =
           static_cast<uint8_t>(__nv_cvt_float_to_fp8(shifted, __NV_SATFINITE, __NV_E4M3));
     }
+    if (lane == 0) step_scales[row * steps_per_row + first_step + s] = step_scale;
+  }
+}
+
+// quantize_rows_per128_kernel's codes and step scales (the same bits) from float4 rows: lane l
+// holds K 4l .. 4l + 3 of a step (block l / 8), so a block's largest magnitude takes three
+// shuffles over its 8 lanes instead of five over 32, each lane converts four values with one
+// scale, and its codes go out as two 16-bit stores (kMmaHalves puts K 4j, 4j + 2 of a block at
+// bytes 2j, 2j + 1 and K 4j + 1, 4j + 3 at 16 + 2j, 16 + 2j + 1, for j = l % 8).
+template <bool kSwiglu>
+__global__ void quantize_rows_per128_vec_kernel(ExpertRowsSource source, uint8_t* codes,
+                                                float* step_scales) {
+  const int64_t steps_per_row = source.cols / kStepK;
+  const int64_t warps_per_row = (steps_per_row + kQuantStepsPerWarp - 1) / kQuantStepsPerWarp;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (warp >= source.rows * warps_per_row) return;
+  const int64_t row = warp / warps_per_row;  // the same for the whole warp
+  if (source.placed != nullptr && row >= *source.placed) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t first_step = (warp % warps_per_row) * kQuantStepsPerWarp;
+  const int step_count =
+      static_cast<int>(min(static_cast<int64_t>(kQuantStepsPerWarp), steps_per_row - first_step));
+  float4 values[kQuantStepsPerWarp];
+#pragma unroll
+  for (int s = 0; s < kQuantStepsPerWarp; ++s) {
+    if (s < step_count) {
+      values[s] = expert_row_values4<kSwiglu>(source, row, (first_step + s) * kStepK + 4 * lane);
+    }
+  }
+  const int j = lane & 7;
+  const int block = lane >> 3;
+#pragma unroll
+  for (int s = 0; s < kQuantStepsPerWarp; ++s) {
+    if (s >= step_count) break;
+    const float v[4] = {values[s].x, values[s].y, values[s].z, values[s].w};
+    float largest = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int mask = 1; mask < 8; mask <<= 1) {
+      largest = fmaxf(largest, __shfl_xor_sync(0xFFFFFFFFu, largest, mask));
+    }
+    const float scale = deepinfer::cuda::fp8_block_scale(largest);
+    float step_scale = fmaxf(scale, __shfl_xor_sync(0xFFFFFFFFu, scale, 8));
+    step_scale = fmaxf(step_scale, __shfl_xor_sync(0xFFFFFFFFu, step_scale, 16));
+    // Both scales are powers of two: the product is exact before the one rounding.
+    const float shift = scale / step_scale;
+    uint32_t code[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float clamped = fminf(fmaxf(v[e] * (1.0f / scale), -448.0f), 448.0f);
+      const __nv_fp8_storage_t first = __nv_cvt_float_to_fp8(clamped, __NV_SATFINITE, __NV_E4M3);
+      const float quantized = __half2float(__half(__nv_cvt_fp8_to_halfraw(first, __NV_E4M3)));
+      code[e] = __nv_cvt_float_to_fp8(quantized * shift, __NV_SATFINITE, __NV_E4M3);
+    }
+    uint8_t* block_codes =
+        codes + row * source.cols + (first_step + s) * kStepK + block * kScaleBlock;
+    *reinterpret_cast<uint16_t*>(block_codes + 2 * j) =
+        static_cast<uint16_t>(code[0] | code[2] << 8);
+    *reinterpret_cast<uint16_t*>(block_codes + 16 + 2 * j) =
+        static_cast<uint16_t>(code[1] | code[3] << 8);
     if (lane == 0) step_scales[row * steps_per_row + first_step + s] = step_scale;
   }
 }
@@ -2064,6 +2126,12 @@ void quantize_rows_per128(const ExpertRowsSource& source, uint8_t* codes, float*
       source.rows * ((steps_per_row + kQuantStepsPerWarp - 1) / kQuantStepsPerWarp);
   if (warps == 0) return;
   const unsigned blocks = blocks_for(warps * 32, kQuantThreads);
+  if (kQuantHardwareCvt.enabled() && expert_rows_float4(source) && aligned_to(codes, 2)) {
+    quantize_rows_per128_vec_kernel<kSwiglu>
+        <<<blocks, kQuantThreads, 0, current_stream()>>>(source, codes, step_scales);
+    DI_CUDA_LAUNCHED(quantize_rows_per128_vec_kernel);
+    return;
+  }
   if (kQuantHardwareCvt.enabled()) {
     quantize_rows_per128_kernel<kSwiglu, true>
         <<<blocks, kQuantThreads, 0, current_stream()>>>(source, codes, step_scales);
