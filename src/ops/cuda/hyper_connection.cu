@@ -463,9 +463,9 @@ RuntimeSwitch kWarpFinish{"DEEPINFER_HC_WARP_FINISH", true};
 // cuBLASLt FP32 GEMM (x . fn^T into the partials, one slice) and hc_row_squares_kernel adds the
 // rows' squares: other sums' order, so other bits, within the same bounds. false
 // (DEEPINFER_HC_CUBLASLT=0): the slice kernels at every row count. H200 (cuda_hc_bench, hc 4 x
-// 5120, the whole op, 2026-12-02 03:17 call): 8192 rows 0.555 ms against the rows kernel's 0.825,
-// 256 rows 0.0615 against the preload kernel's 0.0526 (the GEMM and the squares' pass over x cost
-// more than the slices' one pass there); nothing measured between: 1024 is a guess.
+// 5120, the whole op, 2026-12-02 03:22 call, ms): 256 rows 0.0625 against the preload kernel's
+// 0.0541 (the GEMM and the squares' second pass over x cost more there), 1024 rows 0.1105 against
+// the rows kernel's 0.1287, 2048 0.1689 against 0.2295, 8192 0.5685 against 0.8284.
 RuntimeSwitch kCublasLtMixes{"DEEPINFER_HC_CUBLASLT", true};
 RuntimeSetting kCublasLtMixesMinRows{"DEEPINFER_HC_CUBLASLT_MIN_ROWS", 1024, 1, 1 << 30};
 
