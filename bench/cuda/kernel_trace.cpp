@@ -182,6 +182,56 @@ nlohmann::json by_name(const std::vector<Interval>& intervals, size_t top) {
   return out;
 }
 
+// The longest stretches without device work between the first and the last item, each with the
+// work before and after it and the host runtime call that overlaps it most (CUPTI stamps device
+// and host activity on one clock): where a step waits for its host, and on what.
+nlohmann::json largest_gaps(std::vector<Interval> work, const std::vector<Interval>& calls,
+                            size_t top) {
+  std::sort(work.begin(), work.end(),
+            [](const Interval& a, const Interval& b) { return a.start < b.start; });
+  struct Gap {
+    uint64_t start = 0, end = 0;
+    const Interval* before = nullptr;
+    const Interval* after = nullptr;
+  };
+  std::vector<Gap> gaps;
+  uint64_t reach = 0;
+  const Interval* reaching = nullptr;
+  for (const Interval& interval : work) {
+    if (reaching != nullptr && interval.start > reach) {
+      gaps.push_back({reach, interval.start, reaching, &interval});
+    }
+    if (reaching == nullptr || interval.end > reach) {
+      reach = interval.end;
+      reaching = &interval;
+    }
+  }
+  std::sort(gaps.begin(), gaps.end(),
+            [](const Gap& a, const Gap& b) { return a.end - a.start > b.end - b.start; });
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < gaps.size() && i < top; ++i) {
+    const Gap& gap = gaps[i];
+    const Interval* host = nullptr;
+    uint64_t host_overlap = 0;
+    for (const Interval& call : calls) {
+      const uint64_t from = std::max(call.start, gap.start);
+      const uint64_t to = std::min(call.end, gap.end);
+      if (to > from && to - from > host_overlap) {
+        host_overlap = to - from;
+        host = &call;
+      }
+    }
+    out.push_back({{"us", static_cast<double>(gap.end - gap.start) * 1e-3},
+                   {"at_us", static_cast<double>(gap.start - work.front().start) * 1e-3},
+                   {"before", gap.before->name},
+                   {"after", gap.after->name},
+                   {"host_call", host != nullptr ? host->name : ""},
+                   {"host_call_us",
+                    host != nullptr ? static_cast<double>(host->end - host->start) * 1e-3 : 0.0}});
+  }
+  return out;
+}
+
 }  // namespace
 
 struct KernelTrace::Records {
@@ -261,6 +311,7 @@ nlohmann::json KernelTrace::stop(int top_kernels) {
   out["kernels"] = by_name(in.kernels, static_cast<size_t>(top_kernels));
   out["copies"] = by_name(in.copies, 16);
   out["runtime_calls"] = by_name(in.runtime_calls, 16);
+  out["largest_gaps"] = largest_gaps(device_work, in.runtime_calls, 12);
   return out;
 }
 

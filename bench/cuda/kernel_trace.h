@@ -22,7 +22,8 @@ class KernelTrace {
   // Waits for the device, stops recording and summarizes what was recorded: the GPU's busy time
   // against the span from the first to the last record, the kernels grouped by name (top
   // `top_kernels` by total time), the copies by direction and host memory kind, and the runtime
-  // calls by name with their host time.
+  // calls by name with their host time, and the 12 longest idle gaps (where, between which work,
+  // and the runtime call that overlaps each most: what the GPU waited on).
   nlohmann::json stop(int top_kernels = 25);
 
  private:
