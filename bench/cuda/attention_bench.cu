@@ -222,13 +222,32 @@ void call(const AttentionCase& c, bool head_groups, bool batched = true,
 }
 
 // The op's choice with batch invariance off; `exact`: the prefill kernel's
-// DEEPINFER_ATTENTION_PREFILL_EXACT (-1: the default, one term).
-void call_invariance_off(const AttentionCase& c, int exact = -1) {
+// DEEPINFER_ATTENTION_PREFILL_EXACT (-1: the default, one term); `chunks`:
+// DEEPINFER_ATTENTION_PREFILL_CHUNKS (-1: the op's heuristic; 1: whole tokens); `deep`:
+// DEEPINFER_ATTENTION_PREFILL_DEEP (-1: the default); `decode`: DEEPINFER_ATTENTION_PREFILL_DECODE
+// (-1: the default; 0: decode-sized calls keep the head-group kernels, the path before the split
+// form).
+void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1, int deep = -1,
+                         int decode = -1) {
   const ops::ScopedBatchInvariance invariance(false);
-  std::optional<rt::ScopedSetting> exact_setting;
+  std::optional<rt::ScopedSetting> exact_setting, chunk_setting, deep_setting, decode_setting;
   if (exact >= 0) exact_setting.emplace("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
+  if (chunks >= 0) chunk_setting.emplace("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
+  if (deep >= 0) deep_setting.emplace("DEEPINFER_ATTENTION_PREFILL_DEEP", deep);
+  if (decode >= 0) decode_setting.emplace("DEEPINFER_ATTENTION_PREFILL_DECODE", decode);
   call(c, true);
 }
+
+// The path before the split form and the deep schedule, batch invariance off: below 256 tokens
+// the head-group kernels, from 256 the whole-token prefill kernel with the schedule before.
+void call_off_before(const AttentionCase& c) {
+  call_invariance_off(c, -1, 1, 0, 0);
+}
+
+// The split-form sweep: chunks a token forced (1: whole tokens), each with the deep schedule and
+// with the schedule before.
+constexpr int kSweepChunks[] = {1, 2, 3, 4, 5, 7, 10, 20};
+constexpr int kSweepCount = static_cast<int>(sizeof(kSweepChunks) / sizeof(kSweepChunks[0]));
 
 // The one-term prefill kernel's bound against the CPU (attention_gpu_test's
 // kPrefillOneTermTolerance, 2^-8 of the output's scale) plus the "mma" column's own 1e-5.
@@ -257,7 +276,9 @@ struct Row {
   double mma_f32_ms = 0;  // the op's choice with f32 KV rows (the three-term key path)
   double off_ms = 0, off_f32_ms = 0, off_difference = 0;  // batch invariance off
   double off_exact_ms = 0, off_exact_difference = 0;      // exact products
-  bool has_split = false;                                 // a split-KV timing (decode cases)
+  double off_before_ms = 0, off_before_difference = 0;    // the path before the split form
+  double sweep_deep_ms[kSweepCount] = {}, sweep_before_ms[kSweepCount] = {};
+  bool has_split = false;    // a split-KV timing (decode cases)
   bool split_equal = false;  // split-KV and one-block kernel: the same bits (FMA and MMA each)
   bool paths_equal = false;  // batched and per-request paths: the same bits
 };
@@ -283,6 +304,8 @@ void compare_outputs(const AttentionCase& c, Row& row) {
   row.off_difference = outputs_differ(mma, rt::to_host(c.out.view()));
   call_invariance_off(c, 1);
   row.off_exact_difference = outputs_differ(mma, rt::to_host(c.out.view()));
+  call_off_before(c);
+  row.off_before_difference = outputs_differ(mma, rt::to_host(c.out.view()));
   row.difference = outputs_differ(per_head, head_group);
   row.mma_difference = outputs_differ(head_group, mma);
   row.paths_equal = same_bits(mma, per_request);
@@ -333,6 +356,13 @@ int run(int argc, char** argv) {
     row.per_request_ms = time_ms([&] { call(c, true, false); });
     row.off_ms = time_ms([&] { call_invariance_off(c); });
     row.off_exact_ms = time_ms([&] { call_invariance_off(c, 1); });
+    row.off_before_ms = time_ms([&] { call_off_before(c); });
+    for (int k = 0; k < kSweepCount; ++k) {
+      // The prefill case's split scratch would pass the op's cap: whole tokens only.
+      if (!row.has_split && kSweepChunks[k] > 1) continue;
+      row.sweep_deep_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 1); });
+      row.sweep_before_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 0); });
+    }
     // Last: the KV rows as plain f32 values (not bf16-exact; the FMA kernels' time does not
     // depend on them).
     fill(c.new_kv, 106, 0.5f, false);
@@ -360,6 +390,35 @@ int run(int argc, char** argv) {
         row.paths_equal ? "same" : "DIFFERENT");
     rows.push_back(row);
   }
+  // Batch invariance off, the op's choice now ("new": the split form below 256 tokens, the deep
+  // schedule) against the path before ("before": head-group kernels below 256 tokens, the
+  // whole-token prefill kernel with the schedule before from 256), GB/s and of HBM each.
+  std::printf("\nbatch invariance off: the op's choice against the path before\n");
+  std::printf("%-14s %10s %10s %10s %10s %9s %9s %8s %10s %10s\n", "case", "MB", "before", "new",
+              "GB/s bef.", "of HBM", "GB/s new", "of HBM", "speedup", "new-differ");
+  for (const Row& r : rows) {
+    const double before_gbps = r.bytes / (r.off_before_ms * 1e6);
+    const double new_gbps = r.bytes / (r.off_ms * 1e6);
+    std::printf("%-14s %10.1f %8.4fms %8.4fms %10.0f %8.1f%% %9.0f %7.1f%% %9.2fx %10.2g\n",
+                r.name.c_str(), r.bytes / 1e6, r.off_before_ms, r.off_ms, before_gbps,
+                100.0 * before_gbps / read_gbps, new_gbps, 100.0 * new_gbps / read_gbps,
+                r.off_before_ms / r.off_ms, r.off_difference);
+  }
+  std::printf("\nprefill kernel, chunks a token forced (ms; deep schedule / schedule before)\n");
+  std::printf("%-14s", "case");
+  for (const int chunks : kSweepChunks) std::printf(" %15d", chunks);
+  std::printf("\n");
+  for (const Row& r : rows) {
+    std::printf("%-14s", r.name.c_str());
+    for (int k = 0; k < kSweepCount; ++k) {
+      if (r.sweep_deep_ms[k] == 0) {
+        std::printf(" %15s", "-");
+      } else {
+        std::printf("   %.4f/%.4f", r.sweep_deep_ms[k], r.sweep_before_ms[k]);
+      }
+    }
+    std::printf("\n");
+  }
   if (FILE* f = std::fopen(json_path.c_str(), "w")) {
     std::fprintf(f, "{\"gpu\": \"%s\", \"read_gbps\": %.1f, \"cases\": [", prop.name, read_gbps);
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -373,13 +432,21 @@ int run(int argc, char** argv) {
                    "\"invariance_off_exact_difference\": %.3g, "
                    "\"split_bit_equal\": %s, "
                    "\"per_request_path_ms\": %.5f, \"bytes\": %.0f, \"kernel_difference\": %.3g, "
-                   "\"mma_difference\": %.3g, \"paths_bit_equal\": %s}",
+                   "\"mma_difference\": %.3g, \"paths_bit_equal\": %s, "
+                   "\"invariance_off_before_ms\": %.5f, \"invariance_off_before_difference\": "
+                   "%.3g, \"sweep_chunks\": [",
                    i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms,
                    r.has_split ? std::to_string(r.split_ms).c_str() : "null", r.mma_ms,
                    r.has_split ? std::to_string(r.mma_split_ms).c_str() : "null", r.mma_f32_ms,
                    r.off_ms, r.off_f32_ms, r.off_difference, r.off_exact_ms, r.off_exact_difference,
                    r.has_split ? (r.split_equal ? "true" : "false") : "null", r.per_request_ms,
-                   r.bytes, r.difference, r.mma_difference, r.paths_equal ? "true" : "false");
+                   r.bytes, r.difference, r.mma_difference, r.paths_equal ? "true" : "false",
+                   r.off_before_ms, r.off_before_difference);
+      for (int k = 0; k < kSweepCount; ++k) {
+        std::fprintf(f, "%s{\"chunks\": %d, \"deep_ms\": %.5f, \"before_ms\": %.5f}",
+                     k == 0 ? "" : ", ", kSweepChunks[k], r.sweep_deep_ms[k], r.sweep_before_ms[k]);
+      }
+      std::fprintf(f, "]}");
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);
@@ -389,7 +456,8 @@ int run(int argc, char** argv) {
   // one-term prefill kernel kOneTermDiffer).
   for (const Row& r : rows) {
     if (!(r.difference <= 2e-5) || !(r.mma_difference <= 2e-5) ||
-        !(r.off_difference <= kOneTermDiffer) || !(r.off_exact_difference <= 2e-5)) {
+        !(r.off_difference <= kOneTermDiffer) || !(r.off_exact_difference <= 2e-5) ||
+        !(r.off_before_difference <= kOneTermDiffer)) {
       std::fprintf(stderr,
                    "cuda_attention_bench: %s: kernels differ by %.3g (FMA vs MMA %.3g, invariance "
                    "off %.3g, exact %.3g)\n",

@@ -44,6 +44,7 @@ constexpr int kRowHalves = kGroupHeadDim + 8;
 constexpr int kScoreRow = kKeys + 8;
 constexpr int kWarpColumns = kGroupHeadDim / kWarps;  // 64: 4 MMA K steps for the scores
 constexpr int kSteps = kWarpColumns / 16;
+constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kRowsPerBlock == kWarps, "a warp loads one row of its block's share of a tile");
 static_assert(kGroupHeadDim == 32 * 4 * 4, "a lane loads 4 float4 of a row");
 
@@ -51,7 +52,12 @@ struct Shared {
   uint16_t keys[2][kKeys][kRowHalves];  // bf16 tiles, double-buffered; absent keys zeros
   float partial_scores[kWarps][kHeads][kScoreRow];
   float probs[kHeads][kScoreRow];
-  uint4 query_smallest[kWarps][kSteps][32];  // the smallest query term's A registers
+  union {
+    uint4 query_smallest[kWarps][kSteps][32];  // the smallest query term's A registers (kTerms > 1)
+    // The deep schedule (one term only): this thread's share of its row two tiles ahead, copied
+    // there by cp.async (each thread reads back only what it copied itself).
+    float4 staging[kWarps][4][32];
+  };
   float rescale[kHeads];
   float denominator[kHeads];
   int inexact[2];         // a block found a row of the buffer's tile that is not bf16-exact
@@ -68,6 +74,19 @@ RuntimeSetting kMinTokens{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", 256, 0, 1 <<
 // true: queries and probabilities as three bf16 terms (exact products, the kernel before the
 // one-term default); false (the default): one term each, FlashMLA's numerics.
 RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
+
+// Decode-sized calls (batch invariance off, fewer than kMinTokens tokens): true (the default)
+// takes the kernel's split form (split_kv below); false keeps the head-group kernels (the path
+// before it, exact products).
+RuntimeSwitch kDecodeSplit{"DEEPINFER_ATTENTION_PREFILL_DECODE", true};
+
+// The split form's chunks a token: 0 (the default) by the heuristic in prefill_chunks
+// (attention.cu); n forces n (1: the whole-token kernel, one cluster a token); tests and benches
+// force each.
+RuntimeSetting kChunks{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", 0, 0, 64};
+
+// The deep schedule (kDeep below; one term only): true (the default) or the schedule before it.
+RuntimeSwitch kDeepSchedule{"DEEPINFER_ATTENTION_PREFILL_DEEP", true};
 
 // The kernel's schedule (schedules 0-2, each measured slower on the H200 and removed after
 // 2026-12-02: docs/BENCHMARKS.md, "Batch invariance off: attention's prefill kernel"): the next
@@ -123,17 +142,70 @@ __device__ __forceinline__ void mma_terms(const uint32_t (&a)[kTerms][4], uint32
   for (int term = kTerms - 1; term >= 0; --term) mma_bf16_m16n8k16(a[term], b0, b1, d);
 }
 
-// One block per (token, 16 heads); the 4 blocks of a token are one cluster (rank = head group).
+// A key slot's selected index, loaded a tile before slot_row needs it (0 for a window slot or a
+// slot past the token's keys), so the bounds check's branch never waits for the load.
+__device__ __forceinline__ int32_t slot_index(const TokenKeys& keys, int64_t slot) {
+  const int64_t entry = slot - keys.window_count;
+  return entry >= 0 && slot < keys.total() ? keys.selected[entry] : 0;
+}
+
+// key_row with the selected index `index` of the slot already loaded (slot_index).
+__device__ __forceinline__ const float* slot_row(const AttentionArgs& args, const TokenKeys& keys,
+                                                 int64_t slot, int32_t index) {
+  if (slot < keys.window_count) return keys.window_row(slot);
+  if (slot >= keys.total()) return nullptr;
+  if (index >= keys.compressed_rows) {
+    deepinfer::cuda::record_error(args.error, deepinfer::cuda::kCompressedIndexOutOfBounds);
+    return nullptr;
+  }
+  return index >= 0 ? keys.compressed + index * keys.compressed_stride : nullptr;
+}
+
+// One thread's share of a key row as the tile stores it: 16 bf16 values, whether they were all
+// exact, whether the row exists.
+struct StagedRow {
+  uint2 words[4];
+  bool exact;
+  bool present;
+};
+
+__device__ __forceinline__ StagedRow convert_row(const float4 (&values)[4], bool present) {
+  StagedRow row;
+  row.exact = true;
+  row.present = present;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    row.exact = row.exact && bf16_exact(values[i]);
+    row.words[i] = make_uint2(attention_bf16_pair(values[i].x, values[i].y),
+                              attention_bf16_pair(values[i].z, values[i].w));
+  }
+  return row;
+}
+
+// One block per (token, 16 heads[, chunk]); the 4 blocks of a token (and chunk) are one cluster
+// (rank = head group).
 // kTerms: the bf16 terms of a query or probability value (1 to 3); with more than one the
 // smallest query term lives in shared memory (registers: see Shared).
-template <int kTerms>
+// kSplit (split-KV, for calls with few tokens): cluster c takes token c / max_chunks and its
+// tiles [chunk_tiles * chunk, + chunk_tiles), chunk = c % max_chunks, from a fresh softmax state
+// (max -inf, sum 0: the sink joins in the merge), and leaves the chunk's unnormalized state in
+// args.chunk_states (sink_attention_prefill_merge_kernel combines them); a chunk past the token's
+// keys writes nothing.
+// kDeep (one term only): the deep schedule. A thread's row of tile i + 2 is copied by cp.async
+// into shared staging at the top of tile i (two tile periods of latency instead of one), read
+// back and converted at the top of tile i + 1, stored at its end; the selected index of tile
+// i + 3 is loaded at the top of tile i, a tile before the row's address needs it.
+template <int kTerms, bool kSplit, bool kDeep>
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 2)
     sink_attention_prefill_kernel(AttentionArgs args) {
+  static_assert(!kDeep || kTerms == 1, "the staging rows share the smallest query term's space");
   extern __shared__ float4 shared_quads[];
   Shared& shared = *reinterpret_cast<Shared*>(shared_quads);
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t t = blockIdx.x / kClusterBlocks;
+  const int64_t cluster_index = blockIdx.x / kClusterBlocks;
+  const int64_t t = kSplit ? cluster_index / args.max_chunks : cluster_index;
+  const int64_t chunk = kSplit ? cluster_index % args.max_chunks : 0;
   const int64_t first_head = static_cast<int64_t>(rank) * kHeads;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -177,16 +249,21 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   }
   // One term: the softmax in base 2 (scores and maxima times log2 e).
   constexpr bool kBase2 = kTerms == 1;
-  constexpr float kLog2e = 1.4426950408889634f;
   const float score_scale = kBase2 ? args.scale * kLog2e : args.scale;
   const auto exponential = [](float x) { return kBase2 ? exp2_approx(x) : expf(x); };
-  // Softmax state of heads 2 warp + i (the same in every lane).
+  // Softmax state of heads 2 warp + i (the same in every lane): from the sink, or for a chunk of
+  // the split form from nothing (max -inf, sum 0).
   float running_max[2], running_sum[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    running_max[i] = args.sinks[first_head + 2 * warp + i];
-    if constexpr (kBase2) running_max[i] *= kLog2e;
-    running_sum[i] = 1.0f;  // exp(sink - running_max)
+    if constexpr (kSplit) {
+      running_max[i] = -INFINITY;
+      running_sum[i] = 0.0f;
+    } else {
+      running_max[i] = args.sinks[first_head + 2 * warp + i];
+      if constexpr (kBase2) running_max[i] *= kLog2e;
+      running_sum[i] = 1.0f;  // exp(sink - running_max)
+    }
   }
   float acc[8][4];  // 8-column tiles of this warp's 64 columns; heads group (0, 1), group + 8
 #pragma unroll
@@ -199,63 +276,125 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   const TokenKeys& keys = shared.token_keys;
   const bool bad_range = keys.bad_range != 0;
   const int64_t total_keys = keys.total();
-  const int64_t tiles = (total_keys + kKeys - 1) / kKeys;
+  int64_t first_tile = 0;
+  int64_t tiles = (total_keys + kKeys - 1) / kKeys;
+  if constexpr (kSplit) {
+    first_tile = chunk * args.chunk_tiles;
+    // A chunk past the token's keys: every block of the cluster leaves here (the same total in
+    // each), before any of them touches another's shared memory.
+    if (first_tile >= tiles) return;
+    tiles = min(tiles - first_tile, args.chunk_tiles);
+  }
 
   // This thread's share of a tile: row 8 rank + warp, float4 columns lane + 32 i.
   const int load_row = kRowsPerBlock * rank + warp;
-  float4 staged[4];
-  const float* staged_row = nullptr;
-  const auto load_rows = [&](const float* row) {
-    staged_row = row;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      staged[i] = row != nullptr ? reinterpret_cast<const float4*>(row)[lane + 32 * i]
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  };
-  const auto load_tile = [&](int64_t tile) {
-    load_rows(key_row(args, keys, tile * kKeys + load_row));
-  };
-  const auto store_tile = [&](int buffer) {
-    bool exact = true;
-    uint2 words[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      exact = exact && bf16_exact(staged[i]);
-      words[i] = make_uint2(attention_bf16_pair(staged[i].x, staged[i].y),
-                            attention_bf16_pair(staged[i].z, staged[i].w));
-    }
+  const int64_t first_slot = first_tile * kKeys + load_row;
+  const auto slot_of = [&](int64_t tile) { return first_slot + tile * kKeys; };
+  const auto publish = [&](int buffer, const StagedRow& row) {
 #pragma unroll
     for (int destination = 0; destination < kClusterBlocks; ++destination) {
-      uint16_t* row = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
+      uint16_t* to = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) *reinterpret_cast<uint2*>(row + 4 * (lane + 32 * i)) = words[i];
-      if (!exact) *cluster.map_shared_rank(&shared.inexact[buffer], destination) = 1;
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint2*>(to + 4 * (lane + 32 * i)) = row.words[i];
+      if (!row.exact) *cluster.map_shared_rank(&shared.inexact[buffer], destination) = 1;
       if (lane == 0) {
-        *cluster.map_shared_rank(&shared.present[buffer][load_row], destination) =
-            staged_row != nullptr;
+        *cluster.map_shared_rank(&shared.present[buffer][load_row], destination) = row.present;
       }
     }
   };
+  const auto load_global = [&](const float* row, float4(&values)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      values[i] = row != nullptr ? reinterpret_cast<const float4*>(row)[lane + 32 * i]
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
 
-  if (tiles > 0) {
-    load_tile(0);
-    store_tile(0);
+  // The schedule before the deep one: the next tile's row in registers (loaded at the top of a
+  // tile, converted and stored at its end), its address resolved a tile ahead.
+  float4 staged[4];
+  const float* staged_row = nullptr;
+  const float* ahead_row = nullptr;
+  // The deep schedule: the next tile's row converted; the address of the row in flight to the
+  // staging (the tile after next); the selected index of the tile after that.
+  StagedRow next{};
+  const float* copy_row = nullptr;
+  int32_t ahead_index = 0;
+  const auto start_copy = [&](const float* row) {
+    copy_row = row;
+    if (row != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        copy_16_async(shared_address(&shared.staging[warp][i][lane]),
+                      reinterpret_cast<const float4*>(row) + lane + 32 * i);
+      }
+    }
+    commit_copies();
+  };
+  // Tile i + 1's row from the staging (its copy was started a tile ago), then tile i + 2's copy
+  // into the same staging words and tile i + 3's selected index.
+  const auto advance_deep = [&](int64_t tile) {
+    wait_copies<0>();
+    float4 values[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      values[i] =
+          copy_row != nullptr ? shared.staging[warp][i][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    next = convert_row(values, copy_row != nullptr);
+    // The conversion consumed the staging reads before the next copy overwrites those words
+    // (in-order issue: the copy cannot leave before the conversion has its operands).
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      asm volatile("" ::"r"(next.words[i].x), "r"(next.words[i].y) : "memory");
+    }
+    start_copy(tile + 2 < tiles ? slot_row(args, keys, slot_of(tile + 2), ahead_index) : nullptr);
+    ahead_index = tile + 3 < tiles ? slot_index(keys, slot_of(tile + 3)) : 0;
+  };
+
+  if constexpr (kDeep) {
+    if (tiles > 0) {
+      float4 values[4];
+      const float* row = key_row(args, keys, slot_of(0));
+      load_global(row, values);
+      publish(0, convert_row(values, row != nullptr));
+    }
+    start_copy(tiles > 1 ? key_row(args, keys, slot_of(1)) : nullptr);
+    ahead_index = tiles > 2 ? slot_index(keys, slot_of(2)) : 0;
+  } else {
+    if (tiles > 0) {
+      staged_row = key_row(args, keys, slot_of(0));
+      load_global(staged_row, staged);
+      publish(0, convert_row(staged, staged_row != nullptr));
+    }
+    // The row of the tile after the one being loaded (a tile ahead of its load).
+    ahead_row = tiles > 1 ? key_row(args, keys, slot_of(1)) : nullptr;
   }
-  // The row of the tile after the one being loaded (a tile ahead of its load).
-  const float* ahead_row = tiles > 1 ? key_row(args, keys, kKeys + load_row) : nullptr;
   cluster.sync();  // tile 0 in every block
 
   bool redo = false;
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buffer = static_cast<int>(tile & 1);
     const bool more = tile + 1 < tiles;
-    // Registers only (the staged rows were stored at the end of the last tile): before the wait
-    // for the other blocks' stores of this tile.
+    // Registers and this thread's own staging only (the last tile's rows were stored at its
+    // end): before the wait for the other blocks' stores of this tile.
     if (more) {
-      load_rows(ahead_row);
-      ahead_row = tile + 2 < tiles ? key_row(args, keys, (tile + 2) * kKeys + load_row) : nullptr;
+      if constexpr (kDeep) {
+        advance_deep(tile);
+      } else {
+        staged_row = ahead_row;
+        load_global(ahead_row, staged);
+        ahead_row = tile + 2 < tiles ? key_row(args, keys, slot_of(tile + 2)) : nullptr;
+      }
     }
+    const auto store_next = [&] {
+      if constexpr (kDeep) {
+        publish(buffer ^ 1, next);
+      } else {
+        publish(buffer ^ 1, convert_row(staged, staged_row != nullptr));
+      }
+    };
     if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
     // The same flag in every block of the cluster: all stop at the same tile, before any block
     // writes the next one.
@@ -269,7 +408,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
       __syncthreads();  // every thread has read inexact[buffer]
       if (tid == 0) shared.inexact[buffer] = 0;
       if (more) {
-        store_tile(buffer ^ 1);
+        store_next();
         cluster_arrive();
       }
       continue;
@@ -337,6 +476,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         const float new_max = fmaxf(running_max[i], deepinfer::cuda::warp_max(score));
         const float p = present ? exponential(score - new_max) : 0.0f;
         const float tile_sum = deepinfer::cuda::warp_sum(p);
+        // A chunk's first tile (max -inf): exp(-inf - new max) is 0 anyway, and the sum is 0.
         const float rescale =
             running_max[i] == -INFINITY ? 0.0f : exponential(running_max[i] - new_max);
         running_sum[i] = __fadd_rn(__fmul_rn(running_sum[i], rescale), tile_sum);
@@ -404,7 +544,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         }
       }
     }
-    if (more) store_tile(buffer ^ 1);
+    if (more) store_next();
     // The next tile in every block; every block done with this tile's buffer, scores and probs.
     // The last tile: no block writes another's shared memory any more; the denominators are this
     // block's own.
@@ -414,9 +554,31 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
       __syncthreads();
     }
   }
+  if constexpr (kDeep) wait_copies<0>();  // no copy may land after the block has left
 
   if (redo) {
     if (rank == 0 && tid == 0) args.redo_tokens[t] = 1;
+    return;
+  }
+  if constexpr (kSplit) {
+    // The chunk's state for the merge: the maxima and sums from the softmax warps' registers,
+    // the unnormalized weighted sums.
+    ChunkState& state = args.chunk_states[(t * kClusterBlocks + rank) * args.max_chunks + chunk];
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        state.max[2 * warp + i] = running_max[i];
+        state.denominator[2 * warp + i] = running_sum[i];
+      }
+    }
+    float* low = reinterpret_cast<float*>(state.sum[group]) + warp * kWarpColumns + 2 * quad;
+    float* high = reinterpret_cast<float*>(state.sum[group + kMmaUpperHeads]) +
+                  warp * kWarpColumns + 2 * quad;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      *reinterpret_cast<float2*>(low + 8 * n) = make_float2(acc[n][0], acc[n][1]);
+      *reinterpret_cast<float2*>(high + 8 * n) = make_float2(acc[n][2], acc[n][3]);
+    }
     return;
   }
   // Denominators: written by the softmax warps before the last barrier (1 without keys).
@@ -431,6 +593,50 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     *reinterpret_cast<float2*>(y + kMmaUpperHeads * kGroupHeadDim + 8 * n) =
         make_float2(acc[n][2] * inv8, acc[n][3] * inv8);
   }
+}
+
+// The split form's second kernel: one block per (token, head) merges the token's chunks in chunk
+// order into the sink's state (the prefill kernel's softmax: base 2 with one term, kBase2) and
+// writes the output; a thread owns columns 2 tid, 2 tid + 1. Tokens flagged for the redo are
+// left to the one-block kernel.
+template <bool kBase2>
+__global__ void __launch_bounds__(kThreads)
+    sink_attention_prefill_merge_kernel(AttentionArgs args) {
+  static_assert(kThreads * 2 == kGroupHeadDim);
+  __shared__ TokenKeys token_keys;
+  const int64_t t = blockIdx.x / args.heads;
+  const int64_t head = blockIdx.x % args.heads;
+  if (args.redo_tokens[t] != 0) return;  // the whole block
+  const int tid = threadIdx.x;
+  if (tid == 0) resolve_token_keys(args, t, token_keys);
+  __syncthreads();
+  const bool bad_range = token_keys.bad_range != 0;
+  const int64_t tiles = (token_keys.total() + kKeys - 1) / kKeys;
+  const int64_t chunks = (tiles + args.chunk_tiles - 1) / args.chunk_tiles;
+  const int group_head = static_cast<int>(head % kHeads);
+  const ChunkState* states =
+      args.chunk_states + (t * kClusterBlocks + head / kHeads) * args.max_chunks;
+  const auto exponential = [](float x) { return kBase2 ? exp2_approx(x) : expf(x); };
+
+  float total_max = args.sinks[head];
+  if constexpr (kBase2) total_max *= kLog2e;
+  float total_denominator = 1.0f;  // exp(sink - total_max)
+  float2 total = make_float2(0.0f, 0.0f);
+#pragma unroll 4
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const ChunkState& state = states[chunk];
+    const float chunk_max = state.max[group_head];
+    const float new_max = fmaxf(total_max, chunk_max);
+    const float keep = total_max == -INFINITY ? 0.0f : exponential(total_max - new_max);
+    const float add = chunk_max == -INFINITY ? 0.0f : exponential(chunk_max - new_max);
+    total_denominator = __fadd_rn(__fmul_rn(total_denominator, keep),
+                                  __fmul_rn(state.denominator[group_head], add));
+    total = merge_chunk_sum(total, state.sum[group_head][tid], keep, add);
+    total_max = new_max;
+  }
+  const float inv = bad_range ? __int_as_float(0x7fc00000) : 1.0f / total_denominator;
+  reinterpret_cast<float2*>(args.out.row(t) + head * kGroupHeadDim)[tid] =
+      make_float2(total.x * inv, total.y * inv);
 }
 
 }  // namespace prefill
