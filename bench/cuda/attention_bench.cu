@@ -23,6 +23,7 @@
 //
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
+//   ATTENTION_BENCH_ONLY=256 cuda_attention_bench   (one decode batch, no prefill case)
 //
 // Decode batch 1, 16, 64, 256: one query row per token, each token its own request (a window
 // of 127 rows of its ring plus its new row, and 512 entries selected from its own 2048
@@ -223,28 +224,28 @@ void call(const AttentionCase& c, bool head_groups, bool batched = true,
 
 // The op's choice with batch invariance off; `exact`: the prefill kernel's
 // DEEPINFER_ATTENTION_PREFILL_EXACT (-1: the default, one term); `chunks`:
-// DEEPINFER_ATTENTION_PREFILL_CHUNKS (-1: the op's heuristic; 1: whole tokens); `deep`:
-// DEEPINFER_ATTENTION_PREFILL_DEEP (-1: the default); `decode`: DEEPINFER_ATTENTION_PREFILL_DECODE
+// DEEPINFER_ATTENTION_PREFILL_CHUNKS (-1: the op's heuristic; 1: whole tokens); `async`:
+// DEEPINFER_ATTENTION_PREFILL_ASYNC (-1: the default); `decode`: DEEPINFER_ATTENTION_PREFILL_DECODE
 // (-1: the default; 0: decode-sized calls keep the head-group kernels, the path before the split
 // form).
-void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1, int deep = -1,
+void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1, int async = -1,
                          int decode = -1) {
   const ops::ScopedBatchInvariance invariance(false);
-  std::optional<rt::ScopedSetting> exact_setting, chunk_setting, deep_setting, decode_setting;
+  std::optional<rt::ScopedSetting> exact_setting, chunk_setting, async_setting, decode_setting;
   if (exact >= 0) exact_setting.emplace("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
   if (chunks >= 0) chunk_setting.emplace("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
-  if (deep >= 0) deep_setting.emplace("DEEPINFER_ATTENTION_PREFILL_DEEP", deep);
+  if (async >= 0) async_setting.emplace("DEEPINFER_ATTENTION_PREFILL_ASYNC", async);
   if (decode >= 0) decode_setting.emplace("DEEPINFER_ATTENTION_PREFILL_DECODE", decode);
   call(c, true);
 }
 
-// The path before the split form and the deep schedule, batch invariance off: below 256 tokens
+// The path before the split form and the async schedule, batch invariance off: below 256 tokens
 // the head-group kernels, from 256 the whole-token prefill kernel with the schedule before.
 void call_off_before(const AttentionCase& c) {
   call_invariance_off(c, -1, 1, 0, 0);
 }
 
-// The split-form sweep: chunks a token forced (1: whole tokens), each with the deep schedule and
+// The split-form sweep: chunks a token forced (1: whole tokens), each with the async schedule and
 // with the schedule before.
 constexpr int kSweepChunks[] = {1, 2, 3, 4, 5, 7, 10, 20};
 constexpr int kSweepCount = static_cast<int>(sizeof(kSweepChunks) / sizeof(kSweepChunks[0]));
@@ -277,7 +278,7 @@ struct Row {
   double off_ms = 0, off_f32_ms = 0, off_difference = 0;  // batch invariance off
   double off_exact_ms = 0, off_exact_difference = 0;      // exact products
   double off_before_ms = 0, off_before_difference = 0;    // the path before the split form
-  double sweep_deep_ms[kSweepCount] = {}, sweep_before_ms[kSweepCount] = {};
+  double sweep_async_ms[kSweepCount] = {}, sweep_before_ms[kSweepCount] = {};
   bool has_split = false;    // a split-KV timing (decode cases)
   bool split_equal = false;  // split-KV and one-block kernel: the same bits (FMA and MMA each)
   bool paths_equal = false;  // batched and per-request paths: the same bits
@@ -339,8 +340,12 @@ int run(int argc, char** argv) {
       "inv-off-exact", "inv-off-f32kv", "speedup", "MB", "GB/s", "of HBM", "differ", "mma-differ",
       "off-differ", "exact-differ", "split", "per-request", "bits");
   std::vector<Row> rows;
-  std::vector<int64_t> batches = {1, 16, 64, 256};
-  for (size_t i = 0; i <= batches.size(); ++i) {
+  std::vector<int64_t> batches = {1, 8, 16, 64, 128, 256};
+  // ATTENTION_BENCH_ONLY=N: decode batch N alone, no prefill case (e.g. under a profiler).
+  const char* only = std::getenv("ATTENTION_BENCH_ONLY");
+  const bool only_decode = only != nullptr && *only != '\0';
+  if (only_decode) batches = {std::stoll(only)};
+  for (size_t i = 0; i < batches.size() + (only_decode ? 0 : 1); ++i) {
     AttentionCase c = i < batches.size() ? decode_case(batches[i]) : prefill_case();
     Row row;
     row.name = c.name;
@@ -360,7 +365,7 @@ int run(int argc, char** argv) {
     for (int k = 0; k < kSweepCount; ++k) {
       // The prefill case's split scratch would pass the op's cap: whole tokens only.
       if (!row.has_split && kSweepChunks[k] > 1) continue;
-      row.sweep_deep_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 1); });
+      row.sweep_async_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 1); });
       row.sweep_before_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 0); });
     }
     // Last: the KV rows as plain f32 values (not bf16-exact; the FMA kernels' time does not
@@ -390,7 +395,7 @@ int run(int argc, char** argv) {
         row.paths_equal ? "same" : "DIFFERENT");
     rows.push_back(row);
   }
-  // Batch invariance off, the op's choice now ("new": the split form below 256 tokens, the deep
+  // Batch invariance off, the op's choice now ("new": the split form below 256 tokens, the async
   // schedule) against the path before ("before": head-group kernels below 256 tokens, the
   // whole-token prefill kernel with the schedule before from 256), GB/s and of HBM each.
   std::printf("\nbatch invariance off: the op's choice against the path before\n");
@@ -404,17 +409,17 @@ int run(int argc, char** argv) {
                 100.0 * before_gbps / read_gbps, new_gbps, 100.0 * new_gbps / read_gbps,
                 r.off_before_ms / r.off_ms, r.off_difference);
   }
-  std::printf("\nprefill kernel, chunks a token forced (ms; deep schedule / schedule before)\n");
+  std::printf("\nprefill kernel, chunks a token forced (ms; async schedule / schedule before)\n");
   std::printf("%-14s", "case");
   for (const int chunks : kSweepChunks) std::printf(" %15d", chunks);
   std::printf("\n");
   for (const Row& r : rows) {
     std::printf("%-14s", r.name.c_str());
     for (int k = 0; k < kSweepCount; ++k) {
-      if (r.sweep_deep_ms[k] == 0) {
+      if (r.sweep_async_ms[k] == 0) {
         std::printf(" %15s", "-");
       } else {
-        std::printf("   %.4f/%.4f", r.sweep_deep_ms[k], r.sweep_before_ms[k]);
+        std::printf("   %.4f/%.4f", r.sweep_async_ms[k], r.sweep_before_ms[k]);
       }
     }
     std::printf("\n");
@@ -443,8 +448,9 @@ int run(int argc, char** argv) {
                    r.bytes, r.difference, r.mma_difference, r.paths_equal ? "true" : "false",
                    r.off_before_ms, r.off_before_difference);
       for (int k = 0; k < kSweepCount; ++k) {
-        std::fprintf(f, "%s{\"chunks\": %d, \"deep_ms\": %.5f, \"before_ms\": %.5f}",
-                     k == 0 ? "" : ", ", kSweepChunks[k], r.sweep_deep_ms[k], r.sweep_before_ms[k]);
+        std::fprintf(f, "%s{\"chunks\": %d, \"async_ms\": %.5f, \"before_ms\": %.5f}",
+                     k == 0 ? "" : ", ", kSweepChunks[k], r.sweep_async_ms[k],
+                     r.sweep_before_ms[k]);
       }
       std::fprintf(f, "]}");
     }

@@ -361,15 +361,15 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
 // The op with batch invariance `invariant` and DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS `min_tokens`
 // (nullptr: its default, 256; "1": every call) and the kernel's DEEPINFER_ATTENTION_PREFILL_EXACT
 // `exact` (nullptr: the default).
-// `deep`: DEEPINFER_ATTENTION_PREFILL_DEEP (nullptr: the default, the deep schedule); `chunks`:
+// `async`: DEEPINFER_ATTENTION_PREFILL_ASYNC (nullptr: the default, the async schedule); `chunks`:
 // DEEPINFER_ATTENTION_PREFILL_CHUNKS (nullptr: by the op's heuristic; "1" whole tokens).
 Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const char* min_tokens,
-                      const char* exact = nullptr, const char* deep = nullptr,
+                      const char* exact = nullptr, const char* async = nullptr,
                       const char* chunks = nullptr) {
   const ScopedBatchInvariance invariance(invariant);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", min_tokens);
   const ScopedOverride exact_setting("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
-  const ScopedOverride deep_setting("DEEPINFER_ATTENTION_PREFILL_DEEP", deep);
+  const ScopedOverride async_setting("DEEPINFER_ATTENTION_PREFILL_ASYNC", async);
   const ScopedOverride chunk_setting("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
   return run_gpu(c, d, 0, c.tokens);
 }
@@ -377,12 +377,12 @@ Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const 
 // DEEPINFER_ATTENTION_PREFILL_EXACT: one bf16 term (the default), three (exact products).
 constexpr const char* kExact[] = {"0", "1"};
 
-// The prefill kernel's forms a check runs: one term with the deep schedule (the default) and with
+// The prefill kernel's forms a check runs: one term with the async schedule (the default) and with
 // the schedule before it, exact products; each whole-token (the threshold's value) and split into
 // 3 chunks of a token.
 struct PrefillForm {
   const char* exact;
-  const char* deep;
+  const char* async;
   const char* chunks;
 };
 constexpr PrefillForm kPrefillForms[] = {{"0", nullptr, "1"}, {"0", "0", "1"}, {"1", nullptr, "1"},
@@ -404,10 +404,11 @@ void check_prefill(const Case& c, const std::string& what, std::optional<bool> n
   const Tensor old_path = run_gpu(c, d, 0, c.tokens, true, "0");
   for (const PrefillForm& form : kPrefillForms) {
     const char* exact = form.exact;
-    const Tensor got = run_gpu_policy(c, d, false, min_tokens, exact, form.deep, form.chunks);
+    const Tensor got = run_gpu_policy(c, d, false, min_tokens, exact, form.async, form.chunks);
     const double error = worst_error(want, got);
-    const std::string kernel = std::string("exact ") + exact + ", deep " +
-                               (form.deep != nullptr ? form.deep : "1") + ", chunks " + form.chunks;
+    const std::string kernel = std::string("exact ") + exact + ", async " +
+                               (form.async != nullptr ? form.async : "1") + ", chunks " +
+                               form.chunks;
     std::printf(
         "%s, prefill kernel %s: worst error %.3g of the output's scale (one-block kernel "
         "%.3g; tolerance %.3g)\n",
@@ -432,11 +433,16 @@ TEST_F(AttentionGpuTest, PrefillRealShapes) {
   check_prefill(make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16),
                 "v41 prefill 40 tokens, 33 selected, bf16 keys", true);
   // Below the default threshold the op takes the kernel's split form (other bits than the
-  // head-group kernels'), or with DEEPINFER_ATTENTION_PREFILL_DECODE=0 the head-group kernels.
+  // head-group kernels') from DEEPINFER_ATTENTION_PREFILL_DECODE tokens, or with
+  // DEEPINFER_ATTENTION_PREFILL_DECODE=0 the head-group kernels.
   const Case small = make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16);
   const DeviceCase ds(small);
   const Tensor old_path = run_gpu(small, ds, 0, 40);
-  const Tensor split = run_gpu_policy(small, ds, false, nullptr);
+  Tensor split;
+  {
+    const ScopedOverride decode("DEEPINFER_ATTENTION_PREFILL_DECODE", "1");
+    split = run_gpu_policy(small, ds, false, nullptr);
+  }
   EXPECT_FALSE(same_bits(split, old_path)) << "the split form did not run";
   EXPECT_LE(worst_error(reference(small), split), kPrefillOneTermTolerance);
   const ScopedOverride decode("DEEPINFER_ATTENTION_PREFILL_DECODE", "0");
@@ -817,8 +823,9 @@ TEST_F(AttentionGpuTest, BatchBadIndicesAreReported) {
 
 // ---- the prefill kernel's split form (decode, batch invariance off) ----------------------------
 
-// The forms a decode check runs with batch invariance off: the op's defaults (below 256 tokens the
-// split form, its chunks by the heuristic, the deep schedule), the schedule before, chunks forced
+// The forms a decode check runs with batch invariance off (DEEPINFER_ATTENTION_PREFILL_DECODE=1:
+// the prefill kernel at any token count): the op's defaults (below 256 tokens the split form, its
+// chunks by the heuristic, the async schedule), the schedule before, chunks forced
 // (7: a last chunk shorter than the others), whole tokens, exact products.
 struct SplitForm {
   const char* name;
@@ -827,18 +834,23 @@ struct SplitForm {
 };
 
 std::vector<SplitForm> split_forms() {
-  return {
+  std::vector<SplitForm> forms = {
       {"defaults", {}},
-      {"schedule before", {{"DEEPINFER_ATTENTION_PREFILL_DEEP", "0"}}},
+      {"schedule before", {{"DEEPINFER_ATTENTION_PREFILL_ASYNC", "0"}}},
       {"2 chunks", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "2"}}},
       {"7 chunks", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "7"}}},
       {"7 chunks, schedule before",
-       {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "7"}, {"DEEPINFER_ATTENTION_PREFILL_DEEP", "0"}}},
+       {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "7"}, {"DEEPINFER_ATTENTION_PREFILL_ASYNC", "0"}}},
       {"whole tokens", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "1"}}},
       {"exact products", {{"DEEPINFER_ATTENTION_PREFILL_EXACT", "1"}}, true},
       {"5 chunks, exact products",
        {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "5"}, {"DEEPINFER_ATTENTION_PREFILL_EXACT", "1"}},
        true}};
+  // Every call of these cases takes the prefill kernel, whatever the default threshold for
+  // decode-sized calls.
+  for (SplitForm& form : forms)
+    form.settings.push_back({"DEEPINFER_ATTENTION_PREFILL_DECODE", "1"});
+  return forms;
 }
 
 Tensor run_gpu_batch_off(const AttentionBatch& b, std::vector<Setting> settings) {
@@ -922,6 +934,18 @@ TEST_F(AttentionGpuTest, PrefillSplitInexactTokensTakeTheOldBits) {
   float& chosen = b.host.compressed[9].data<float>()[row * dim + 100];
   chosen = std::nextafter(chosen, INFINITY);
   check_split_batch(b, "v41 decode b16, 2 tokens with f32 keys", {b.offsets[5], b.offsets[9]});
+}
+
+// DEEPINFER_ATTENTION_PREFILL_DECODE=n: decode-sized calls (batch invariance off) of at least n
+// tokens take the split form, smaller ones the head-group kernels (their bits).
+TEST_F(AttentionGpuTest, PrefillDecodeThreshold) {
+  for (const int64_t batch : {int64_t{4}, int64_t{8}}) {
+    const AttentionBatch b = decode_batch(batch, KeyValues::kBf16, 331);
+    const Tensor old_path = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
+    const Tensor got = run_gpu_batch_off(b, {{"DEEPINFER_ATTENTION_PREFILL_DECODE", "8"}});
+    EXPECT_EQ(same_bits(got, old_path), batch < 8) << "b" << batch;
+    EXPECT_LE(worst_error(cpu_batch(b), got), kPrefillOneTermTolerance) << "b" << batch;
+  }
 }
 
 }  // namespace

@@ -1277,33 +1277,36 @@ bool attention_mma_chosen() {
 // Whether a head-group call takes the prefill kernel (attention_prefill.cuh): batch invariance
 // off, 64 heads (one cluster of 4 head groups a token) and DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS
 // not 0. Calls of at least that many tokens (prefill; decode at b256 by default) take it, smaller
-// ones (decode) too unless DEEPINFER_ATTENTION_PREFILL_DECODE=0 (then the head-group kernels, the
-// path before): prefill_chunks picks the form. With batch invariance on, never: the path and bits
-// are the head-group kernels'.
+// ones (decode) from DEEPINFER_ATTENTION_PREFILL_DECODE tokens (0: never; below it the head-group
+// kernels, the path before): prefill_chunks picks the form. With batch invariance on, never: the
+// path and bits are the head-group kernels'.
 bool prefill_kernel_chosen(const AttentionArgs& args, int64_t tokens) {
   if (ops::batch_invariant()) return false;
   const int min_tokens = prefill::kMinTokens.value();
   if (min_tokens <= 0 || args.heads != prefill::kClusterBlocks * kGroupHeads) return false;
-  return tokens >= min_tokens || prefill::kDecodeSplit.enabled();
+  const int decode_from = prefill::kDecodeFromTokens.value();
+  return tokens >= min_tokens || (decode_from > 0 && tokens >= decode_from);
 }
 
-// The prefill kernel's split form aims for this many waves of clusters (two blocks an SM, four a
-// cluster) and gives a chunk at least kPrefillMinChunkTiles key tiles: a chunk's fixed costs (the
+// The prefill kernel's split form: chunks a token by the call's tokens, fitted to the H200's
+// figures (docs/BENCHMARKS.md, "Batch invariance off: attention's split form"): about
+// kPrefillSplitClusters clusters in all below kPrefillSplitBelowTokens tokens, at least two chunks
+// a token there and at least kPrefillMinChunkTiles key tiles a chunk (a chunk's fixed costs: the
 // token's keys resolved, the queries converted, the first tile's load not overlapped, its state
-// written and merged: 128 KiB a chunk and token) stay below its tiles' time.
-constexpr int64_t kPrefillWaves = 3;
+// written and merged, 128 KiB a chunk and token); whole tokens from kPrefillSplitBelowTokens,
+// where splitting measured slower (b256: 0.42 ms whole, 0.51 in 2 chunks).
+constexpr int64_t kPrefillSplitClusters = 48;
+constexpr int64_t kPrefillSplitBelowTokens = 96;
 constexpr int64_t kPrefillMinChunkTiles = 3;
 
 // Chunks a token for the prefill kernel: DEEPINFER_ATTENTION_PREFILL_CHUNKS when set; else 1 (the
-// whole-token kernel) from DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens, where the clusters
-// already fill the machine several times over; below it enough chunks for kPrefillWaves waves,
-// each of at least kPrefillMinChunkTiles of the call's at most `max_tiles` tiles a token.
+// whole-token kernel) from DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS or kPrefillSplitBelowTokens
+// tokens; below, the split form's heuristic for a call of at most `max_tiles` tiles a token.
 int64_t prefill_chunks(int64_t tokens, int64_t max_tiles) {
   const int forced = prefill::kChunks.value();
   if (forced > 0) return forced;
-  if (tokens >= prefill::kMinTokens.value()) return 1;
-  const int64_t cluster_slots = multiprocessors() * 2 / prefill::kClusterBlocks;
-  const int64_t wanted = (kPrefillWaves * cluster_slots + tokens - 1) / tokens;
+  if (tokens >= prefill::kMinTokens.value() || tokens >= kPrefillSplitBelowTokens) return 1;
+  const int64_t wanted = std::max<int64_t>(2, (kPrefillSplitClusters + tokens - 1) / tokens);
   return std::max<int64_t>(1, std::min(wanted, max_tiles / kPrefillMinChunkTiles));
 }
 
@@ -1312,7 +1315,7 @@ int64_t prefill_chunks(int64_t tokens, int64_t max_tiles) {
 // blocks for other tokens return at once. `max_keys`: no token has more keys.
 void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
   using Kernel = void (*)(AttentionArgs);
-  // [split form][one term with the deep schedule, one term with the schedule before, exact
+  // [split form][one term with the async schedule, one term with the schedule before, exact
   // products (three bf16 terms)].
   static constexpr Kernel kKernels[2][3] = {
       {prefill::sink_attention_prefill_kernel<1, false, true>,
@@ -1333,7 +1336,7 @@ void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
   }();
   (void)configured;
   const bool exact = prefill::kExactProducts.enabled();
-  const int variant = exact ? 2 : (prefill::kDeepSchedule.enabled() ? 0 : 1);
+  const int variant = exact ? 2 : (prefill::kAsyncSchedule.enabled() ? 0 : 1);
   const int64_t max_tiles = std::max<int64_t>(1, (max_keys + prefill::kKeys - 1) / prefill::kKeys);
   int64_t chunks = std::min(prefill_chunks(tokens, max_tiles), max_tiles);
   const int64_t chunk_tiles = (max_tiles + chunks - 1) / chunks;

@@ -52,16 +52,13 @@ struct Shared {
   uint16_t keys[2][kKeys][kRowHalves];  // bf16 tiles, double-buffered; absent keys zeros
   float partial_scores[kWarps][kHeads][kScoreRow];
   float probs[kHeads][kScoreRow];
-  union {
-    uint4 query_smallest[kWarps][kSteps][32];  // the smallest query term's A registers (kTerms > 1)
-    // The deep schedule (one term only): this thread's share of its row two tiles ahead, copied
-    // there by cp.async (each thread reads back only what it copied itself).
-    float4 staging[kWarps][4][32];
-  };
+  uint4 query_smallest[kWarps][kSteps][32];  // the smallest query term's A registers
   float rescale[kHeads];
   float denominator[kHeads];
-  int inexact[2];         // a block found a row of the buffer's tile that is not bf16-exact
-  int present[2][kKeys];  // the buffer's key rows that exist (written by the loading blocks)
+  // Per row of the buffer's tile, written with the row by its loading block: bit 0 the key
+  // exists, bit 1 some value of it is not bf16-exact.
+  int row_flags[2][kKeys];
+  uint64_t arrived[2];  // the async schedule's mbarriers: the buffer's tile has arrived
   TokenKeys token_keys;
 };
 constexpr size_t kSharedBytes = sizeof(Shared);
@@ -75,18 +72,21 @@ RuntimeSetting kMinTokens{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", 256, 0, 1 <<
 // one-term default); false (the default): one term each, FlashMLA's numerics.
 RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
 
-// Decode-sized calls (batch invariance off, fewer than kMinTokens tokens): true (the default)
-// takes the kernel's split form (split_kv below); false keeps the head-group kernels (the path
-// before it, exact products).
-RuntimeSwitch kDecodeSplit{"DEEPINFER_ATTENTION_PREFILL_DECODE", true};
+// Decode-sized calls (batch invariance off, fewer than kMinTokens tokens): from this many tokens
+// (the default: kDecodeFromTokensDefault) they take the kernel's split form (prefill_chunks in
+// attention.cu picks its chunks); below it, or with 0, the head-group kernels (the path before
+// the split form, exact products).
+constexpr int kDecodeFromTokensDefault = 1;
+RuntimeSetting kDecodeFromTokens{"DEEPINFER_ATTENTION_PREFILL_DECODE", kDecodeFromTokensDefault, 0,
+                                 1 << 30};
 
 // The split form's chunks a token: 0 (the default) by the heuristic in prefill_chunks
 // (attention.cu); n forces n (1: the whole-token kernel, one cluster a token); tests and benches
 // force each.
 RuntimeSetting kChunks{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", 0, 0, 64};
 
-// The deep schedule (kDeep below; one term only): true (the default) or the schedule before it.
-RuntimeSwitch kDeepSchedule{"DEEPINFER_ATTENTION_PREFILL_DEEP", true};
+// The async schedule (kAsync below; one term only): true (the default) or the schedule before it.
+RuntimeSwitch kAsyncSchedule{"DEEPINFER_ATTENTION_PREFILL_ASYNC", true};
 
 // The kernel's schedule (schedules 0-2, each measured slower on the H200 and removed after
 // 2026-12-02: docs/BENCHMARKS.md, "Batch invariance off: attention's prefill kernel"): the next
@@ -112,6 +112,59 @@ __device__ __forceinline__ void cluster_arrive() {
 
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The async schedule's primitives. A release arrive at the cluster barrier compiles to a
+// GPU-scope memory barrier (MEMBAR.ALL.GPU) before the arrive; a relaxed one does not.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+
+// The shared::cluster address of `local` (a shared::cta address) in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+
+// Stores into a block of the cluster whose bytes complete the transaction count of its mbarrier.
+__device__ __forceinline__ void store_async(uint32_t remote, uint2 value, uint32_t barrier) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(
+          remote),
+      "r"(value.x), "r"(value.y), "r"(barrier)
+      : "memory");
+}
+
+__device__ __forceinline__ void store_async(uint32_t remote, uint32_t value, uint32_t barrier) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
+      "r"(value), "r"(barrier)
+      : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_init(uint32_t barrier, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
+}
+
+// This thread's arrival, expecting `bytes` more of the phase's transactions.
+__device__ __forceinline__ void mbarrier_expect(uint32_t barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes)
+               : "memory");
+}
+
+// Until the phase of parity `parity` has completed (acquire at cluster scope: the transactions
+// came from every block of the cluster).
+__device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
+  uint32_t done = 0;
+  while (done == 0) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(barrier), "r"(parity)
+        : "memory");
+  }
 }
 
 __device__ __forceinline__ const float* key_row(const AttentionArgs& args, const TokenKeys& keys,
@@ -140,25 +193,6 @@ __device__ __forceinline__ void mma_terms(const uint32_t (&a)[kTerms][4], uint32
                                           float (&d)[4]) {
 #pragma unroll
   for (int term = kTerms - 1; term >= 0; --term) mma_bf16_m16n8k16(a[term], b0, b1, d);
-}
-
-// A key slot's selected index, loaded a tile before slot_row needs it (0 for a window slot or a
-// slot past the token's keys), so the bounds check's branch never waits for the load.
-__device__ __forceinline__ int32_t slot_index(const TokenKeys& keys, int64_t slot) {
-  const int64_t entry = slot - keys.window_count;
-  return entry >= 0 && slot < keys.total() ? keys.selected[entry] : 0;
-}
-
-// key_row with the selected index `index` of the slot already loaded (slot_index).
-__device__ __forceinline__ const float* slot_row(const AttentionArgs& args, const TokenKeys& keys,
-                                                 int64_t slot, int32_t index) {
-  if (slot < keys.window_count) return keys.window_row(slot);
-  if (slot >= keys.total()) return nullptr;
-  if (index >= keys.compressed_rows) {
-    deepinfer::cuda::record_error(args.error, deepinfer::cuda::kCompressedIndexOutOfBounds);
-    return nullptr;
-  }
-  return index >= 0 ? keys.compressed + index * keys.compressed_stride : nullptr;
 }
 
 // One thread's share of a key row as the tile stores it: 16 bf16 values, whether they were all
@@ -191,14 +225,17 @@ __device__ __forceinline__ StagedRow convert_row(const float4 (&values)[4], bool
 // (max -inf, sum 0: the sink joins in the merge), and leaves the chunk's unnormalized state in
 // args.chunk_states (sink_attention_prefill_merge_kernel combines them); a chunk past the token's
 // keys writes nothing.
-// kDeep (one term only): the deep schedule. A thread's row of tile i + 2 is copied by cp.async
-// into shared staging at the top of tile i (two tile periods of latency instead of one), read
-// back and converted at the top of tile i + 1, stored at its end; the selected index of tile
-// i + 3 is loaded at the top of tile i, a tile before the row's address needs it.
-template <int kTerms, bool kSplit, bool kDeep>
+// kAsync: the async schedule. The rows go to the cluster's blocks by st.async, each store
+// completing bytes of the destination's mbarrier `arrived[buffer]` (armed by its thread 0 with
+// the tile's bytes), and a block waits on its own mbarrier for a tile instead of at the cluster
+// barrier; the cluster barrier, relaxed (no GPU-scope memory barrier before each arrive), only
+// keeps a buffer from being overwritten before every block is done with it: a block arrives once
+// it has finished tile i and waits, at the end of tile i + 1, before it stores tile i + 2 into
+// that buffer. The schedule before (kAsync false): generic stores, then a release arrive at the
+// end of each tile and an acquire wait at the top of the next.
+template <int kTerms, bool kSplit, bool kAsync>
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 2)
     sink_attention_prefill_kernel(AttentionArgs args) {
-  static_assert(!kDeep || kTerms == 1, "the staging rows share the smallest query term's space");
   extern __shared__ float4 shared_quads[];
   Shared& shared = *reinterpret_cast<Shared*>(shared_quads);
   cg::cluster_group cluster = cg::this_cluster();
@@ -212,9 +249,29 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   const int warp = tid >> 5;
   const int group = lane >> 2;
   const int quad = lane & 3;
+  // A tile's bytes as one block receives them: every row's bf16 values and its flags.
+  constexpr uint32_t kTileBytes = kKeys * (kGroupHeadDim * 2 + 4);
 
-  if (tid == 0) resolve_token_keys(args, t, shared.token_keys);
-  if (tid < 2) shared.inexact[tid] = 0;
+  // The block's tiles: [first_tile, first_tile + tiles) of the token's (all of them unless split).
+  const auto tile_range = [&](const TokenKeys& keys, int64_t& first_tile, int64_t& tiles) {
+    first_tile = kSplit ? chunk * args.chunk_tiles : 0;
+    tiles = (keys.total() + kKeys - 1) / kKeys - first_tile;
+    if constexpr (kSplit) tiles = min(tiles, args.chunk_tiles);
+  };
+  if (tid == 0) {
+    resolve_token_keys(args, t, shared.token_keys);
+    if constexpr (kAsync) {
+      mbarrier_init(shared_address(&shared.arrived[0]), 1);
+      mbarrier_init(shared_address(&shared.arrived[1]), 1);
+      // Tiles 0 and 1 (buffers 0 and 1, phase 0 of each) expected before the cluster barrier
+      // below lets any block store them; tile i + 2 is expected at the top of tile i.
+      int64_t first_tile, tiles;
+      tile_range(shared.token_keys, first_tile, tiles);
+      if (tiles > 0) mbarrier_expect(shared_address(&shared.arrived[0]), kTileBytes);
+      if (tiles > 1) mbarrier_expect(shared_address(&shared.arrived[1]), kTileBytes);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+  }
   if (tid < kHeads) shared.denominator[tid] = 1.0f;
 
   // Query A registers, the standard m16n8k16 layout: step s covers columns 64 warp + 16 s + [0,
@@ -272,34 +329,50 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
   }
 
-  cluster.sync();  // token_keys written; every block's inexact flags cleared
+  cluster.sync();  // token_keys written; the mbarriers initialized in every block
   const TokenKeys& keys = shared.token_keys;
   const bool bad_range = keys.bad_range != 0;
-  const int64_t total_keys = keys.total();
-  int64_t first_tile = 0;
-  int64_t tiles = (total_keys + kKeys - 1) / kKeys;
-  if constexpr (kSplit) {
-    first_tile = chunk * args.chunk_tiles;
-    // A chunk past the token's keys: every block of the cluster leaves here (the same total in
-    // each), before any of them touches another's shared memory.
-    if (first_tile >= tiles) return;
-    tiles = min(tiles - first_tile, args.chunk_tiles);
-  }
+  int64_t first_tile, tiles;
+  tile_range(keys, first_tile, tiles);
+  // A chunk past the token's keys: every block of the cluster leaves here (the same keys in
+  // each), before any of them touches another's shared memory.
+  if (kSplit && tiles <= 0) return;
 
   // This thread's share of a tile: row 8 rank + warp, float4 columns lane + 32 i.
   const int load_row = kRowsPerBlock * rank + warp;
   const int64_t first_slot = first_tile * kKeys + load_row;
   const auto slot_of = [&](int64_t tile) { return first_slot + tile * kKeys; };
+  // The row (converted) into buffer `buffer` of every block of the cluster, its flags with it.
   const auto publish = [&](int buffer, const StagedRow& row) {
+    const int flags = (row.present ? 1 : 0) | (__all_sync(0xFFFFFFFFu, row.exact) ? 0 : 2);
+    if constexpr (kAsync) {
+      const uint32_t to = shared_address(&shared.keys[buffer][load_row][0]);
+      const uint32_t flag_word = shared_address(&shared.row_flags[buffer][load_row]);
+      const uint32_t barrier = shared_address(&shared.arrived[buffer]);
 #pragma unroll
-    for (int destination = 0; destination < kClusterBlocks; ++destination) {
-      uint16_t* to = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
+      for (int destination = 0; destination < kClusterBlocks; ++destination) {
+        const uint32_t remote = cluster_address(to, destination);
+        const uint32_t remote_barrier = cluster_address(barrier, destination);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        *reinterpret_cast<uint2*>(to + 4 * (lane + 32 * i)) = row.words[i];
-      if (!row.exact) *cluster.map_shared_rank(&shared.inexact[buffer], destination) = 1;
-      if (lane == 0) {
-        *cluster.map_shared_rank(&shared.present[buffer][load_row], destination) = row.present;
+        for (int i = 0; i < 4; ++i) {
+          store_async(remote + 8 * (lane + 32 * i), row.words[i], remote_barrier);
+        }
+        if (lane == 0) {
+          store_async(cluster_address(flag_word, destination), static_cast<uint32_t>(flags),
+                      remote_barrier);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int destination = 0; destination < kClusterBlocks; ++destination) {
+        uint16_t* to = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          *reinterpret_cast<uint2*>(to + 4 * (lane + 32 * i)) = row.words[i];
+        }
+        if (lane == 0) {
+          *cluster.map_shared_rank(&shared.row_flags[buffer][load_row], destination) = flags;
+        }
       }
     }
   };
@@ -311,106 +384,66 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     }
   };
 
-  // The schedule before the deep one: the next tile's row in registers (loaded at the top of a
-  // tile, converted and stored at its end), its address resolved a tile ahead.
+  // The next tile's row in registers (loaded at the top of a tile, converted and stored at its
+  // end), its address resolved a tile ahead.
   float4 staged[4];
   const float* staged_row = nullptr;
-  const float* ahead_row = nullptr;
-  // The deep schedule: the next tile's row converted; the address of the row in flight to the
-  // staging (the tile after next); the selected index of the tile after that.
-  StagedRow next{};
-  const float* copy_row = nullptr;
-  int32_t ahead_index = 0;
-  const auto start_copy = [&](const float* row) {
-    copy_row = row;
-    if (row != nullptr) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        copy_16_async(shared_address(&shared.staging[warp][i][lane]),
-                      reinterpret_cast<const float4*>(row) + lane + 32 * i);
-      }
-    }
-    commit_copies();
-  };
-  // Tile i + 1's row from the staging (its copy was started a tile ago), then tile i + 2's copy
-  // into the same staging words and tile i + 3's selected index.
-  const auto advance_deep = [&](int64_t tile) {
-    wait_copies<0>();
-    float4 values[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      values[i] =
-          copy_row != nullptr ? shared.staging[warp][i][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    next = convert_row(values, copy_row != nullptr);
-    // The conversion consumed the staging reads before the next copy overwrites those words
-    // (in-order issue: the copy cannot leave before the conversion has its operands).
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      asm volatile("" ::"r"(next.words[i].x), "r"(next.words[i].y) : "memory");
-    }
-    start_copy(tile + 2 < tiles ? slot_row(args, keys, slot_of(tile + 2), ahead_index) : nullptr);
-    ahead_index = tile + 3 < tiles ? slot_index(keys, slot_of(tile + 3)) : 0;
-  };
-
-  if constexpr (kDeep) {
-    if (tiles > 0) {
-      float4 values[4];
-      const float* row = key_row(args, keys, slot_of(0));
-      load_global(row, values);
-      publish(0, convert_row(values, row != nullptr));
-    }
-    start_copy(tiles > 1 ? key_row(args, keys, slot_of(1)) : nullptr);
-    ahead_index = tiles > 2 ? slot_index(keys, slot_of(2)) : 0;
-  } else {
-    if (tiles > 0) {
-      staged_row = key_row(args, keys, slot_of(0));
-      load_global(staged_row, staged);
-      publish(0, convert_row(staged, staged_row != nullptr));
-    }
-    // The row of the tile after the one being loaded (a tile ahead of its load).
-    ahead_row = tiles > 1 ? key_row(args, keys, slot_of(1)) : nullptr;
+  if (tiles > 0) {
+    staged_row = key_row(args, keys, slot_of(0));
+    load_global(staged_row, staged);
+    publish(0, convert_row(staged, staged_row != nullptr));
   }
-  cluster.sync();  // tile 0 in every block
+  // The row of the tile after the one being loaded (a tile ahead of its load).
+  const float* ahead_row = tiles > 1 ? key_row(args, keys, slot_of(1)) : nullptr;
+  if constexpr (!kAsync) cluster.sync();  // tile 0 in every block
 
   bool redo = false;
+  bool arrive_pending = false;  // kAsync: an arrive (done with a tile) not yet waited for
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buffer = static_cast<int>(tile & 1);
     const bool more = tile + 1 < tiles;
-    // Registers and this thread's own staging only (the last tile's rows were stored at its
-    // end): before the wait for the other blocks' stores of this tile.
+    // Registers only (the last tile's rows were stored at its end): before the wait for the
+    // other blocks' stores of this tile.
     if (more) {
-      if constexpr (kDeep) {
-        advance_deep(tile);
-      } else {
-        staged_row = ahead_row;
-        load_global(ahead_row, staged);
-        ahead_row = tile + 2 < tiles ? key_row(args, keys, slot_of(tile + 2)) : nullptr;
-      }
+      staged_row = ahead_row;
+      load_global(ahead_row, staged);
+      ahead_row = tile + 2 < tiles ? key_row(args, keys, slot_of(tile + 2)) : nullptr;
     }
+    // The next tile's rows into every block. Async: once every block is done with the tile
+    // before this one (whose buffer the next tile takes), then this block is done with this one.
     const auto store_next = [&] {
-      if constexpr (kDeep) {
-        publish(buffer ^ 1, next);
+      if constexpr (kAsync) {
+        if (arrive_pending) cluster_wait();
+        publish(buffer ^ 1, convert_row(staged, staged_row != nullptr));
+        cluster_arrive_relaxed();
+        arrive_pending = true;
       } else {
         publish(buffer ^ 1, convert_row(staged, staged_row != nullptr));
+        // The next tile in every block; every block done with this tile's buffer, scores and
+        // probs.
+        cluster_arrive();
       }
     };
-    if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
-    // The same flag in every block of the cluster: all stop at the same tile, before any block
+    if constexpr (kAsync) {
+      // This tile in this block; then the buffer's next phase (tile + 2) is expected.
+      mbarrier_wait(shared_address(&shared.arrived[buffer]), static_cast<uint32_t>(tile >> 1) & 1);
+      if (tid == 0 && tile + 2 < tiles) {
+        mbarrier_expect(shared_address(&shared.arrived[buffer]), kTileBytes);
+      }
+    } else {
+      if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
+    }
+    const int row_flags = shared.row_flags[buffer][lane];
+    // The same flags in every block of the cluster: all stop at the same tile, before any block
     // writes the next one.
-    if (shared.inexact[buffer] != 0) {
+    if (__any_sync(0xFFFFFFFFu, (row_flags & 2) != 0)) {
       redo = true;
       break;
     }
     // No key of the tile present (the same flags in every block): nothing to add; the next
     // tile's rows still go out and the barriers stay in step.
-    if (!__any_sync(0xFFFFFFFFu, shared.present[buffer][lane] != 0)) {
-      __syncthreads();  // every thread has read inexact[buffer]
-      if (tid == 0) shared.inexact[buffer] = 0;
-      if (more) {
-        store_next();
-        cluster_arrive();
-      }
+    if (!__any_sync(0xFFFFFFFFu, (row_flags & 1) != 0)) {
+      if (more) store_next();
       continue;
     }
     const uint32_t tile_base = shared_address(&shared.keys[buffer][0][0]);
@@ -460,12 +493,11 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
             make_float2(d[2], d[3]);
       }
     }
-    __syncthreads();  // partial scores written; every thread has read inexact[buffer]
-    if (tid == 0) shared.inexact[buffer] = 0;  // for the tile after next (written after a barrier)
+    __syncthreads();  // partial scores written
 
     // Softmax: warp w updates heads 2w and 2w + 1, a lane per key.
     {
-      const bool present = shared.present[buffer][lane] != 0;
+      const bool present = (row_flags & 1) != 0;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int head = 2 * warp + i;
@@ -544,17 +576,18 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         }
       }
     }
-    if (more) store_next();
-    // The next tile in every block; every block done with this tile's buffer, scores and probs.
     // The last tile: no block writes another's shared memory any more; the denominators are this
     // block's own.
     if (more) {
-      cluster_arrive();
+      store_next();
     } else {
       __syncthreads();
     }
   }
-  if constexpr (kDeep) wait_copies<0>();  // no copy may land after the block has left
+  // Async: the last arrive waited for (every block done with every tile) before any block leaves.
+  if constexpr (kAsync) {
+    if (arrive_pending) cluster_wait();
+  }
 
   if (redo) {
     if (rank == 0 && tid == 0) args.redo_tokens[t] = 1;
