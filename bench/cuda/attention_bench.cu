@@ -12,21 +12,25 @@
 // tensor-core kernels' one-term key path; "mma-f32kv" times the op's choice once more with the
 // KV rows refilled as plain f32 values (their three-term path). "inv-off" times the op's choice
 // with batch invariance off (ops::ScopedBatchInvariance(false)): from
-// DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens (default 256: decode b256 and the prefill) the
-// prefill kernel (a cluster of the 4 head-group blocks a token loading each bf16 key tile once);
+// DEEPINFER_ATTENTION_PREFILL_DECODE tokens (default 8) the prefill kernel (a cluster of the 4
+// head-group blocks a token loading each bf16 key tile once), below 96 tokens its split form
+// (chunks of each token's keys, then a merge), below 8 the head-group kernels;
 // "inv-off-f32kv" the same with the f32 KV rows (its fallback: the one-block kernel for every
 // token); "off-differ" its worst difference from the "mma" column's output (the default: one
 // bf16 term a query and probability value, FlashMLA's numerics; exit 2 past kOneTermDiffer);
 // "inv-off-exact" the prefill kernel with exact products (DEEPINFER_ATTENTION_PREFILL_EXACT=1:
 // three bf16 terms, the kernel before the one-term default; "exact-differ": its worst difference
-// from "mma", exit 2 past 2e-5).
+// from "mma", exit 2 past 2e-5). After the main table: the op with batch invariance off against
+// the path before the split form ("before": the head-group kernels below 256 tokens, the
+// whole-token prefill kernel from 256), ms, GB/s and of HBM each; then the prefill kernel at every
+// batch with its chunks a token forced (1: whole tokens), the sweep its heuristic was fitted to.
 //
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
 //   ATTENTION_BENCH_ONLY=256 cuda_attention_bench   (one decode batch, no prefill case)
 //
-// Decode batch 1, 16, 64, 256: one query row per token, each token its own request (a window
-// of 127 rows of its ring plus its new row, and 512 entries selected from its own 2048
+// Decode batch 1, 8, 16, 64, 128, 256: one query row per token, each token its own request (a
+// window of 127 rows of its ring plus its new row, and 512 entries selected from its own 2048
 // compressed rows). Prefill: the first 8192 tokens of one request, token t attending the window
 // (t - 128, t] of the call's rows and min(512, t / 4) compressed entries (the rest -1). "Bytes"
 // counts the distinct KV rows a call must read plus q and out; GB/s is bytes over time, next to
@@ -224,29 +228,25 @@ void call(const AttentionCase& c, bool head_groups, bool batched = true,
 
 // The op's choice with batch invariance off; `exact`: the prefill kernel's
 // DEEPINFER_ATTENTION_PREFILL_EXACT (-1: the default, one term); `chunks`:
-// DEEPINFER_ATTENTION_PREFILL_CHUNKS (-1: the op's heuristic; 1: whole tokens); `async`:
-// DEEPINFER_ATTENTION_PREFILL_ASYNC (-1: the default); `decode`: DEEPINFER_ATTENTION_PREFILL_DECODE
-// (-1: the default; 0: decode-sized calls keep the head-group kernels, the path before the split
-// form).
-void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1, int async = -1,
-                         int decode = -1) {
+// DEEPINFER_ATTENTION_PREFILL_CHUNKS (-1: the op's heuristic; 1: whole tokens); `decode`:
+// DEEPINFER_ATTENTION_PREFILL_DECODE (-1: the default; 0: decode-sized calls keep the head-group
+// kernels, the path before the split form; 1: the prefill kernel at any token count).
+void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1, int decode = -1) {
   const ops::ScopedBatchInvariance invariance(false);
-  std::optional<rt::ScopedSetting> exact_setting, chunk_setting, async_setting, decode_setting;
+  std::optional<rt::ScopedSetting> exact_setting, chunk_setting, decode_setting;
   if (exact >= 0) exact_setting.emplace("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
   if (chunks >= 0) chunk_setting.emplace("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
-  if (async >= 0) async_setting.emplace("DEEPINFER_ATTENTION_PREFILL_ASYNC", async);
   if (decode >= 0) decode_setting.emplace("DEEPINFER_ATTENTION_PREFILL_DECODE", decode);
   call(c, true);
 }
 
-// The path before the split form and the async schedule, batch invariance off: below 256 tokens
-// the head-group kernels, from 256 the whole-token prefill kernel with the schedule before.
+// The path before the split form, batch invariance off: below 256 tokens the head-group kernels,
+// from 256 the whole-token prefill kernel.
 void call_off_before(const AttentionCase& c) {
-  call_invariance_off(c, -1, 1, 0, 0);
+  call_invariance_off(c, -1, 1, 0);
 }
 
-// The split-form sweep: chunks a token forced (1: whole tokens), each with the async schedule and
-// with the schedule before.
+// The split-form sweep: chunks a token forced (1: whole tokens), at any token count.
 constexpr int kSweepChunks[] = {1, 2, 3, 4, 5, 7, 10, 20};
 constexpr int kSweepCount = static_cast<int>(sizeof(kSweepChunks) / sizeof(kSweepChunks[0]));
 
@@ -278,8 +278,8 @@ struct Row {
   double off_ms = 0, off_f32_ms = 0, off_difference = 0;  // batch invariance off
   double off_exact_ms = 0, off_exact_difference = 0;      // exact products
   double off_before_ms = 0, off_before_difference = 0;    // the path before the split form
-  double sweep_async_ms[kSweepCount] = {}, sweep_before_ms[kSweepCount] = {};
-  bool has_split = false;    // a split-KV timing (decode cases)
+  double sweep_ms[kSweepCount] = {};                      // the prefill kernel, chunks forced
+  bool has_split = false;                                 // a split-KV timing (decode cases)
   bool split_equal = false;  // split-KV and one-block kernel: the same bits (FMA and MMA each)
   bool paths_equal = false;  // batched and per-request paths: the same bits
 };
@@ -365,8 +365,7 @@ int run(int argc, char** argv) {
     for (int k = 0; k < kSweepCount; ++k) {
       // The prefill case's split scratch would pass the op's cap: whole tokens only.
       if (!row.has_split && kSweepChunks[k] > 1) continue;
-      row.sweep_async_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 1); });
-      row.sweep_before_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 0); });
+      row.sweep_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 1); });
     }
     // Last: the KV rows as plain f32 values (not bf16-exact; the FMA kernels' time does not
     // depend on them).
@@ -395,9 +394,10 @@ int run(int argc, char** argv) {
         row.paths_equal ? "same" : "DIFFERENT");
     rows.push_back(row);
   }
-  // Batch invariance off, the op's choice now ("new": the split form below 256 tokens, the async
-  // schedule) against the path before ("before": head-group kernels below 256 tokens, the
-  // whole-token prefill kernel with the schedule before from 256), GB/s and of HBM each.
+  // Batch invariance off, the op's choice now ("new": the prefill kernel's split form from
+  // DEEPINFER_ATTENTION_PREFILL_DECODE tokens below 96, whole tokens from 96) against the path
+  // before ("before": the head-group kernels below 256 tokens, the whole-token prefill kernel from
+  // 256), GB/s and of HBM each.
   std::printf("\nbatch invariance off: the op's choice against the path before\n");
   std::printf("%-14s %10s %10s %10s %10s %9s %9s %8s %10s %10s\n", "case", "MB", "before", "new",
               "GB/s bef.", "of HBM", "GB/s new", "of HBM", "speedup", "new-differ");
@@ -409,17 +409,17 @@ int run(int argc, char** argv) {
                 100.0 * before_gbps / read_gbps, new_gbps, 100.0 * new_gbps / read_gbps,
                 r.off_before_ms / r.off_ms, r.off_difference);
   }
-  std::printf("\nprefill kernel, chunks a token forced (ms; async schedule / schedule before)\n");
+  std::printf("\nprefill kernel at any token count, chunks a token forced (ms)\n");
   std::printf("%-14s", "case");
-  for (const int chunks : kSweepChunks) std::printf(" %15d", chunks);
+  for (const int chunks : kSweepChunks) std::printf(" %9d", chunks);
   std::printf("\n");
   for (const Row& r : rows) {
     std::printf("%-14s", r.name.c_str());
     for (int k = 0; k < kSweepCount; ++k) {
-      if (r.sweep_async_ms[k] == 0) {
-        std::printf(" %15s", "-");
+      if (r.sweep_ms[k] == 0) {
+        std::printf(" %9s", "-");
       } else {
-        std::printf("   %.4f/%.4f", r.sweep_async_ms[k], r.sweep_before_ms[k]);
+        std::printf(" %9.4f", r.sweep_ms[k]);
       }
     }
     std::printf("\n");
@@ -448,9 +448,8 @@ int run(int argc, char** argv) {
                    r.bytes, r.difference, r.mma_difference, r.paths_equal ? "true" : "false",
                    r.off_before_ms, r.off_before_difference);
       for (int k = 0; k < kSweepCount; ++k) {
-        std::fprintf(f, "%s{\"chunks\": %d, \"async_ms\": %.5f, \"before_ms\": %.5f}",
-                     k == 0 ? "" : ", ", kSweepChunks[k], r.sweep_async_ms[k],
-                     r.sweep_before_ms[k]);
+        std::fprintf(f, "%s{\"chunks\": %d, \"ms\": %.5f}", k == 0 ? "" : ", ", kSweepChunks[k],
+                     r.sweep_ms[k]);
       }
       std::fprintf(f, "]}");
     }

@@ -16,11 +16,15 @@
 // path at decode shapes, and a token alone against the same token in a batch of 256.
 // The prefill kernel (batch invariance off, at least DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens;
 // the Prefill* cases force it at any count with the setting at 1) against the CPU at V4.1 shapes
-// and small ones, single-matrix and batched, bad indices, at every schedule, with one bf16 term a
-// query and probability value (the default: kPrefillOneTermTolerance) and with exact products
-// (kTolerance); key rows that are not bf16-exact give the one-block tensor-core kernel's bits (its
-// fallback); batch invariance on keeps the old path's bits. Every GPU output starts as NaN, so an
-// element never written fails. Skips without a GPU.
+// and small ones, single-matrix and batched, bad indices, whole tokens and split, with one bf16
+// term a query and probability value (the default: kPrefillOneTermTolerance) and with exact
+// products (kTolerance); key rows that are not bf16-exact give the one-block tensor-core kernel's
+// bits (its fallback); batch invariance on keeps the old path's bits. Its split form (decode-sized
+// calls, PrefillSplit*): V4.1 decode at batch 1, 16, 64 and 256, tokens with fewer keys than a
+// chunk, -1 entries, tokens without compressed keys, multi-token requests, tokens whose keys are
+// not bf16-exact (the old path's bits), chunk counts forced and by the heuristic; the decode
+// threshold (DEEPINFER_ATTENTION_PREFILL_DECODE). Every GPU output starts as NaN, so an element
+// never written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -361,15 +365,12 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
 // The op with batch invariance `invariant` and DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS `min_tokens`
 // (nullptr: its default, 256; "1": every call) and the kernel's DEEPINFER_ATTENTION_PREFILL_EXACT
 // `exact` (nullptr: the default).
-// `async`: DEEPINFER_ATTENTION_PREFILL_ASYNC (nullptr: the default, the async schedule); `chunks`:
-// DEEPINFER_ATTENTION_PREFILL_CHUNKS (nullptr: by the op's heuristic; "1" whole tokens).
+// `chunks`: DEEPINFER_ATTENTION_PREFILL_CHUNKS (nullptr: by the op's heuristic; "1" whole tokens).
 Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const char* min_tokens,
-                      const char* exact = nullptr, const char* async = nullptr,
-                      const char* chunks = nullptr) {
+                      const char* exact = nullptr, const char* chunks = nullptr) {
   const ScopedBatchInvariance invariance(invariant);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", min_tokens);
   const ScopedOverride exact_setting("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
-  const ScopedOverride async_setting("DEEPINFER_ATTENTION_PREFILL_ASYNC", async);
   const ScopedOverride chunk_setting("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
   return run_gpu(c, d, 0, c.tokens);
 }
@@ -377,16 +378,13 @@ Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const 
 // DEEPINFER_ATTENTION_PREFILL_EXACT: one bf16 term (the default), three (exact products).
 constexpr const char* kExact[] = {"0", "1"};
 
-// The prefill kernel's forms a check runs: one term with the async schedule (the default) and with
-// the schedule before it, exact products; each whole-token (the threshold's value) and split into
-// 3 chunks of a token.
+// The prefill kernel's forms a check runs: one term and exact products, each whole-token and split
+// into 3 chunks of a token.
 struct PrefillForm {
   const char* exact;
-  const char* async;
   const char* chunks;
 };
-constexpr PrefillForm kPrefillForms[] = {{"0", nullptr, "1"}, {"0", "0", "1"}, {"1", nullptr, "1"},
-                                         {"0", nullptr, "3"}, {"0", "0", "3"}, {"1", nullptr, "3"}};
+constexpr PrefillForm kPrefillForms[] = {{"0", "1"}, {"1", "1"}, {"0", "3"}, {"1", "3"}};
 
 // The prefill kernel's tolerance against the CPU: `exact` "1" (nullptr: the default, one term).
 double prefill_tolerance(const char* exact) {
@@ -404,11 +402,9 @@ void check_prefill(const Case& c, const std::string& what, std::optional<bool> n
   const Tensor old_path = run_gpu(c, d, 0, c.tokens, true, "0");
   for (const PrefillForm& form : kPrefillForms) {
     const char* exact = form.exact;
-    const Tensor got = run_gpu_policy(c, d, false, min_tokens, exact, form.async, form.chunks);
+    const Tensor got = run_gpu_policy(c, d, false, min_tokens, exact, form.chunks);
     const double error = worst_error(want, got);
-    const std::string kernel = std::string("exact ") + exact + ", async " +
-                               (form.async != nullptr ? form.async : "1") + ", chunks " +
-                               form.chunks;
+    const std::string kernel = std::string("exact ") + exact + ", chunks " + form.chunks;
     std::printf(
         "%s, prefill kernel %s: worst error %.3g of the output's scale (one-block kernel "
         "%.3g; tolerance %.3g)\n",
@@ -825,8 +821,8 @@ TEST_F(AttentionGpuTest, BatchBadIndicesAreReported) {
 
 // The forms a decode check runs with batch invariance off (DEEPINFER_ATTENTION_PREFILL_DECODE=1:
 // the prefill kernel at any token count): the op's defaults (below 256 tokens the split form, its
-// chunks by the heuristic, the async schedule), the schedule before, chunks forced
-// (7: a last chunk shorter than the others), whole tokens, exact products.
+// chunks by the heuristic), chunks forced (7: a last chunk shorter than the others), whole
+// tokens, exact products.
 struct SplitForm {
   const char* name;
   std::vector<Setting> settings;
@@ -836,11 +832,8 @@ struct SplitForm {
 std::vector<SplitForm> split_forms() {
   std::vector<SplitForm> forms = {
       {"defaults", {}},
-      {"schedule before", {{"DEEPINFER_ATTENTION_PREFILL_ASYNC", "0"}}},
       {"2 chunks", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "2"}}},
       {"7 chunks", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "7"}}},
-      {"7 chunks, schedule before",
-       {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "7"}, {"DEEPINFER_ATTENTION_PREFILL_ASYNC", "0"}}},
       {"whole tokens", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "1"}}},
       {"exact products", {{"DEEPINFER_ATTENTION_PREFILL_EXACT", "1"}}, true},
       {"5 chunks, exact products",

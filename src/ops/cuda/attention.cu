@@ -23,7 +23,9 @@
 // With batch invariance off (ops::batch_invariant() false), calls of at least
 // DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens at 64 heads take the prefill kernel instead
 // (attention_prefill.cuh: the 4 head-group blocks of a token as one cluster sharing each key
-// tile), so there the kernel, and the bits, depend on the token count.
+// tile), and decode-sized calls of at least DEEPINFER_ATTENTION_PREFILL_DECODE tokens take it too,
+// split into chunks of each token's keys below 96 tokens (prefill_kernel_chosen, prefill_chunks),
+// so there the kernel, and the bits, depend on the token count.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -1222,18 +1224,6 @@ AttentionArgs common_args(const TensorView& q, const TensorView& sink, float sca
   return args;
 }
 
-// The current device's multiprocessors (read once).
-int64_t multiprocessors() {
-  static const int64_t sms = [] {
-    int device = 0;
-    int count = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&device));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return static_cast<int64_t>(count);
-  }();
-  return sms;
-}
-
 // Whether a head-group call takes the split path. DEEPINFER_ATTENTION_SPLIT=0: never (the
 // one-block kernel: the path before split-KV); =1: always (tests and benches force it to check
 // both paths give the same bits); otherwise when the one-block kernel would leave SMs idle.
@@ -1247,8 +1237,15 @@ bool split_keys_chosen(int64_t one_block_blocks, int64_t max_chunks) {
     return false;
   }
   if (split_setting == kSplitKeysAlways) return true;
+  static const int64_t sms = [] {
+    int device = 0;
+    int count = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return static_cast<int64_t>(count);
+  }();
   // One chunk per token: nothing to split.
-  return max_chunks > 1 && one_block_blocks < kSplitBelowBlocksPerSm * multiprocessors();
+  return max_chunks > 1 && one_block_blocks < kSplitBelowBlocksPerSm * sms;
 }
 
 void set_group_shared_bytes() {
@@ -1289,12 +1286,14 @@ bool prefill_kernel_chosen(const AttentionArgs& args, int64_t tokens) {
 }
 
 // The prefill kernel's split form: chunks a token by the call's tokens, fitted to the H200's
-// figures (docs/BENCHMARKS.md, "Batch invariance off: attention's split form"): about
-// kPrefillSplitClusters clusters in all below kPrefillSplitBelowTokens tokens, at least two chunks
-// a token there and at least kPrefillMinChunkTiles key tiles a chunk (a chunk's fixed costs: the
-// token's keys resolved, the queries converted, the first tile's load not overlapped, its state
-// written and merged, 128 KiB a chunk and token); whole tokens from kPrefillSplitBelowTokens,
-// where splitting measured slower (b256: 0.42 ms whole, 0.51 in 2 chunks).
+// figures (docs/BENCHMARKS.md, "Batch invariance off: the prefill kernel's split form"; V4.1
+// decode, 20 key tiles a token): about kPrefillSplitClusters clusters in all below
+// kPrefillSplitBelowTokens tokens, at least two chunks a token there and at least
+// kPrefillMinChunkTiles key tiles a chunk (a chunk's fixed costs: the token's keys resolved, the
+// queries converted, the first tile's load not overlapped, its state written and merged, 128 KiB a
+// chunk and token). That gives b8 5 chunks (0.0356 ms; the best measured, 7, 0.0327), b16 3
+// (0.0579, the best), b64 2 (0.1616; 3: 0.1599); whole tokens from kPrefillSplitBelowTokens, where
+// splitting measured slower (b128: 0.245 ms whole, 0.266 in 2 chunks; b256: 0.422 and 0.526).
 constexpr int64_t kPrefillSplitClusters = 48;
 constexpr int64_t kPrefillSplitBelowTokens = 96;
 constexpr int64_t kPrefillMinChunkTiles = 3;
@@ -1315,15 +1314,11 @@ int64_t prefill_chunks(int64_t tokens, int64_t max_tiles) {
 // blocks for other tokens return at once. `max_keys`: no token has more keys.
 void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
   using Kernel = void (*)(AttentionArgs);
-  // [split form][one term with the async schedule, one term with the schedule before, exact
-  // products (three bf16 terms)].
-  static constexpr Kernel kKernels[2][3] = {
-      {prefill::sink_attention_prefill_kernel<1, false, true>,
-       prefill::sink_attention_prefill_kernel<1, false, false>,
-       prefill::sink_attention_prefill_kernel<3, false, false>},
-      {prefill::sink_attention_prefill_kernel<1, true, true>,
-       prefill::sink_attention_prefill_kernel<1, true, false>,
-       prefill::sink_attention_prefill_kernel<3, true, false>}};
+  // [split form][one bf16 term a query and probability value, exact products (three terms)].
+  static constexpr Kernel kKernels[2][2] = {{prefill::sink_attention_prefill_kernel<1, false>,
+                                             prefill::sink_attention_prefill_kernel<3, false>},
+                                            {prefill::sink_attention_prefill_kernel<1, true>,
+                                             prefill::sink_attention_prefill_kernel<3, true>}};
   static const bool configured = [] {
     for (const auto& form : kKernels) {
       for (const Kernel kernel : form) {
@@ -1336,7 +1331,7 @@ void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
   }();
   (void)configured;
   const bool exact = prefill::kExactProducts.enabled();
-  const int variant = exact ? 2 : (prefill::kAsyncSchedule.enabled() ? 0 : 1);
+  const int variant = exact ? 1 : 0;
   const int64_t max_tiles = std::max<int64_t>(1, (max_keys + prefill::kKeys - 1) / prefill::kKeys);
   int64_t chunks = std::min(prefill_chunks(tokens, max_tiles), max_tiles);
   const int64_t chunk_tiles = (max_tiles + chunks - 1) / chunks;

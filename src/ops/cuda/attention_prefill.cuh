@@ -1,6 +1,7 @@
-// The prefill attention kernel (batch invariance off, many tokens): included by attention.cu inside
-// its anonymous namespace, after the tensor-core head-group kernels, whose pieces it reuses
-// (TokenKeys, resolve_token_keys, attention_split_pair, mma_term_pairs, the AttentionArgs).
+// The prefill attention kernel (batch invariance off; prefill, and decode through its split form):
+// included by attention.cu inside its anonymous namespace, after the tensor-core head-group
+// kernels, whose pieces it reuses (TokenKeys, resolve_token_keys, attention_split_pair,
+// mma_term_pairs, the AttentionArgs).
 //
 // Why not all 64 heads in one block: the products can stay exact (queries and probabilities as
 // three bf16 terms), and a token's three-term queries are 64 x 512 x 3 bf16 = 192 KiB, more than
@@ -27,6 +28,14 @@
 // cluster finds out tile by tile (every block votes for its rows), stops, and flags the token;
 // the one-block tensor-core kernel then runs for the flagged tokens only (redo_tokens), so such a
 // token gets exactly the old path's bits.
+//
+// The split form (kSplit; decode-sized calls, where tokens x 4 blocks leave SMs idle): each cluster
+// takes one chunk of a token's key tiles from a fresh softmax state and leaves the chunk's maxima,
+// sums and unnormalized weighted sums in scratch (ChunkState, as the head-group split path's);
+// sink_attention_prefill_merge_kernel merges a token's chunks into the sink's state and writes the
+// output. Same numerics (one bf16 term, base 2), another summation order; a chunk that meets a row
+// that is not bf16-exact flags its token like the whole-token kernel, and the merge leaves flagged
+// tokens to the one-block kernel. prefill_chunks (attention.cu) picks the chunks.
 // (attention.cu includes <cooperative_groups.h> at its top: it cannot be included in a namespace.)
 namespace prefill {
 
@@ -58,7 +67,6 @@ struct Shared {
   // Per row of the buffer's tile, written with the row by its loading block: bit 0 the key
   // exists, bit 1 some value of it is not bf16-exact.
   int row_flags[2][kKeys];
-  uint64_t arrived[2];  // the async schedule's mbarriers: the buffer's tile has arrived
   TokenKeys token_keys;
 };
 constexpr size_t kSharedBytes = sizeof(Shared);
@@ -73,10 +81,12 @@ RuntimeSetting kMinTokens{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", 256, 0, 1 <<
 RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
 
 // Decode-sized calls (batch invariance off, fewer than kMinTokens tokens): from this many tokens
-// (the default: kDecodeFromTokensDefault) they take the kernel's split form (prefill_chunks in
-// attention.cu picks its chunks); below it, or with 0, the head-group kernels (the path before
-// the split form, exact products).
-constexpr int kDecodeFromTokensDefault = 1;
+// (the default: kDecodeFromTokensDefault) they take the prefill kernel (its split form below 96
+// tokens, whole tokens from 96: prefill_chunks in attention.cu); below it, or with 0, the
+// head-group kernels (the path before, exact products). 8: on the H200 the split form lost at one
+// token (0.0299 against the head-group split path's 0.0256 ms) and won from 8 (0.0356 against
+// 0.0475; docs/BENCHMARKS.md, "Batch invariance off: the prefill kernel's split form").
+constexpr int kDecodeFromTokensDefault = 8;
 RuntimeSetting kDecodeFromTokens{"DEEPINFER_ATTENTION_PREFILL_DECODE", kDecodeFromTokensDefault, 0,
                                  1 << 30};
 
@@ -84,9 +94,6 @@ RuntimeSetting kDecodeFromTokens{"DEEPINFER_ATTENTION_PREFILL_DECODE", kDecodeFr
 // (attention.cu); n forces n (1: the whole-token kernel, one cluster a token); tests and benches
 // force each.
 RuntimeSetting kChunks{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", 0, 0, 64};
-
-// The async schedule (kAsync below; one term only): true (the default) or the schedule before it.
-RuntimeSwitch kAsyncSchedule{"DEEPINFER_ATTENTION_PREFILL_ASYNC", true};
 
 // The kernel's schedule (schedules 0-2, each measured slower on the H200 and removed after
 // 2026-12-02: docs/BENCHMARKS.md, "Batch invariance off: attention's prefill kernel"): the next
@@ -97,7 +104,15 @@ RuntimeSwitch kAsyncSchedule{"DEEPINFER_ATTENTION_PREFILL_ASYNC", true};
 // after issuing its loads. A tile without any key present (the selection's -1 entries) skips its
 // scores, softmax and weighted sum (every block sees the same presence flags; such a tile would
 // change nothing), and the one-term kernel's softmax runs in base 2 (ex2.approx: its 2^-22 error
-// is far below the probabilities' bf16 rounding).
+// is far below the probabilities' bf16 rounding). Each row's flags (present, not bf16-exact) go
+// out with the row. Two more schedules were measured no faster on the H200 (2026-12-02) and
+// removed: a row copied two tiles ahead through a cp.async staging buffer (b256 0.4216 against
+// 0.4170 ms; commit 5c0e5d7 has it), and the rows sent by st.async onto each block's mbarrier
+// with a relaxed cluster barrier, which drops the GPU-scope MEMBAR a release arrive compiles to
+// (b256 0.458 against 0.422 ms, prefill 8192 10.99 against 10.15; commit 05b1807). ncu at b256:
+// 25% occupancy (16 warps an SM: 128 registers and 104 KiB of shared memory a block), no
+// eligible warp in 74% of the issue slots, 15 cycles a warp between instructions, DRAM 22%:
+// latency in each block's chain (barriers, MMA chains, shuffles), not bytes or the fence.
 
 // 2^x (ex2.approx.ftz: -inf gives 0).
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -112,59 +127,6 @@ __device__ __forceinline__ void cluster_arrive() {
 
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// The async schedule's primitives. A release arrive at the cluster barrier compiles to a
-// GPU-scope memory barrier (MEMBAR.ALL.GPU) before the arrive; a relaxed one does not.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-
-// The shared::cluster address of `local` (a shared::cta address) in block `rank` of the cluster.
-__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  return remote;
-}
-
-// Stores into a block of the cluster whose bytes complete the transaction count of its mbarrier.
-__device__ __forceinline__ void store_async(uint32_t remote, uint2 value, uint32_t barrier) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(
-          remote),
-      "r"(value.x), "r"(value.y), "r"(barrier)
-      : "memory");
-}
-
-__device__ __forceinline__ void store_async(uint32_t remote, uint32_t value, uint32_t barrier) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
-      "r"(value), "r"(barrier)
-      : "memory");
-}
-
-__device__ __forceinline__ void mbarrier_init(uint32_t barrier, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
-}
-
-// This thread's arrival, expecting `bytes` more of the phase's transactions.
-__device__ __forceinline__ void mbarrier_expect(uint32_t barrier, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes)
-               : "memory");
-}
-
-// Until the phase of parity `parity` has completed (acquire at cluster scope: the transactions
-// came from every block of the cluster).
-__device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
-  uint32_t done = 0;
-  while (done == 0) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-        "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(barrier), "r"(parity)
-        : "memory");
-  }
 }
 
 __device__ __forceinline__ const float* key_row(const AttentionArgs& args, const TokenKeys& keys,
@@ -225,15 +187,7 @@ __device__ __forceinline__ StagedRow convert_row(const float4 (&values)[4], bool
 // (max -inf, sum 0: the sink joins in the merge), and leaves the chunk's unnormalized state in
 // args.chunk_states (sink_attention_prefill_merge_kernel combines them); a chunk past the token's
 // keys writes nothing.
-// kAsync: the async schedule. The rows go to the cluster's blocks by st.async, each store
-// completing bytes of the destination's mbarrier `arrived[buffer]` (armed by its thread 0 with
-// the tile's bytes), and a block waits on its own mbarrier for a tile instead of at the cluster
-// barrier; the cluster barrier, relaxed (no GPU-scope memory barrier before each arrive), only
-// keeps a buffer from being overwritten before every block is done with it: a block arrives once
-// it has finished tile i and waits, at the end of tile i + 1, before it stores tile i + 2 into
-// that buffer. The schedule before (kAsync false): generic stores, then a release arrive at the
-// end of each tile and an acquire wait at the top of the next.
-template <int kTerms, bool kSplit, bool kAsync>
+template <int kTerms, bool kSplit>
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 2)
     sink_attention_prefill_kernel(AttentionArgs args) {
   extern __shared__ float4 shared_quads[];
@@ -249,8 +203,6 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   const int warp = tid >> 5;
   const int group = lane >> 2;
   const int quad = lane & 3;
-  // A tile's bytes as one block receives them: every row's bf16 values and its flags.
-  constexpr uint32_t kTileBytes = kKeys * (kGroupHeadDim * 2 + 4);
 
   // The block's tiles: [first_tile, first_tile + tiles) of the token's (all of them unless split).
   const auto tile_range = [&](const TokenKeys& keys, int64_t& first_tile, int64_t& tiles) {
@@ -258,20 +210,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     tiles = (keys.total() + kKeys - 1) / kKeys - first_tile;
     if constexpr (kSplit) tiles = min(tiles, args.chunk_tiles);
   };
-  if (tid == 0) {
-    resolve_token_keys(args, t, shared.token_keys);
-    if constexpr (kAsync) {
-      mbarrier_init(shared_address(&shared.arrived[0]), 1);
-      mbarrier_init(shared_address(&shared.arrived[1]), 1);
-      // Tiles 0 and 1 (buffers 0 and 1, phase 0 of each) expected before the cluster barrier
-      // below lets any block store them; tile i + 2 is expected at the top of tile i.
-      int64_t first_tile, tiles;
-      tile_range(shared.token_keys, first_tile, tiles);
-      if (tiles > 0) mbarrier_expect(shared_address(&shared.arrived[0]), kTileBytes);
-      if (tiles > 1) mbarrier_expect(shared_address(&shared.arrived[1]), kTileBytes);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-  }
+  if (tid == 0) resolve_token_keys(args, t, shared.token_keys);
   if (tid < kHeads) shared.denominator[tid] = 1.0f;
 
   // Query A registers, the standard m16n8k16 layout: step s covers columns 64 warp + 16 s + [0,
@@ -329,7 +268,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
   }
 
-  cluster.sync();  // token_keys written; the mbarriers initialized in every block
+  cluster.sync();  // token_keys written
   const TokenKeys& keys = shared.token_keys;
   const bool bad_range = keys.bad_range != 0;
   int64_t first_tile, tiles;
@@ -345,34 +284,14 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   // The row (converted) into buffer `buffer` of every block of the cluster, its flags with it.
   const auto publish = [&](int buffer, const StagedRow& row) {
     const int flags = (row.present ? 1 : 0) | (__all_sync(0xFFFFFFFFu, row.exact) ? 0 : 2);
-    if constexpr (kAsync) {
-      const uint32_t to = shared_address(&shared.keys[buffer][load_row][0]);
-      const uint32_t flag_word = shared_address(&shared.row_flags[buffer][load_row]);
-      const uint32_t barrier = shared_address(&shared.arrived[buffer]);
 #pragma unroll
-      for (int destination = 0; destination < kClusterBlocks; ++destination) {
-        const uint32_t remote = cluster_address(to, destination);
-        const uint32_t remote_barrier = cluster_address(barrier, destination);
+    for (int destination = 0; destination < kClusterBlocks; ++destination) {
+      uint16_t* to = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          store_async(remote + 8 * (lane + 32 * i), row.words[i], remote_barrier);
-        }
-        if (lane == 0) {
-          store_async(cluster_address(flag_word, destination), static_cast<uint32_t>(flags),
-                      remote_barrier);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int destination = 0; destination < kClusterBlocks; ++destination) {
-        uint16_t* to = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          *reinterpret_cast<uint2*>(to + 4 * (lane + 32 * i)) = row.words[i];
-        }
-        if (lane == 0) {
-          *cluster.map_shared_rank(&shared.row_flags[buffer][load_row], destination) = flags;
-        }
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint2*>(to + 4 * (lane + 32 * i)) = row.words[i];
+      if (lane == 0) {
+        *cluster.map_shared_rank(&shared.row_flags[buffer][load_row], destination) = flags;
       }
     }
   };
@@ -395,10 +314,9 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   }
   // The row of the tile after the one being loaded (a tile ahead of its load).
   const float* ahead_row = tiles > 1 ? key_row(args, keys, slot_of(1)) : nullptr;
-  if constexpr (!kAsync) cluster.sync();  // tile 0 in every block
+  cluster.sync();  // tile 0 in every block
 
   bool redo = false;
-  bool arrive_pending = false;  // kAsync: an arrive (done with a tile) not yet waited for
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buffer = static_cast<int>(tile & 1);
     const bool more = tile + 1 < tiles;
@@ -409,30 +327,13 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
       load_global(ahead_row, staged);
       ahead_row = tile + 2 < tiles ? key_row(args, keys, slot_of(tile + 2)) : nullptr;
     }
-    // The next tile's rows into every block. Async: once every block is done with the tile
-    // before this one (whose buffer the next tile takes), then this block is done with this one.
+    // The next tile's rows into every block, then the arrive: the next tile in every block once
+    // all have arrived; every block done with this tile's buffer, scores and probs.
     const auto store_next = [&] {
-      if constexpr (kAsync) {
-        if (arrive_pending) cluster_wait();
-        publish(buffer ^ 1, convert_row(staged, staged_row != nullptr));
-        cluster_arrive_relaxed();
-        arrive_pending = true;
-      } else {
-        publish(buffer ^ 1, convert_row(staged, staged_row != nullptr));
-        // The next tile in every block; every block done with this tile's buffer, scores and
-        // probs.
-        cluster_arrive();
-      }
+      publish(buffer ^ 1, convert_row(staged, staged_row != nullptr));
+      cluster_arrive();
     };
-    if constexpr (kAsync) {
-      // This tile in this block; then the buffer's next phase (tile + 2) is expected.
-      mbarrier_wait(shared_address(&shared.arrived[buffer]), static_cast<uint32_t>(tile >> 1) & 1);
-      if (tid == 0 && tile + 2 < tiles) {
-        mbarrier_expect(shared_address(&shared.arrived[buffer]), kTileBytes);
-      }
-    } else {
-      if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
-    }
+    if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
     const int row_flags = shared.row_flags[buffer][lane];
     // The same flags in every block of the cluster: all stop at the same tile, before any block
     // writes the next one.
@@ -583,10 +484,6 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     } else {
       __syncthreads();
     }
-  }
-  // Async: the last arrive waited for (every block done with every tile) before any block leaves.
-  if constexpr (kAsync) {
-    if (arrive_pending) cluster_wait();
   }
 
   if (redo) {
