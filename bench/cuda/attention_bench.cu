@@ -12,20 +12,25 @@
 // tensor-core kernels' one-term key path; "mma-f32kv" times the op's choice once more with the
 // KV rows refilled as plain f32 values (their three-term path). "inv-off" times the op's choice
 // with batch invariance off (ops::ScopedBatchInvariance(false)): from
-// DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens (default 256: decode b256 and the prefill) the
-// prefill kernel (a cluster of the 4 head-group blocks a token loading each bf16 key tile once);
+// DEEPINFER_ATTENTION_PREFILL_DECODE tokens (default 8) the prefill kernel (a cluster of the 4
+// head-group blocks a token loading each bf16 key tile once), below 96 tokens its split form
+// (chunks of each token's keys, then a merge), below 8 the head-group kernels;
 // "inv-off-f32kv" the same with the f32 KV rows (its fallback: the one-block kernel for every
 // token); "off-differ" its worst difference from the "mma" column's output (the default: one
 // bf16 term a query and probability value, FlashMLA's numerics; exit 2 past kOneTermDiffer);
 // "inv-off-exact" the prefill kernel with exact products (DEEPINFER_ATTENTION_PREFILL_EXACT=1:
 // three bf16 terms, the kernel before the one-term default; "exact-differ": its worst difference
-// from "mma", exit 2 past 2e-5).
+// from "mma", exit 2 past 2e-5). After the main table: the op with batch invariance off against
+// the path before the split form ("before": the head-group kernels below 256 tokens, the
+// whole-token prefill kernel from 256), ms, GB/s and of HBM each; then the prefill kernel at every
+// batch with its chunks a token forced (1: whole tokens), the sweep its heuristic was fitted to.
 //
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
+//   ATTENTION_BENCH_ONLY=256 cuda_attention_bench   (one decode batch, no prefill case)
 //
-// Decode batch 1, 16, 64, 256: one query row per token, each token its own request (a window
-// of 127 rows of its ring plus its new row, and 512 entries selected from its own 2048
+// Decode batch 1, 8, 16, 64, 128, 256: one query row per token, each token its own request (a
+// window of 127 rows of its ring plus its new row, and 512 entries selected from its own 2048
 // compressed rows). Prefill: the first 8192 tokens of one request, token t attending the window
 // (t - 128, t] of the call's rows and min(512, t / 4) compressed entries (the rest -1). "Bytes"
 // counts the distinct KV rows a call must read plus q and out; GB/s is bytes over time, next to
@@ -222,13 +227,28 @@ void call(const AttentionCase& c, bool head_groups, bool batched = true,
 }
 
 // The op's choice with batch invariance off; `exact`: the prefill kernel's
-// DEEPINFER_ATTENTION_PREFILL_EXACT (-1: the default, one term).
-void call_invariance_off(const AttentionCase& c, int exact = -1) {
+// DEEPINFER_ATTENTION_PREFILL_EXACT (-1: the default, one term); `chunks`:
+// DEEPINFER_ATTENTION_PREFILL_CHUNKS (-1: the op's heuristic; 1: whole tokens); `decode`:
+// DEEPINFER_ATTENTION_PREFILL_DECODE (-1: the default; 0: decode-sized calls keep the head-group
+// kernels, the path before the split form; 1: the prefill kernel at any token count).
+void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1, int decode = -1) {
   const ops::ScopedBatchInvariance invariance(false);
-  std::optional<rt::ScopedSetting> exact_setting;
+  std::optional<rt::ScopedSetting> exact_setting, chunk_setting, decode_setting;
   if (exact >= 0) exact_setting.emplace("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
+  if (chunks >= 0) chunk_setting.emplace("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
+  if (decode >= 0) decode_setting.emplace("DEEPINFER_ATTENTION_PREFILL_DECODE", decode);
   call(c, true);
 }
+
+// The path before the split form, batch invariance off: below 256 tokens the head-group kernels,
+// from 256 the whole-token prefill kernel.
+void call_off_before(const AttentionCase& c) {
+  call_invariance_off(c, -1, 1, 0);
+}
+
+// The split-form sweep: chunks a token forced (1: whole tokens), at any token count.
+constexpr int kSweepChunks[] = {1, 2, 3, 4, 5, 7, 10, 20};
+constexpr int kSweepCount = static_cast<int>(sizeof(kSweepChunks) / sizeof(kSweepChunks[0]));
 
 // The one-term prefill kernel's bound against the CPU (attention_gpu_test's
 // kPrefillOneTermTolerance, 2^-8 of the output's scale) plus the "mma" column's own 1e-5.
@@ -257,6 +277,8 @@ struct Row {
   double mma_f32_ms = 0;  // the op's choice with f32 KV rows (the three-term key path)
   double off_ms = 0, off_f32_ms = 0, off_difference = 0;  // batch invariance off
   double off_exact_ms = 0, off_exact_difference = 0;      // exact products
+  double off_before_ms = 0, off_before_difference = 0;    // the path before the split form
+  double sweep_ms[kSweepCount] = {};                      // the prefill kernel, chunks forced
   bool has_split = false;                                 // a split-KV timing (decode cases)
   bool split_equal = false;  // split-KV and one-block kernel: the same bits (FMA and MMA each)
   bool paths_equal = false;  // batched and per-request paths: the same bits
@@ -283,6 +305,8 @@ void compare_outputs(const AttentionCase& c, Row& row) {
   row.off_difference = outputs_differ(mma, rt::to_host(c.out.view()));
   call_invariance_off(c, 1);
   row.off_exact_difference = outputs_differ(mma, rt::to_host(c.out.view()));
+  call_off_before(c);
+  row.off_before_difference = outputs_differ(mma, rt::to_host(c.out.view()));
   row.difference = outputs_differ(per_head, head_group);
   row.mma_difference = outputs_differ(head_group, mma);
   row.paths_equal = same_bits(mma, per_request);
@@ -316,8 +340,12 @@ int run(int argc, char** argv) {
       "inv-off-exact", "inv-off-f32kv", "speedup", "MB", "GB/s", "of HBM", "differ", "mma-differ",
       "off-differ", "exact-differ", "split", "per-request", "bits");
   std::vector<Row> rows;
-  std::vector<int64_t> batches = {1, 16, 64, 256};
-  for (size_t i = 0; i <= batches.size(); ++i) {
+  std::vector<int64_t> batches = {1, 8, 16, 64, 128, 256};
+  // ATTENTION_BENCH_ONLY=N: decode batch N alone, no prefill case (e.g. under a profiler).
+  const char* only = std::getenv("ATTENTION_BENCH_ONLY");
+  const bool only_decode = only != nullptr && *only != '\0';
+  if (only_decode) batches = {std::stoll(only)};
+  for (size_t i = 0; i < batches.size() + (only_decode ? 0 : 1); ++i) {
     AttentionCase c = i < batches.size() ? decode_case(batches[i]) : prefill_case();
     Row row;
     row.name = c.name;
@@ -333,6 +361,12 @@ int run(int argc, char** argv) {
     row.per_request_ms = time_ms([&] { call(c, true, false); });
     row.off_ms = time_ms([&] { call_invariance_off(c); });
     row.off_exact_ms = time_ms([&] { call_invariance_off(c, 1); });
+    row.off_before_ms = time_ms([&] { call_off_before(c); });
+    for (int k = 0; k < kSweepCount; ++k) {
+      // The prefill case's split scratch would pass the op's cap: whole tokens only.
+      if (!row.has_split && kSweepChunks[k] > 1) continue;
+      row.sweep_ms[k] = time_ms([&] { call_invariance_off(c, -1, kSweepChunks[k], 1); });
+    }
     // Last: the KV rows as plain f32 values (not bf16-exact; the FMA kernels' time does not
     // depend on them).
     fill(c.new_kv, 106, 0.5f, false);
@@ -360,6 +394,36 @@ int run(int argc, char** argv) {
         row.paths_equal ? "same" : "DIFFERENT");
     rows.push_back(row);
   }
+  // Batch invariance off, the op's choice now ("new": the prefill kernel's split form from
+  // DEEPINFER_ATTENTION_PREFILL_DECODE tokens below 96, whole tokens from 96) against the path
+  // before ("before": the head-group kernels below 256 tokens, the whole-token prefill kernel from
+  // 256), GB/s and of HBM each.
+  std::printf("\nbatch invariance off: the op's choice against the path before\n");
+  std::printf("%-14s %10s %10s %10s %10s %9s %9s %8s %10s %10s\n", "case", "MB", "before", "new",
+              "GB/s bef.", "of HBM", "GB/s new", "of HBM", "speedup", "new-differ");
+  for (const Row& r : rows) {
+    const double before_gbps = r.bytes / (r.off_before_ms * 1e6);
+    const double new_gbps = r.bytes / (r.off_ms * 1e6);
+    std::printf("%-14s %10.1f %8.4fms %8.4fms %10.0f %8.1f%% %9.0f %7.1f%% %9.2fx %10.2g\n",
+                r.name.c_str(), r.bytes / 1e6, r.off_before_ms, r.off_ms, before_gbps,
+                100.0 * before_gbps / read_gbps, new_gbps, 100.0 * new_gbps / read_gbps,
+                r.off_before_ms / r.off_ms, r.off_difference);
+  }
+  std::printf("\nprefill kernel at any token count, chunks a token forced (ms)\n");
+  std::printf("%-14s", "case");
+  for (const int chunks : kSweepChunks) std::printf(" %9d", chunks);
+  std::printf("\n");
+  for (const Row& r : rows) {
+    std::printf("%-14s", r.name.c_str());
+    for (int k = 0; k < kSweepCount; ++k) {
+      if (r.sweep_ms[k] == 0) {
+        std::printf(" %9s", "-");
+      } else {
+        std::printf(" %9.4f", r.sweep_ms[k]);
+      }
+    }
+    std::printf("\n");
+  }
   if (FILE* f = std::fopen(json_path.c_str(), "w")) {
     std::fprintf(f, "{\"gpu\": \"%s\", \"read_gbps\": %.1f, \"cases\": [", prop.name, read_gbps);
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -373,13 +437,21 @@ int run(int argc, char** argv) {
                    "\"invariance_off_exact_difference\": %.3g, "
                    "\"split_bit_equal\": %s, "
                    "\"per_request_path_ms\": %.5f, \"bytes\": %.0f, \"kernel_difference\": %.3g, "
-                   "\"mma_difference\": %.3g, \"paths_bit_equal\": %s}",
+                   "\"mma_difference\": %.3g, \"paths_bit_equal\": %s, "
+                   "\"invariance_off_before_ms\": %.5f, \"invariance_off_before_difference\": "
+                   "%.3g, \"sweep_chunks\": [",
                    i == 0 ? "" : ", ", r.name.c_str(), r.old_ms, r.new_ms,
                    r.has_split ? std::to_string(r.split_ms).c_str() : "null", r.mma_ms,
                    r.has_split ? std::to_string(r.mma_split_ms).c_str() : "null", r.mma_f32_ms,
                    r.off_ms, r.off_f32_ms, r.off_difference, r.off_exact_ms, r.off_exact_difference,
                    r.has_split ? (r.split_equal ? "true" : "false") : "null", r.per_request_ms,
-                   r.bytes, r.difference, r.mma_difference, r.paths_equal ? "true" : "false");
+                   r.bytes, r.difference, r.mma_difference, r.paths_equal ? "true" : "false",
+                   r.off_before_ms, r.off_before_difference);
+      for (int k = 0; k < kSweepCount; ++k) {
+        std::fprintf(f, "%s{\"chunks\": %d, \"ms\": %.5f}", k == 0 ? "" : ", ", kSweepChunks[k],
+                     r.sweep_ms[k]);
+      }
+      std::fprintf(f, "]}");
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);
@@ -389,7 +461,8 @@ int run(int argc, char** argv) {
   // one-term prefill kernel kOneTermDiffer).
   for (const Row& r : rows) {
     if (!(r.difference <= 2e-5) || !(r.mma_difference <= 2e-5) ||
-        !(r.off_difference <= kOneTermDiffer) || !(r.off_exact_difference <= 2e-5)) {
+        !(r.off_difference <= kOneTermDiffer) || !(r.off_exact_difference <= 2e-5) ||
+        !(r.off_before_difference <= kOneTermDiffer)) {
       std::fprintf(stderr,
                    "cuda_attention_bench: %s: kernels differ by %.3g (FMA vs MMA %.3g, invariance "
                    "off %.3g, exact %.3g)\n",

@@ -16,11 +16,15 @@
 // path at decode shapes, and a token alone against the same token in a batch of 256.
 // The prefill kernel (batch invariance off, at least DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens;
 // the Prefill* cases force it at any count with the setting at 1) against the CPU at V4.1 shapes
-// and small ones, single-matrix and batched, bad indices, at every schedule, with one bf16 term a
-// query and probability value (the default: kPrefillOneTermTolerance) and with exact products
-// (kTolerance); key rows that are not bf16-exact give the one-block tensor-core kernel's bits (its
-// fallback); batch invariance on keeps the old path's bits. Every GPU output starts as NaN, so an
-// element never written fails. Skips without a GPU.
+// and small ones, single-matrix and batched, bad indices, whole tokens and split, with one bf16
+// term a query and probability value (the default: kPrefillOneTermTolerance) and with exact
+// products (kTolerance); key rows that are not bf16-exact give the one-block tensor-core kernel's
+// bits (its fallback); batch invariance on keeps the old path's bits. Its split form (decode-sized
+// calls, PrefillSplit*): V4.1 decode at batch 1, 16, 64 and 256, tokens with fewer keys than a
+// chunk, -1 entries, tokens without compressed keys, multi-token requests, tokens whose keys are
+// not bf16-exact (the old path's bits), chunk counts forced and by the heuristic; the decode
+// threshold (DEEPINFER_ATTENTION_PREFILL_DECODE). Every GPU output starts as NaN, so an element
+// never written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -361,16 +365,26 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
 // The op with batch invariance `invariant` and DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS `min_tokens`
 // (nullptr: its default, 256; "1": every call) and the kernel's DEEPINFER_ATTENTION_PREFILL_EXACT
 // `exact` (nullptr: the default).
+// `chunks`: DEEPINFER_ATTENTION_PREFILL_CHUNKS (nullptr: by the op's heuristic; "1" whole tokens).
 Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const char* min_tokens,
-                      const char* exact = nullptr) {
+                      const char* exact = nullptr, const char* chunks = nullptr) {
   const ScopedBatchInvariance invariance(invariant);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", min_tokens);
   const ScopedOverride exact_setting("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
+  const ScopedOverride chunk_setting("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
   return run_gpu(c, d, 0, c.tokens);
 }
 
 // DEEPINFER_ATTENTION_PREFILL_EXACT: one bf16 term (the default), three (exact products).
 constexpr const char* kExact[] = {"0", "1"};
+
+// The prefill kernel's forms a check runs: one term and exact products, each whole-token and split
+// into 3 chunks of a token.
+struct PrefillForm {
+  const char* exact;
+  const char* chunks;
+};
+constexpr PrefillForm kPrefillForms[] = {{"0", "1"}, {"1", "1"}, {"0", "3"}, {"1", "3"}};
 
 // The prefill kernel's tolerance against the CPU: `exact` "1" (nullptr: the default, one term).
 double prefill_tolerance(const char* exact) {
@@ -386,17 +400,19 @@ void check_prefill(const Case& c, const std::string& what, std::optional<bool> n
   const Tensor want = reference(c);
   const DeviceCase d(c);
   const Tensor old_path = run_gpu(c, d, 0, c.tokens, true, "0");
-  for (const char* exact : kExact) {
-    const Tensor got = run_gpu_policy(c, d, false, min_tokens, exact);
+  for (const PrefillForm& form : kPrefillForms) {
+    const char* exact = form.exact;
+    const Tensor got = run_gpu_policy(c, d, false, min_tokens, exact, form.chunks);
     const double error = worst_error(want, got);
+    const std::string kernel = std::string("exact ") + exact + ", chunks " + form.chunks;
     std::printf(
-        "%s, prefill kernel exact %s: worst error %.3g of the output's scale (one-block kernel "
+        "%s, prefill kernel %s: worst error %.3g of the output's scale (one-block kernel "
         "%.3g; tolerance %.3g)\n",
-        what.c_str(), exact, error, worst_error(want, old_path), prefill_tolerance(exact));
-    EXPECT_LE(error, prefill_tolerance(exact)) << what << ", exact " << exact;
+        what.c_str(), kernel.c_str(), error, worst_error(want, old_path), prefill_tolerance(exact));
+    EXPECT_LE(error, prefill_tolerance(exact)) << what << ", " << kernel;
     if (new_bits.has_value()) {
       EXPECT_EQ(!same_bits(got, old_path), *new_bits)
-          << what << ", exact " << exact
+          << what << ", " << kernel
           << (*new_bits ? ": the prefill kernel did not run" : ": fallback bits differ");
     }
   }
@@ -412,10 +428,21 @@ TEST_F(AttentionGpuTest, PrefillRealShapes) {
                 "v41 prefill 64 tokens, 100 selected, bf16 keys", true);
   check_prefill(make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16),
                 "v41 prefill 40 tokens, 33 selected, bf16 keys", true);
-  // Below the default threshold the op keeps the head-group kernels.
+  // Below the default threshold the op takes the kernel's split form (other bits than the
+  // head-group kernels') from DEEPINFER_ATTENTION_PREFILL_DECODE tokens, or with
+  // DEEPINFER_ATTENTION_PREFILL_DECODE=0 the head-group kernels.
   const Case small = make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16);
   const DeviceCase ds(small);
-  EXPECT_TRUE(same_bits(run_gpu_policy(small, ds, false, nullptr), run_gpu(small, ds, 0, 40)));
+  const Tensor old_path = run_gpu(small, ds, 0, 40);
+  Tensor split;
+  {
+    const ScopedOverride decode("DEEPINFER_ATTENTION_PREFILL_DECODE", "1");
+    split = run_gpu_policy(small, ds, false, nullptr);
+  }
+  EXPECT_FALSE(same_bits(split, old_path)) << "the split form did not run";
+  EXPECT_LE(worst_error(reference(small), split), kPrefillOneTermTolerance);
+  const ScopedOverride decode("DEEPINFER_ATTENTION_PREFILL_DECODE", "0");
+  EXPECT_TRUE(same_bits(run_gpu_policy(small, ds, false, nullptr), old_path));
 }
 
 // Key rows that are not bf16-exact: every token falls back to the one-block tensor-core kernel
@@ -452,10 +479,12 @@ TEST_F(AttentionGpuTest, PrefillOffKeepsTheOldBits) {
 
 // A compressed index past the table is recorded and skipped; a bad window range is recorded and
 // its token's output is NaN (the other tokens' as before).
-void check_prefill_bad_indices(const char* exact) {
+// `chunks`: DEEPINFER_ATTENTION_PREFILL_CHUNKS ("1": the whole-token kernel, "2": its split form).
+void check_prefill_bad_indices(const char* exact, const char* chunks) {
   const ScopedBatchInvariance invariance(false);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1");
   const ScopedOverride exact_setting("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
+  const ScopedOverride chunk_setting("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
   const double tolerance = prefill_tolerance(exact);
   Case c = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
   Case bad = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
@@ -492,7 +521,9 @@ void check_prefill_bad_indices(const char* exact) {
 }
 
 TEST_F(AttentionGpuTest, PrefillBadIndicesAreReported) {
-  for (const char* exact : kExact) check_prefill_bad_indices(exact);
+  for (const char* exact : kExact) {
+    for (const char* chunks : {"1", "2"}) check_prefill_bad_indices(exact, chunks);
+  }
 }
 
 // ---- the batched form -------------------------------------------------------------------------
@@ -783,6 +814,130 @@ TEST_F(AttentionGpuTest, BatchBadIndicesAreReported) {
     EXPECT_THROW(rt::synchronize(), Error);
     EXPECT_LE(worst_error(cpu_batch(skipped), rt::to_host(out.view())), kTolerance);
     rt::synchronize();  // reported once and cleared
+  }
+}
+
+// ---- the prefill kernel's split form (decode, batch invariance off) ----------------------------
+
+// The forms a decode check runs with batch invariance off (DEEPINFER_ATTENTION_PREFILL_DECODE=1:
+// the prefill kernel at any token count): the op's defaults (below 256 tokens the split form, its
+// chunks by the heuristic), chunks forced (7: a last chunk shorter than the others), whole
+// tokens, exact products.
+struct SplitForm {
+  const char* name;
+  std::vector<Setting> settings;
+  bool exact = false;
+};
+
+std::vector<SplitForm> split_forms() {
+  std::vector<SplitForm> forms = {
+      {"defaults", {}},
+      {"2 chunks", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "2"}}},
+      {"7 chunks", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "7"}}},
+      {"whole tokens", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "1"}}},
+      {"exact products", {{"DEEPINFER_ATTENTION_PREFILL_EXACT", "1"}}, true},
+      {"5 chunks, exact products",
+       {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "5"}, {"DEEPINFER_ATTENTION_PREFILL_EXACT", "1"}},
+       true}};
+  // Every call of these cases takes the prefill kernel, whatever the default threshold for
+  // decode-sized calls.
+  for (SplitForm& form : forms)
+    form.settings.push_back({"DEEPINFER_ATTENTION_PREFILL_DECODE", "1"});
+  return forms;
+}
+
+Tensor run_gpu_batch_off(const AttentionBatch& b, std::vector<Setting> settings) {
+  const ScopedBatchInvariance invariance(false);
+  return run_gpu_batch(b, std::move(settings));
+}
+
+// Every form against the CPU (one term: kPrefillOneTermTolerance; exact products: kTolerance).
+// `old_bits_rows`: tokens whose keys are not all bf16-exact, which must give the one-block
+// tensor-core kernel's bits (the redo); every other token's keys are exact, so the prefill kernel
+// computes them (some bit differs from the old path).
+void check_split_batch(const AttentionBatch& b, const std::string& what,
+                       const std::vector<int64_t>& old_bits_rows = {}) {
+  const Tensor want = cpu_batch(b);
+  const Tensor old_path = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
+  for (const SplitForm& form : split_forms()) {
+    const Tensor got = run_gpu_batch_off(b, form.settings);
+    const double error = worst_error(want, got);
+    const double tolerance = form.exact ? kTolerance : kPrefillOneTermTolerance;
+    std::printf(
+        "%s, prefill split form (%s): worst error %.3g of the output's scale (tolerance "
+        "%.3g)\n",
+        what.c_str(), form.name, error, tolerance);
+    EXPECT_LE(error, tolerance) << what << ", " << form.name;
+    EXPECT_FALSE(same_bits(got, old_path)) << what << ", " << form.name << ": did not run";
+    for (const int64_t row : old_bits_rows) {
+      EXPECT_TRUE(equal_rows(got, row, old_path, row))
+          << what << ", " << form.name << ": token " << row << " lost the old path's bits";
+    }
+  }
+  if (b.tokens < 256) {
+    EXPECT_TRUE(
+        same_bits(old_path, run_gpu_batch_off(b, {{"DEEPINFER_ATTENTION_PREFILL_DECODE", "0"}})))
+        << what << ": DEEPINFER_ATTENTION_PREFILL_DECODE=0 must keep the head-group kernels";
+  }
+  EXPECT_TRUE(same_bits(old_path, run_gpu_batch(b))) << what << ": invariance on";
+}
+
+// V4.1-Flash decode (one-token requests, 128 window rows + 512 selected with -1 holes,
+// bf16-exact keys as the model's) at batch 1, 16, 64 (the split form) and 256 (whole tokens by
+// default, split when forced).
+TEST_F(AttentionGpuTest, PrefillSplitDecode) {
+  for (const int64_t batch : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{256}}) {
+    check_split_batch(decode_batch(batch, KeyValues::kBf16, 301 + static_cast<uint32_t>(batch)),
+                      "v41 decode b" + std::to_string(batch));
+  }
+}
+
+// Tokens with fewer keys than a chunk (a one-row window, 6 rows, one selected entry, none),
+// more keys than the others (1000 and 1024 selected), chunks of multi-token requests, tokens
+// without compressed keys (make_batch's every third token).
+TEST_F(AttentionGpuTest, PrefillSplitShortAndLongTokens) {
+  AttentionBatch b = attention_cases::make_batch({{300, 1, 130, 512},
+                                                  {5, 1, 128, 512},
+                                                  {70, 1, 128, 1000},
+                                                  {4000, 1, 136, 1024},
+                                                  {900, 1, 136, 0},
+                                                  {129, 1, 128, 1},
+                                                  {0, 1, 130, 0},
+                                                  {2, 1, 128, 3}},
+                                                 {4, 0, 7, 5, 1, 3, 6, 2}, 64, 512, 128, 311);
+  attention_cases::round_batch_keys(b, KeyValues::kBf16);
+  check_split_batch(b, "v41 decode, 8 requests");
+  AttentionBatch chunks = real_batch();
+  attention_cases::round_batch_keys(chunks, KeyValues::kBf16);
+  check_split_batch(chunks, "v41 5 requests (chunks)");
+}
+
+// A token whose key rows are not all bf16-exact (its own new row; another's selected compressed
+// row) gives the one-block kernel's bits (the redo), in every form; the others stay within the
+// tolerance of the CPU.
+TEST_F(AttentionGpuTest, PrefillSplitInexactTokensTakeTheOldBits) {
+  AttentionBatch b = decode_batch(16, KeyValues::kBf16, 321);
+  const int64_t dim = b.head_dim;
+  float& own = b.host.new_kv.data<float>()[b.offsets[5] * dim + 7];
+  own = std::nextafter(own, INFINITY);  // bf16-exact before: not after
+  const Tensor& selected = b.host.selected[9];
+  int32_t row = -1;
+  for (int64_t k = 0; k < selected.numel() && row < 0; ++k) row = selected.data<int32_t>()[k];
+  ASSERT_GE(row, 0);
+  float& chosen = b.host.compressed[9].data<float>()[row * dim + 100];
+  chosen = std::nextafter(chosen, INFINITY);
+  check_split_batch(b, "v41 decode b16, 2 tokens with f32 keys", {b.offsets[5], b.offsets[9]});
+}
+
+// DEEPINFER_ATTENTION_PREFILL_DECODE=n: decode-sized calls (batch invariance off) of at least n
+// tokens take the split form, smaller ones the head-group kernels (their bits).
+TEST_F(AttentionGpuTest, PrefillDecodeThreshold) {
+  for (const int64_t batch : {int64_t{4}, int64_t{8}}) {
+    const AttentionBatch b = decode_batch(batch, KeyValues::kBf16, 331);
+    const Tensor old_path = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
+    const Tensor got = run_gpu_batch_off(b, {{"DEEPINFER_ATTENTION_PREFILL_DECODE", "8"}});
+    EXPECT_EQ(same_bits(got, old_path), batch < 8) << "b" << batch;
+    EXPECT_LE(worst_error(cpu_batch(b), got), kPrefillOneTermTolerance) << "b" << batch;
   }
 }
 

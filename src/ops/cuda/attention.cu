@@ -23,13 +23,16 @@
 // With batch invariance off (ops::batch_invariant() false), calls of at least
 // DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens at 64 heads take the prefill kernel instead
 // (attention_prefill.cuh: the 4 head-group blocks of a token as one cluster sharing each key
-// tile), so there the kernel, and the bits, depend on the token count.
+// tile), and decode-sized calls of at least DEEPINFER_ATTENTION_PREFILL_DECODE tokens take it too,
+// split into chunks of each token's keys below 96 tokens (prefill_kernel_chosen, prefill_chunks),
+// so there the kernel, and the bits, depend on the token count.
 #include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -94,6 +97,8 @@ struct AttentionArgs {
   // The split path: per (token, head group) max_chunks chunk states.
   ChunkState* chunk_states;
   int64_t max_chunks;
+  // The prefill kernel's split form: key tiles a chunk (attention_prefill.cuh).
+  int64_t chunk_tiles;
   // The prefill kernel's fallback (attention_prefill.cuh): non-null, the one-block tensor-core
   // kernel computes only the tokens t with redo_tokens[t] != 0.
   int* redo_tokens;
@@ -1266,42 +1271,101 @@ bool attention_mma_chosen() {
   return kUseAttentionMma.enabled();
 }
 
-// Whether a head-group call takes the prefill kernel: batch invariance off, 64 heads (one
-// cluster of 4 head groups a token) and at least DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens
-// (0: never). With batch invariance on, never: the path and bits are the head-group kernels'.
+// Whether a head-group call takes the prefill kernel (attention_prefill.cuh): batch invariance
+// off, 64 heads (one cluster of 4 head groups a token) and DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS
+// not 0. Calls of at least that many tokens (prefill; decode at b256 by default) take it, smaller
+// ones (decode) from DEEPINFER_ATTENTION_PREFILL_DECODE tokens (0: never; below it the head-group
+// kernels, the path before): prefill_chunks picks the form. With batch invariance on, never: the
+// path and bits are the head-group kernels'.
 bool prefill_kernel_chosen(const AttentionArgs& args, int64_t tokens) {
   if (ops::batch_invariant()) return false;
   const int min_tokens = prefill::kMinTokens.value();
-  return min_tokens > 0 && tokens >= min_tokens &&
-         args.heads == prefill::kClusterBlocks * kGroupHeads;
+  if (min_tokens <= 0 || args.heads != prefill::kClusterBlocks * kGroupHeads) return false;
+  const int decode_from = prefill::kDecodeFromTokens.value();
+  return tokens >= min_tokens || (decode_from > 0 && tokens >= decode_from);
 }
 
-// The prefill kernel, then the one-block tensor-core kernel for the tokens it flagged (key rows
-// that are not bf16-exact): that kernel's blocks for other tokens return at once.
-void launch_prefill(AttentionArgs args, int64_t tokens) {
-  // [exact products]: one bf16 term of each query and probability, or three.
+// The prefill kernel's split form: chunks a token by the call's tokens, fitted to the H200's
+// figures (docs/BENCHMARKS.md, "Batch invariance off: the prefill kernel's split form"; V4.1
+// decode, 20 key tiles a token): about kPrefillSplitClusters clusters in all below
+// kPrefillSplitBelowTokens tokens, at least two chunks a token there and at least
+// kPrefillMinChunkTiles key tiles a chunk (a chunk's fixed costs: the token's keys resolved, the
+// queries converted, the first tile's load not overlapped, its state written and merged, 128 KiB a
+// chunk and token). That gives b8 5 chunks (0.0356 ms; the best measured, 7, 0.0327), b16 3
+// (0.0579, the best), b64 2 (0.1616; 3: 0.1599); whole tokens from kPrefillSplitBelowTokens, where
+// splitting measured slower (b128: 0.245 ms whole, 0.266 in 2 chunks; b256: 0.422 and 0.526).
+constexpr int64_t kPrefillSplitClusters = 48;
+constexpr int64_t kPrefillSplitBelowTokens = 96;
+constexpr int64_t kPrefillMinChunkTiles = 3;
+
+// Chunks a token for the prefill kernel: DEEPINFER_ATTENTION_PREFILL_CHUNKS when set; else 1 (the
+// whole-token kernel) from DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS or kPrefillSplitBelowTokens
+// tokens; below, the split form's heuristic for a call of at most `max_tiles` tiles a token.
+int64_t prefill_chunks(int64_t tokens, int64_t max_tiles) {
+  const int forced = prefill::kChunks.value();
+  if (forced > 0) return forced;
+  if (tokens >= prefill::kMinTokens.value() || tokens >= kPrefillSplitBelowTokens) return 1;
+  const int64_t wanted = std::max<int64_t>(2, (kPrefillSplitClusters + tokens - 1) / tokens);
+  return std::max<int64_t>(1, std::min(wanted, max_tiles / kPrefillMinChunkTiles));
+}
+
+// The prefill kernel (whole tokens, or its split form and the merge), then the one-block
+// tensor-core kernel for the tokens it flagged (key rows that are not bf16-exact): that kernel's
+// blocks for other tokens return at once. `max_keys`: no token has more keys.
+void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
   using Kernel = void (*)(AttentionArgs);
-  static constexpr Kernel kKernels[2] = {prefill::sink_attention_prefill_kernel<1>,
-                                         prefill::sink_attention_prefill_kernel<3>};
+  // [split form][one bf16 term a query and probability value, exact products (three terms)].
+  static constexpr Kernel kKernels[2][2] = {{prefill::sink_attention_prefill_kernel<1, false>,
+                                             prefill::sink_attention_prefill_kernel<3, false>},
+                                            {prefill::sink_attention_prefill_kernel<1, true>,
+                                             prefill::sink_attention_prefill_kernel<3, true>}};
   static const bool configured = [] {
-    for (const Kernel kernel : kKernels) {
-      DI_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(prefill::kSharedBytes)));
+    for (const auto& form : kKernels) {
+      for (const Kernel kernel : form) {
+        DI_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(prefill::kSharedBytes)));
+      }
     }
     return true;
   }();
   (void)configured;
+  const bool exact = prefill::kExactProducts.enabled();
+  const int variant = exact ? 1 : 0;
+  const int64_t max_tiles = std::max<int64_t>(1, (max_keys + prefill::kKeys - 1) / prefill::kKeys);
+  int64_t chunks = std::min(prefill_chunks(tokens, max_tiles), max_tiles);
+  const int64_t chunk_tiles = (max_tiles + chunks - 1) / chunks;
+  chunks = (max_tiles + chunk_tiles - 1) / chunk_tiles;  // no chunk past every token's keys
+  const size_t scratch_bytes =
+      static_cast<size_t>(tokens * prefill::kClusterBlocks * chunks) * sizeof(ChunkState);
+  const bool split = chunks > 1 && scratch_bytes <= kMaxSplitScratchBytes &&
+                     tokens * chunks * prefill::kClusterBlocks <= INT32_MAX;
   const int64_t blocks = tokens * prefill::kClusterBlocks;
   DI_CHECK(blocks <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
   deepinfer::cuda::StreamBuffer redo(static_cast<size_t>(tokens) * sizeof(int));
   DI_CUDA_CHECK(cudaMemsetAsync(redo.as<int>(), 0, static_cast<size_t>(tokens) * sizeof(int),
                                 current_stream()));
   args.redo_tokens = redo.as<int>();
-  const Kernel kernel = kKernels[prefill::kExactProducts.enabled() ? 1 : 0];
-  kernel<<<static_cast<unsigned>(blocks), prefill::kThreads, prefill::kSharedBytes,
-           current_stream()>>>(args);
-  DI_CUDA_LAUNCHED(sink_attention_prefill_kernel);
+  std::optional<deepinfer::cuda::StreamBuffer> scratch;
+  if (split) {
+    scratch.emplace(scratch_bytes);
+    args.chunk_states = scratch->as<ChunkState>();
+    args.max_chunks = chunks;
+    args.chunk_tiles = chunk_tiles;
+    kKernels[1][variant]<<<static_cast<unsigned>(blocks * chunks), prefill::kThreads,
+                           prefill::kSharedBytes, current_stream()>>>(args);
+    DI_CUDA_LAUNCHED(sink_attention_prefill_kernel);
+    DI_CHECK(tokens * args.heads <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
+    const Kernel merge = exact ? prefill::sink_attention_prefill_merge_kernel<false>
+                               : prefill::sink_attention_prefill_merge_kernel<true>;
+    merge<<<static_cast<unsigned>(tokens * args.heads), prefill::kThreads, 0, current_stream()>>>(
+        args);
+    DI_CUDA_LAUNCHED(sink_attention_prefill_merge_kernel);
+  } else {
+    kKernels[0][variant]<<<static_cast<unsigned>(blocks), prefill::kThreads, prefill::kSharedBytes,
+                           current_stream()>>>(args);
+    DI_CUDA_LAUNCHED(sink_attention_prefill_kernel);
+  }
   sink_attention_mma_kernel<<<static_cast<unsigned>(blocks), kGroupThreads, kMmaSharedBytes,
                               current_stream()>>>(args);
   DI_CUDA_LAUNCHED(sink_attention_mma_kernel);
@@ -1317,7 +1381,7 @@ void launch_attention(AttentionArgs args, int64_t tokens, bool key_rows_aligned,
     const int64_t max_chunks = (max_keys + kChunkKeys - 1) / kChunkKeys;
     const bool mma = attention_mma_chosen();
     if (mma && prefill_kernel_chosen(args, tokens)) {
-      launch_prefill(args, tokens);
+      launch_prefill(args, tokens, max_keys);
       return;
     }
     if (split_keys_chosen(blocks, max_chunks)) {

@@ -1,6 +1,7 @@
-// The prefill attention kernel (batch invariance off, many tokens): included by attention.cu inside
-// its anonymous namespace, after the tensor-core head-group kernels, whose pieces it reuses
-// (TokenKeys, resolve_token_keys, attention_split_pair, mma_term_pairs, the AttentionArgs).
+// The prefill attention kernel (batch invariance off; prefill, and decode through its split form):
+// included by attention.cu inside its anonymous namespace, after the tensor-core head-group
+// kernels, whose pieces it reuses (TokenKeys, resolve_token_keys, attention_split_pair,
+// mma_term_pairs, the AttentionArgs).
 //
 // Why not all 64 heads in one block: the products can stay exact (queries and probabilities as
 // three bf16 terms), and a token's three-term queries are 64 x 512 x 3 bf16 = 192 KiB, more than
@@ -27,6 +28,14 @@
 // cluster finds out tile by tile (every block votes for its rows), stops, and flags the token;
 // the one-block tensor-core kernel then runs for the flagged tokens only (redo_tokens), so such a
 // token gets exactly the old path's bits.
+//
+// The split form (kSplit; decode-sized calls, where tokens x 4 blocks leave SMs idle): each cluster
+// takes one chunk of a token's key tiles from a fresh softmax state and leaves the chunk's maxima,
+// sums and unnormalized weighted sums in scratch (ChunkState, as the head-group split path's);
+// sink_attention_prefill_merge_kernel merges a token's chunks into the sink's state and writes the
+// output. Same numerics (one bf16 term, base 2), another summation order; a chunk that meets a row
+// that is not bf16-exact flags its token like the whole-token kernel, and the merge leaves flagged
+// tokens to the one-block kernel. prefill_chunks (attention.cu) picks the chunks.
 // (attention.cu includes <cooperative_groups.h> at its top: it cannot be included in a namespace.)
 namespace prefill {
 
@@ -44,6 +53,7 @@ constexpr int kRowHalves = kGroupHeadDim + 8;
 constexpr int kScoreRow = kKeys + 8;
 constexpr int kWarpColumns = kGroupHeadDim / kWarps;  // 64: 4 MMA K steps for the scores
 constexpr int kSteps = kWarpColumns / 16;
+constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kRowsPerBlock == kWarps, "a warp loads one row of its block's share of a tile");
 static_assert(kGroupHeadDim == 32 * 4 * 4, "a lane loads 4 float4 of a row");
 
@@ -54,8 +64,9 @@ struct Shared {
   uint4 query_smallest[kWarps][kSteps][32];  // the smallest query term's A registers
   float rescale[kHeads];
   float denominator[kHeads];
-  int inexact[2];         // a block found a row of the buffer's tile that is not bf16-exact
-  int present[2][kKeys];  // the buffer's key rows that exist (written by the loading blocks)
+  // Per row of the buffer's tile, written with the row by its loading block: bit 0 the key
+  // exists, bit 1 some value of it is not bf16-exact.
+  int row_flags[2][kKeys];
   TokenKeys token_keys;
 };
 constexpr size_t kSharedBytes = sizeof(Shared);
@@ -69,6 +80,21 @@ RuntimeSetting kMinTokens{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", 256, 0, 1 <<
 // one-term default); false (the default): one term each, FlashMLA's numerics.
 RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
 
+// Decode-sized calls (batch invariance off, fewer than kMinTokens tokens): from this many tokens
+// (the default: kDecodeFromTokensDefault) they take the prefill kernel (its split form below 96
+// tokens, whole tokens from 96: prefill_chunks in attention.cu); below it, or with 0, the
+// head-group kernels (the path before, exact products). 8: on the H200 the split form lost at one
+// token (0.0299 against the head-group split path's 0.0256 ms) and won from 8 (0.0356 against
+// 0.0475; docs/BENCHMARKS.md, "Batch invariance off: the prefill kernel's split form").
+constexpr int kDecodeFromTokensDefault = 8;
+RuntimeSetting kDecodeFromTokens{"DEEPINFER_ATTENTION_PREFILL_DECODE", kDecodeFromTokensDefault, 0,
+                                 1 << 30};
+
+// The split form's chunks a token: 0 (the default) by the heuristic in prefill_chunks
+// (attention.cu); n forces n (1: the whole-token kernel, one cluster a token); tests and benches
+// force each.
+RuntimeSetting kChunks{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", 0, 0, 64};
+
 // The kernel's schedule (schedules 0-2, each measured slower on the H200 and removed after
 // 2026-12-02: docs/BENCHMARKS.md, "Batch invariance off: attention's prefill kernel"): the next
 // tile's row is resolved a tile before its load and its rows are loaded at the top of the tile
@@ -78,7 +104,15 @@ RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
 // after issuing its loads. A tile without any key present (the selection's -1 entries) skips its
 // scores, softmax and weighted sum (every block sees the same presence flags; such a tile would
 // change nothing), and the one-term kernel's softmax runs in base 2 (ex2.approx: its 2^-22 error
-// is far below the probabilities' bf16 rounding).
+// is far below the probabilities' bf16 rounding). Each row's flags (present, not bf16-exact) go
+// out with the row. Two more schedules were measured no faster on the H200 (2026-12-02) and
+// removed: a row copied two tiles ahead through a cp.async staging buffer (b256 0.4216 against
+// 0.4170 ms; commit 5c0e5d7 has it), and the rows sent by st.async onto each block's mbarrier
+// with a relaxed cluster barrier, which drops the GPU-scope MEMBAR a release arrive compiles to
+// (b256 0.458 against 0.422 ms, prefill 8192 10.99 against 10.15; commit 05b1807). ncu at b256:
+// 25% occupancy (16 warps an SM: 128 registers and 104 KiB of shared memory a block), no
+// eligible warp in 74% of the issue slots, 15 cycles a warp between instructions, DRAM 22%:
+// latency in each block's chain (barriers, MMA chains, shuffles), not bytes or the fence.
 
 // 2^x (ex2.approx.ftz: -inf gives 0).
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -123,17 +157,46 @@ __device__ __forceinline__ void mma_terms(const uint32_t (&a)[kTerms][4], uint32
   for (int term = kTerms - 1; term >= 0; --term) mma_bf16_m16n8k16(a[term], b0, b1, d);
 }
 
-// One block per (token, 16 heads); the 4 blocks of a token are one cluster (rank = head group).
+// One thread's share of a key row as the tile stores it: 16 bf16 values, whether they were all
+// exact, whether the row exists.
+struct StagedRow {
+  uint2 words[4];
+  bool exact;
+  bool present;
+};
+
+__device__ __forceinline__ StagedRow convert_row(const float4 (&values)[4], bool present) {
+  StagedRow row;
+  row.exact = true;
+  row.present = present;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    row.exact = row.exact && bf16_exact(values[i]);
+    row.words[i] = make_uint2(attention_bf16_pair(values[i].x, values[i].y),
+                              attention_bf16_pair(values[i].z, values[i].w));
+  }
+  return row;
+}
+
+// One block per (token, 16 heads[, chunk]); the 4 blocks of a token (and chunk) are one cluster
+// (rank = head group).
 // kTerms: the bf16 terms of a query or probability value (1 to 3); with more than one the
 // smallest query term lives in shared memory (registers: see Shared).
-template <int kTerms>
+// kSplit (split-KV, for calls with few tokens): cluster c takes token c / max_chunks and its
+// tiles [chunk_tiles * chunk, + chunk_tiles), chunk = c % max_chunks, from a fresh softmax state
+// (max -inf, sum 0: the sink joins in the merge), and leaves the chunk's unnormalized state in
+// args.chunk_states (sink_attention_prefill_merge_kernel combines them); a chunk past the token's
+// keys writes nothing.
+template <int kTerms, bool kSplit>
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 2)
     sink_attention_prefill_kernel(AttentionArgs args) {
   extern __shared__ float4 shared_quads[];
   Shared& shared = *reinterpret_cast<Shared*>(shared_quads);
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t t = blockIdx.x / kClusterBlocks;
+  const int64_t cluster_index = blockIdx.x / kClusterBlocks;
+  const int64_t t = kSplit ? cluster_index / args.max_chunks : cluster_index;
+  const int64_t chunk = kSplit ? cluster_index % args.max_chunks : 0;
   const int64_t first_head = static_cast<int64_t>(rank) * kHeads;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -141,8 +204,13 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   const int group = lane >> 2;
   const int quad = lane & 3;
 
+  // The block's tiles: [first_tile, first_tile + tiles) of the token's (all of them unless split).
+  const auto tile_range = [&](const TokenKeys& keys, int64_t& first_tile, int64_t& tiles) {
+    first_tile = kSplit ? chunk * args.chunk_tiles : 0;
+    tiles = (keys.total() + kKeys - 1) / kKeys - first_tile;
+    if constexpr (kSplit) tiles = min(tiles, args.chunk_tiles);
+  };
   if (tid == 0) resolve_token_keys(args, t, shared.token_keys);
-  if (tid < 2) shared.inexact[tid] = 0;
   if (tid < kHeads) shared.denominator[tid] = 1.0f;
 
   // Query A registers, the standard m16n8k16 layout: step s covers columns 64 warp + 16 s + [0,
@@ -177,16 +245,21 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
   }
   // One term: the softmax in base 2 (scores and maxima times log2 e).
   constexpr bool kBase2 = kTerms == 1;
-  constexpr float kLog2e = 1.4426950408889634f;
   const float score_scale = kBase2 ? args.scale * kLog2e : args.scale;
   const auto exponential = [](float x) { return kBase2 ? exp2_approx(x) : expf(x); };
-  // Softmax state of heads 2 warp + i (the same in every lane).
+  // Softmax state of heads 2 warp + i (the same in every lane): from the sink, or for a chunk of
+  // the split form from nothing (max -inf, sum 0).
   float running_max[2], running_sum[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    running_max[i] = args.sinks[first_head + 2 * warp + i];
-    if constexpr (kBase2) running_max[i] *= kLog2e;
-    running_sum[i] = 1.0f;  // exp(sink - running_max)
+    if constexpr (kSplit) {
+      running_max[i] = -INFINITY;
+      running_sum[i] = 0.0f;
+    } else {
+      running_max[i] = args.sinks[first_head + 2 * warp + i];
+      if constexpr (kBase2) running_max[i] *= kLog2e;
+      running_sum[i] = 1.0f;  // exp(sink - running_max)
+    }
   }
   float acc[8][4];  // 8-column tiles of this warp's 64 columns; heads group (0, 1), group + 8
 #pragma unroll
@@ -195,83 +268,83 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
   }
 
-  cluster.sync();  // token_keys written; every block's inexact flags cleared
+  cluster.sync();  // token_keys written
   const TokenKeys& keys = shared.token_keys;
   const bool bad_range = keys.bad_range != 0;
-  const int64_t total_keys = keys.total();
-  const int64_t tiles = (total_keys + kKeys - 1) / kKeys;
+  int64_t first_tile, tiles;
+  tile_range(keys, first_tile, tiles);
+  // A chunk past the token's keys: every block of the cluster leaves here (the same keys in
+  // each), before any of them touches another's shared memory.
+  if (kSplit && tiles <= 0) return;
 
   // This thread's share of a tile: row 8 rank + warp, float4 columns lane + 32 i.
   const int load_row = kRowsPerBlock * rank + warp;
-  float4 staged[4];
-  const float* staged_row = nullptr;
-  const auto load_rows = [&](const float* row) {
-    staged_row = row;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      staged[i] = row != nullptr ? reinterpret_cast<const float4*>(row)[lane + 32 * i]
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  };
-  const auto load_tile = [&](int64_t tile) {
-    load_rows(key_row(args, keys, tile * kKeys + load_row));
-  };
-  const auto store_tile = [&](int buffer) {
-    bool exact = true;
-    uint2 words[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      exact = exact && bf16_exact(staged[i]);
-      words[i] = make_uint2(attention_bf16_pair(staged[i].x, staged[i].y),
-                            attention_bf16_pair(staged[i].z, staged[i].w));
-    }
+  const int64_t first_slot = first_tile * kKeys + load_row;
+  const auto slot_of = [&](int64_t tile) { return first_slot + tile * kKeys; };
+  // The row (converted) into buffer `buffer` of every block of the cluster, its flags with it.
+  const auto publish = [&](int buffer, const StagedRow& row) {
+    const int flags = (row.present ? 1 : 0) | (__all_sync(0xFFFFFFFFu, row.exact) ? 0 : 2);
 #pragma unroll
     for (int destination = 0; destination < kClusterBlocks; ++destination) {
-      uint16_t* row = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
+      uint16_t* to = cluster.map_shared_rank(&shared.keys[buffer][load_row][0], destination);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) *reinterpret_cast<uint2*>(row + 4 * (lane + 32 * i)) = words[i];
-      if (!exact) *cluster.map_shared_rank(&shared.inexact[buffer], destination) = 1;
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint2*>(to + 4 * (lane + 32 * i)) = row.words[i];
       if (lane == 0) {
-        *cluster.map_shared_rank(&shared.present[buffer][load_row], destination) =
-            staged_row != nullptr;
+        *cluster.map_shared_rank(&shared.row_flags[buffer][load_row], destination) = flags;
       }
     }
   };
+  const auto load_global = [&](const float* row, float4(&values)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      values[i] = row != nullptr ? reinterpret_cast<const float4*>(row)[lane + 32 * i]
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
 
+  // The next tile's row in registers (loaded at the top of a tile, converted and stored at its
+  // end), its address resolved a tile ahead.
+  float4 staged[4];
+  const float* staged_row = nullptr;
   if (tiles > 0) {
-    load_tile(0);
-    store_tile(0);
+    staged_row = key_row(args, keys, slot_of(0));
+    load_global(staged_row, staged);
+    publish(0, convert_row(staged, staged_row != nullptr));
   }
   // The row of the tile after the one being loaded (a tile ahead of its load).
-  const float* ahead_row = tiles > 1 ? key_row(args, keys, kKeys + load_row) : nullptr;
+  const float* ahead_row = tiles > 1 ? key_row(args, keys, slot_of(1)) : nullptr;
   cluster.sync();  // tile 0 in every block
 
   bool redo = false;
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buffer = static_cast<int>(tile & 1);
     const bool more = tile + 1 < tiles;
-    // Registers only (the staged rows were stored at the end of the last tile): before the wait
-    // for the other blocks' stores of this tile.
+    // Registers only (the last tile's rows were stored at its end): before the wait for the
+    // other blocks' stores of this tile.
     if (more) {
-      load_rows(ahead_row);
-      ahead_row = tile + 2 < tiles ? key_row(args, keys, (tile + 2) * kKeys + load_row) : nullptr;
+      staged_row = ahead_row;
+      load_global(ahead_row, staged);
+      ahead_row = tile + 2 < tiles ? key_row(args, keys, slot_of(tile + 2)) : nullptr;
     }
+    // The next tile's rows into every block, then the arrive: the next tile in every block once
+    // all have arrived; every block done with this tile's buffer, scores and probs.
+    const auto store_next = [&] {
+      publish(buffer ^ 1, convert_row(staged, staged_row != nullptr));
+      cluster_arrive();
+    };
     if (tile > 0) cluster_wait();  // this tile in every block (the arrive: the last tile's end)
-    // The same flag in every block of the cluster: all stop at the same tile, before any block
+    const int row_flags = shared.row_flags[buffer][lane];
+    // The same flags in every block of the cluster: all stop at the same tile, before any block
     // writes the next one.
-    if (shared.inexact[buffer] != 0) {
+    if (__any_sync(0xFFFFFFFFu, (row_flags & 2) != 0)) {
       redo = true;
       break;
     }
     // No key of the tile present (the same flags in every block): nothing to add; the next
     // tile's rows still go out and the barriers stay in step.
-    if (!__any_sync(0xFFFFFFFFu, shared.present[buffer][lane] != 0)) {
-      __syncthreads();  // every thread has read inexact[buffer]
-      if (tid == 0) shared.inexact[buffer] = 0;
-      if (more) {
-        store_tile(buffer ^ 1);
-        cluster_arrive();
-      }
+    if (!__any_sync(0xFFFFFFFFu, (row_flags & 1) != 0)) {
+      if (more) store_next();
       continue;
     }
     const uint32_t tile_base = shared_address(&shared.keys[buffer][0][0]);
@@ -321,12 +394,11 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
             make_float2(d[2], d[3]);
       }
     }
-    __syncthreads();  // partial scores written; every thread has read inexact[buffer]
-    if (tid == 0) shared.inexact[buffer] = 0;  // for the tile after next (written after a barrier)
+    __syncthreads();  // partial scores written
 
     // Softmax: warp w updates heads 2w and 2w + 1, a lane per key.
     {
-      const bool present = shared.present[buffer][lane] != 0;
+      const bool present = (row_flags & 1) != 0;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int head = 2 * warp + i;
@@ -337,6 +409,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         const float new_max = fmaxf(running_max[i], deepinfer::cuda::warp_max(score));
         const float p = present ? exponential(score - new_max) : 0.0f;
         const float tile_sum = deepinfer::cuda::warp_sum(p);
+        // A chunk's first tile (max -inf): exp(-inf - new max) is 0 anyway, and the sum is 0.
         const float rescale =
             running_max[i] == -INFINITY ? 0.0f : exponential(running_max[i] - new_max);
         running_sum[i] = __fadd_rn(__fmul_rn(running_sum[i], rescale), tile_sum);
@@ -404,12 +477,10 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
         }
       }
     }
-    if (more) store_tile(buffer ^ 1);
-    // The next tile in every block; every block done with this tile's buffer, scores and probs.
     // The last tile: no block writes another's shared memory any more; the denominators are this
     // block's own.
     if (more) {
-      cluster_arrive();
+      store_next();
     } else {
       __syncthreads();
     }
@@ -417,6 +488,27 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
 
   if (redo) {
     if (rank == 0 && tid == 0) args.redo_tokens[t] = 1;
+    return;
+  }
+  if constexpr (kSplit) {
+    // The chunk's state for the merge: the maxima and sums from the softmax warps' registers,
+    // the unnormalized weighted sums.
+    ChunkState& state = args.chunk_states[(t * kClusterBlocks + rank) * args.max_chunks + chunk];
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        state.max[2 * warp + i] = running_max[i];
+        state.denominator[2 * warp + i] = running_sum[i];
+      }
+    }
+    float* low = reinterpret_cast<float*>(state.sum[group]) + warp * kWarpColumns + 2 * quad;
+    float* high = reinterpret_cast<float*>(state.sum[group + kMmaUpperHeads]) +
+                  warp * kWarpColumns + 2 * quad;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      *reinterpret_cast<float2*>(low + 8 * n) = make_float2(acc[n][0], acc[n][1]);
+      *reinterpret_cast<float2*>(high + 8 * n) = make_float2(acc[n][2], acc[n][3]);
+    }
     return;
   }
   // Denominators: written by the softmax warps before the last barrier (1 without keys).
@@ -431,6 +523,50 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     *reinterpret_cast<float2*>(y + kMmaUpperHeads * kGroupHeadDim + 8 * n) =
         make_float2(acc[n][2] * inv8, acc[n][3] * inv8);
   }
+}
+
+// The split form's second kernel: one block per (token, head) merges the token's chunks in chunk
+// order into the sink's state (the prefill kernel's softmax: base 2 with one term, kBase2) and
+// writes the output; a thread owns columns 2 tid, 2 tid + 1. Tokens flagged for the redo are
+// left to the one-block kernel.
+template <bool kBase2>
+__global__ void __launch_bounds__(kThreads)
+    sink_attention_prefill_merge_kernel(AttentionArgs args) {
+  static_assert(kThreads * 2 == kGroupHeadDim);
+  __shared__ TokenKeys token_keys;
+  const int64_t t = blockIdx.x / args.heads;
+  const int64_t head = blockIdx.x % args.heads;
+  if (args.redo_tokens[t] != 0) return;  // the whole block
+  const int tid = threadIdx.x;
+  if (tid == 0) resolve_token_keys(args, t, token_keys);
+  __syncthreads();
+  const bool bad_range = token_keys.bad_range != 0;
+  const int64_t tiles = (token_keys.total() + kKeys - 1) / kKeys;
+  const int64_t chunks = (tiles + args.chunk_tiles - 1) / args.chunk_tiles;
+  const int group_head = static_cast<int>(head % kHeads);
+  const ChunkState* states =
+      args.chunk_states + (t * kClusterBlocks + head / kHeads) * args.max_chunks;
+  const auto exponential = [](float x) { return kBase2 ? exp2_approx(x) : expf(x); };
+
+  float total_max = args.sinks[head];
+  if constexpr (kBase2) total_max *= kLog2e;
+  float total_denominator = 1.0f;  // exp(sink - total_max)
+  float2 total = make_float2(0.0f, 0.0f);
+#pragma unroll 4
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const ChunkState& state = states[chunk];
+    const float chunk_max = state.max[group_head];
+    const float new_max = fmaxf(total_max, chunk_max);
+    const float keep = total_max == -INFINITY ? 0.0f : exponential(total_max - new_max);
+    const float add = chunk_max == -INFINITY ? 0.0f : exponential(chunk_max - new_max);
+    total_denominator = __fadd_rn(__fmul_rn(total_denominator, keep),
+                                  __fmul_rn(state.denominator[group_head], add));
+    total = merge_chunk_sum(total, state.sum[group_head][tid], keep, add);
+    total_max = new_max;
+  }
+  const float inv = bad_range ? __int_as_float(0x7fc00000) : 1.0f / total_denominator;
+  reinterpret_cast<float2*>(args.out.row(t) + head * kGroupHeadDim)[tid] =
+      make_float2(total.x * inv, total.y * inv);
 }
 
 }  // namespace prefill
