@@ -12,6 +12,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
 
 namespace deepinfer::cuda {
@@ -193,6 +194,26 @@ int64_t free_memory(int ordinal) {
   return static_cast<int64_t>(free_bytes);
 }
 
+namespace {
+
+// StreamBuffer's stream-ordered allocations come from the device's default memory pool, which by
+// default hands its unused memory back to the system at every synchronization, so each decode
+// step's first allocations mapped memory again: 130-250 us of host time in cudaMallocAsync, the
+// longest idle gaps of a traced step (cuda_model_bench's largest_gaps, H200 2026-12-02: 320 us at
+// the start of a b256 step, 156 us in a b64 one). The pool keeps up to this many MiB between
+// synchronizations (DEEPINFER_CUDA_POOL_KEEP_MB; 0: the driver's default, keep nothing), as a
+// caching allocator would: that much of a step's scratch stays reserved for the next step.
+deepinfer::cuda::RuntimeSetting kPoolKeepMb{"DEEPINFER_CUDA_POOL_KEEP_MB", 4096, 0, 1 << 20};
+
+void keep_pool_memory(int ordinal) {
+  cudaMemPool_t pool = nullptr;
+  DI_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ordinal));
+  uint64_t keep = static_cast<uint64_t>(kPoolKeepMb.value()) << 20;
+  DI_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+}
+
+}  // namespace
+
 Allocator& device_allocator(int ordinal) {
   constexpr int kMaxDevices = 16;
   static std::array<std::unique_ptr<DeviceAllocator>, kMaxDevices> allocators;
@@ -201,6 +222,7 @@ Allocator& device_allocator(int ordinal) {
   std::lock_guard<std::mutex> lock(mutex);
   if (!allocators[static_cast<size_t>(ordinal)]) {
     require_supported_device(ordinal);
+    keep_pool_memory(ordinal);
     allocators[static_cast<size_t>(ordinal)] = std::make_unique<DeviceAllocator>(ordinal);
   }
   return *allocators[static_cast<size_t>(ordinal)];
