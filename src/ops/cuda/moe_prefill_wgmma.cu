@@ -1348,19 +1348,41 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
 // even mantissa), and its value comes back exactly through f16.
 constexpr int kQuantStepsPerWarp = 4;
 
+// The row and steps [first_step, first_step + step_count) of kQuantStepsPerWarp a warp of the
+// per-128 quantizers takes (the same for the whole warp); inactive past the rows or *placed.
+struct QuantWarp {
+  bool active = false;
+  int64_t steps_per_row = 0;
+  int64_t row = 0;
+  int64_t first_step = 0;
+  int step_count = 0;
+};
+
+__device__ __forceinline__ QuantWarp quant_warp(const ExpertRowsSource& source) {
+  QuantWarp w;
+  w.steps_per_row = source.cols / kStepK;
+  const int64_t warps_per_row = (w.steps_per_row + kQuantStepsPerWarp - 1) / kQuantStepsPerWarp;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (warp >= source.rows * warps_per_row) return w;
+  w.row = warp / warps_per_row;
+  if (source.placed != nullptr && w.row >= *source.placed) return w;
+  w.first_step = (warp % warps_per_row) * kQuantStepsPerWarp;
+  w.step_count = static_cast<int>(
+      min(static_cast<int64_t>(kQuantStepsPerWarp), w.steps_per_row - w.first_step));
+  w.active = true;
+  return w;
+}
+
 template <bool kSwiglu, bool kHardwareCvt>
 __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* codes,
                                             float* step_scales) {
-  const int64_t steps_per_row = source.cols / kStepK;
-  const int64_t warps_per_row = (steps_per_row + kQuantStepsPerWarp - 1) / kQuantStepsPerWarp;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (warp >= source.rows * warps_per_row) return;
-  const int64_t row = warp / warps_per_row;  // the same for the whole warp
-  if (source.placed != nullptr && row >= *source.placed) return;
+  const QuantWarp warp = quant_warp(source);
+  if (!warp.active) return;
+  const int64_t steps_per_row = warp.steps_per_row;
+  const int64_t row = warp.row;
+  const int64_t first_step = warp.first_step;
+  const int step_count = warp.step_count;
   const int lane = threadIdx.x & 31;
-  const int64_t first_step = (warp % warps_per_row) * kQuantStepsPerWarp;
-  const int step_count =
-      static_cast<int>(min(static_cast<int64_t>(kQuantStepsPerWarp), steps_per_row - first_step));
   float value[kQuantStepsPerWarp][kStepBlocks];
 #pragma unroll
   for (int s = 0; s < kQuantStepsPerWarp; ++s) {
@@ -1413,16 +1435,13 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
 template <bool kSwiglu>
 __global__ void quantize_rows_per128_vec_kernel(ExpertRowsSource source, uint8_t* codes,
                                                 float* step_scales) {
-  const int64_t steps_per_row = source.cols / kStepK;
-  const int64_t warps_per_row = (steps_per_row + kQuantStepsPerWarp - 1) / kQuantStepsPerWarp;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (warp >= source.rows * warps_per_row) return;
-  const int64_t row = warp / warps_per_row;  // the same for the whole warp
-  if (source.placed != nullptr && row >= *source.placed) return;
+  const QuantWarp warp = quant_warp(source);
+  if (!warp.active) return;
+  const int64_t steps_per_row = warp.steps_per_row;
+  const int64_t row = warp.row;
+  const int64_t first_step = warp.first_step;
+  const int step_count = warp.step_count;
   const int lane = threadIdx.x & 31;
-  const int64_t first_step = (warp % warps_per_row) * kQuantStepsPerWarp;
-  const int step_count =
-      static_cast<int>(min(static_cast<int64_t>(kQuantStepsPerWarp), steps_per_row - first_step));
   float4 values[kQuantStepsPerWarp];
 #pragma unroll
   for (int s = 0; s < kQuantStepsPerWarp; ++s) {
