@@ -108,12 +108,19 @@ class MoeWgmmaTest : public ::testing::Test {
 // The fold-per-128 tile's two data paths, one arithmetic (so the same bits): the weights
 // converted into wgmma's A registers (the default) and into shared memory
 // (DEEPINFER_MOE_WGMMA_REGISTER_A=0).
+// `run` with batch invariance off and the fold per 128 (the wgmma numerics every path below
+// shares).
 template <typename Run>
-Tensor run_fold128(bool through_registers, const Run& run) {
+Tensor run_wgmma_numerics(const Run& run) {
   const ScopedBatchInvariance off(false);
   const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", 128);
-  const rt::ScopedSwitch path("DEEPINFER_MOE_WGMMA_REGISTER_A", through_registers);
   return run();
+}
+
+template <typename Run>
+Tensor run_fold128(bool through_registers, const Run& run) {
+  const rt::ScopedSwitch path("DEEPINFER_MOE_WGMMA_REGISTER_A", through_registers);
+  return run_wgmma_numerics(run);
 }
 
 template <typename Run>
@@ -213,10 +220,8 @@ TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
 // (=1: register_a's 32-token tiles), and both lie within the wgmma bound of the reference.
 template <typename Run>
 Tensor run_wgmma_decode(int setting, const Run& run) {
-  const ScopedBatchInvariance off(false);
-  const rt::ScopedSetting fold_setting("DEEPINFER_MOE_WGMMA_FOLD", 128);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", setting);
-  return run();
+  return run_wgmma_numerics(run);
 }
 
 // The decode tile against the prefill tiles, bit for bit.

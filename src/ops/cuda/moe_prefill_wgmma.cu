@@ -1358,6 +1358,14 @@ struct QuantWarp {
   int step_count = 0;
 };
 
+// The e4m3 value of value / scale (a power of two), clamped to +-448, by the hardware's
+// conversions (the comment above: round_to_e4m3's value).
+__device__ __forceinline__ float e4m3_value(float value, float scale) {
+  const float clamped = fminf(fmaxf(value * (1.0f / scale), -448.0f), 448.0f);
+  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(clamped, __NV_SATFINITE, __NV_E4M3);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+}
+
 __device__ __forceinline__ QuantWarp quant_warp(const ExpertRowsSource& source) {
   QuantWarp w;
   w.steps_per_row = source.cols / kStepK;
@@ -1378,19 +1386,15 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
                                             float* step_scales) {
   const QuantWarp warp = quant_warp(source);
   if (!warp.active) return;
-  const int64_t steps_per_row = warp.steps_per_row;
-  const int64_t row = warp.row;
-  const int64_t first_step = warp.first_step;
-  const int step_count = warp.step_count;
   const int lane = threadIdx.x & 31;
   float value[kQuantStepsPerWarp][kStepBlocks];
 #pragma unroll
   for (int s = 0; s < kQuantStepsPerWarp; ++s) {
-    if (s < step_count) {
+    if (s < warp.step_count) {
 #pragma unroll
       for (int b = 0; b < kStepBlocks; ++b) {
-        value[s][b] = expert_row_value<kSwiglu>(source, row,
-                                                (first_step + s) * kStepK + b * kScaleBlock + lane);
+        value[s][b] = expert_row_value<kSwiglu>(
+            source, warp.row, (warp.first_step + s) * kStepK + b * kScaleBlock + lane);
       }
     }
   }
@@ -1398,7 +1402,7 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
   const int in_block = ((lane & 1) << 4) | ((lane >> 3) << 2) | ((lane & 7) >> 1);
 #pragma unroll
   for (int s = 0; s < kQuantStepsPerWarp; ++s) {
-    if (s >= step_count) break;
+    if (s >= warp.step_count) break;
     float quantized[kStepBlocks];
     float scale[kStepBlocks];
     float step_scale = 0.0f;
@@ -1406,16 +1410,14 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
     for (int b = 0; b < kStepBlocks; ++b) {
       scale[b] = deepinfer::cuda::fp8_block_scale(deepinfer::cuda::warp_max(fabsf(value[s][b])));
       if constexpr (kHardwareCvt) {
-        const float clamped = fminf(fmaxf(value[s][b] * (1.0f / scale[b]), -448.0f), 448.0f);
-        const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(clamped, __NV_SATFINITE, __NV_E4M3);
-        quantized[b] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+        quantized[b] = e4m3_value(value[s][b], scale[b]);
       } else {
         quantized[b] =
             deepinfer::cuda::round_to_e4m3(fminf(fmaxf(value[s][b] / scale[b], -448.0f), 448.0f));
       }
       step_scale = fmaxf(step_scale, scale[b]);
     }
-    uint8_t* row_codes = codes + row * source.cols + (first_step + s) * kStepK;
+    uint8_t* row_codes = codes + warp.row * source.cols + (warp.first_step + s) * kStepK;
 #pragma unroll
     for (int b = 0; b < kStepBlocks; ++b) {
       // Both scales are powers of two: the product is exact before the one rounding.
@@ -1423,7 +1425,7 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
       row_codes[b * kScaleBlock + in_block] =
           static_cast<uint8_t>(__nv_cvt_float_to_fp8(shifted, __NV_SATFINITE, __NV_E4M3));
     }
-    if (lane == 0) step_scales[row * steps_per_row + first_step + s] = step_scale;
+    if (lane == 0) step_scales[warp.row * warp.steps_per_row + warp.first_step + s] = step_scale;
   }
 }
 
@@ -1437,23 +1439,20 @@ __global__ void quantize_rows_per128_vec_kernel(ExpertRowsSource source, uint8_t
                                                 float* step_scales) {
   const QuantWarp warp = quant_warp(source);
   if (!warp.active) return;
-  const int64_t steps_per_row = warp.steps_per_row;
-  const int64_t row = warp.row;
-  const int64_t first_step = warp.first_step;
-  const int step_count = warp.step_count;
   const int lane = threadIdx.x & 31;
   float4 values[kQuantStepsPerWarp];
 #pragma unroll
   for (int s = 0; s < kQuantStepsPerWarp; ++s) {
-    if (s < step_count) {
-      values[s] = expert_row_values4<kSwiglu>(source, row, (first_step + s) * kStepK + 4 * lane);
+    if (s < warp.step_count) {
+      values[s] =
+          expert_row_values4<kSwiglu>(source, warp.row, (warp.first_step + s) * kStepK + 4 * lane);
     }
   }
   const int j = lane & 7;
   const int block = lane >> 3;
 #pragma unroll
   for (int s = 0; s < kQuantStepsPerWarp; ++s) {
-    if (s >= step_count) break;
+    if (s >= warp.step_count) break;
     const float v[4] = {values[s].x, values[s].y, values[s].z, values[s].w};
     float largest = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
@@ -1468,18 +1467,15 @@ __global__ void quantize_rows_per128_vec_kernel(ExpertRowsSource source, uint8_t
     uint32_t code[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float clamped = fminf(fmaxf(v[e] * (1.0f / scale), -448.0f), 448.0f);
-      const __nv_fp8_storage_t first = __nv_cvt_float_to_fp8(clamped, __NV_SATFINITE, __NV_E4M3);
-      const float quantized = __half2float(__half(__nv_cvt_fp8_to_halfraw(first, __NV_E4M3)));
-      code[e] = __nv_cvt_float_to_fp8(quantized * shift, __NV_SATFINITE, __NV_E4M3);
+      code[e] = __nv_cvt_float_to_fp8(e4m3_value(v[e], scale) * shift, __NV_SATFINITE, __NV_E4M3);
     }
     uint8_t* block_codes =
-        codes + row * source.cols + (first_step + s) * kStepK + block * kScaleBlock;
+        codes + warp.row * source.cols + (warp.first_step + s) * kStepK + block * kScaleBlock;
     *reinterpret_cast<uint16_t*>(block_codes + 2 * j) =
         static_cast<uint16_t>(code[0] | code[2] << 8);
     *reinterpret_cast<uint16_t*>(block_codes + 16 + 2 * j) =
         static_cast<uint16_t>(code[1] | code[3] << 8);
-    if (lane == 0) step_scales[row * steps_per_row + first_step + s] = step_scale;
+    if (lane == 0) step_scales[warp.row * warp.steps_per_row + warp.first_step + s] = step_scale;
   }
 }
 
@@ -1688,18 +1684,13 @@ __device__ __forceinline__ uint2 load_u32x2(uint32_t address) {
                : "memory");
   return value;
 }
+// f32 values: the same loads, bit-cast (a register's type does not exist in SASS).
 __device__ __forceinline__ float load_f32(uint32_t address) {
-  float value;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(value) : "r"(address) : "memory");
-  return value;
+  return __uint_as_float(load_u32(address));
 }
 __device__ __forceinline__ float2 load_f32x2(uint32_t address) {
-  float2 value;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-               : "=f"(value.x), "=f"(value.y)
-               : "r"(address)
-               : "memory");
-  return value;
+  const uint2 bits = load_u32x2(address);
+  return make_float2(__uint_as_float(bits.x), __uint_as_float(bits.y));
 }
 
 // cp.async of 16 (4) bytes when `copy` holds: one predicated copy instead of a branch around it.
