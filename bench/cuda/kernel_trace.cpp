@@ -182,52 +182,83 @@ nlohmann::json by_name(const std::vector<Interval>& intervals, size_t top) {
   return out;
 }
 
-// The longest stretches without device work between the first and the last item, each with the
-// work before and after it and the host runtime call that overlaps it most (CUPTI stamps device
-// and host activity on one clock): where a step waits for its host, and on what.
-nlohmann::json largest_gaps(std::vector<Interval> work, const std::vector<Interval>& calls,
-                            size_t top) {
+// The stretches without device work between the first and the last item, each with the work
+// before and after it and the host runtime call that overlaps it most (CUPTI stamps device and
+// host activity on one clock): where a step waits for its host, and on what.
+struct Gap {
+  uint64_t start = 0, end = 0;
+  const Interval* before = nullptr;
+  const Interval* after = nullptr;
+  const Interval* host = nullptr;
+  uint64_t nanoseconds() const { return end - start; }  // CUPTI stamps in ns
+};
+
+std::vector<Gap> find_gaps(std::vector<Interval>& work, const std::vector<Interval>& calls) {
   std::sort(work.begin(), work.end(),
             [](const Interval& a, const Interval& b) { return a.start < b.start; });
-  struct Gap {
-    uint64_t start = 0, end = 0;
-    const Interval* before = nullptr;
-    const Interval* after = nullptr;
-  };
   std::vector<Gap> gaps;
   uint64_t reach = 0;
   const Interval* reaching = nullptr;
   for (const Interval& interval : work) {
     if (reaching != nullptr && interval.start > reach) {
-      gaps.push_back({reach, interval.start, reaching, &interval});
+      gaps.push_back({reach, interval.start, reaching, &interval, nullptr});
     }
     if (reaching == nullptr || interval.end > reach) {
       reach = interval.end;
       reaching = &interval;
     }
   }
-  std::sort(gaps.begin(), gaps.end(),
-            [](const Gap& a, const Gap& b) { return a.end - a.start > b.end - b.start; });
-  nlohmann::json out = nlohmann::json::array();
-  for (size_t i = 0; i < gaps.size() && i < top; ++i) {
-    const Gap& gap = gaps[i];
-    const Interval* host = nullptr;
+  for (Gap& gap : gaps) {
     uint64_t host_overlap = 0;
     for (const Interval& call : calls) {
       const uint64_t from = std::max(call.start, gap.start);
       const uint64_t to = std::min(call.end, gap.end);
       if (to > from && to - from > host_overlap) {
         host_overlap = to - from;
-        host = &call;
+        gap.host = &call;
       }
     }
-    out.push_back({{"us", static_cast<double>(gap.end - gap.start) * 1e-3},
-                   {"at_us", static_cast<double>(gap.start - work.front().start) * 1e-3},
+  }
+  std::sort(gaps.begin(), gaps.end(),
+            [](const Gap& a, const Gap& b) { return a.nanoseconds() > b.nanoseconds(); });
+  return gaps;
+}
+
+nlohmann::json largest_gaps(const std::vector<Gap>& gaps, uint64_t first_start, size_t top) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < gaps.size() && i < top; ++i) {
+    const Gap& gap = gaps[i];
+    out.push_back({{"us", static_cast<double>(gap.nanoseconds()) * 1e-3},
+                   {"at_us", static_cast<double>(gap.start - first_start) * 1e-3},
                    {"before", gap.before->name},
                    {"after", gap.after->name},
-                   {"host_call", host != nullptr ? host->name : ""},
-                   {"host_call_us",
-                    host != nullptr ? static_cast<double>(host->end - host->start) * 1e-3 : 0.0}});
+                   {"host_call", gap.host != nullptr ? gap.host->name : ""},
+                   {"host_call_us", gap.host != nullptr
+                                        ? static_cast<double>(gap.host->end - gap.host->start) * 1e-3
+                                        : 0.0}});
+  }
+  return out;
+}
+
+// All the idle time, summed by the host call that overlaps each gap most ("" where none does)
+// and by the work that ends the gap: the largest gaps alone miss many short ones of one cause.
+nlohmann::json idle_by(const std::vector<Gap>& gaps, bool by_host_call, size_t top) {
+  std::map<std::string, std::pair<double, int>> sums;
+  for (const Gap& gap : gaps) {
+    const std::string& key =
+        by_host_call ? (gap.host != nullptr ? gap.host->name : std::string()) : gap.after->name;
+    auto& [us, count] = sums[key];
+    us += static_cast<double>(gap.nanoseconds()) * 1e-3;
+    ++count;
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> sorted(sums.begin(), sums.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < sorted.size() && i < top; ++i) {
+    out.push_back({{by_host_call ? "host_call" : "after", sorted[i].first},
+                   {"us", sorted[i].second.first},
+                   {"gaps", sorted[i].second.second}});
   }
   return out;
 }
@@ -311,7 +342,10 @@ nlohmann::json KernelTrace::stop(int top_kernels) {
   out["kernels"] = by_name(in.kernels, static_cast<size_t>(top_kernels));
   out["copies"] = by_name(in.copies, 16);
   out["runtime_calls"] = by_name(in.runtime_calls, 16);
-  out["largest_gaps"] = largest_gaps(device_work, in.runtime_calls, 12);
+  const std::vector<Gap> gaps = find_gaps(device_work, in.runtime_calls);
+  out["largest_gaps"] = largest_gaps(gaps, first, 12);
+  out["idle_by_host_call"] = idle_by(gaps, /*by_host_call=*/true, 12);
+  out["idle_by_next_work"] = idle_by(gaps, /*by_host_call=*/false, 12);
   return out;
 }
 

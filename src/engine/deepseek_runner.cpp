@@ -12,6 +12,7 @@
 #include "deepinfer/engine_args.h"
 #include "model/deepseek_v41/random_weights.h"
 #include "model/deepseek_v41/weights.h"
+#include "ops/batch_invariance.h"
 #include "ops/ops.h"
 #include "sampling/sampler.h"
 #include "tokenizer/engram_map.h"
@@ -234,8 +235,12 @@ std::unique_ptr<ModelRunner> runner_on(Accelerator accelerator,
     return std::make_unique<DeepseekRunner>(config, host_parameters, numerics, std::move(engram),
                                             std::move(host_owner));
   }
-  std::shared_ptr<const v41::ModelParameters> on_gpu =
+  std::unique_ptr<v41::ModelParameters> copy =
       v41::copy_parameters(host_parameters, ops::allocator_for(Device::cuda(0)));
+  if (v41::bf16_copies_requested() && !ops::batch_invariant()) {
+    v41::add_bf16_copies(*copy, ops::allocator_for(Device::cuda(0)));
+  }
+  std::shared_ptr<const v41::ModelParameters> on_gpu = std::move(copy);
   return std::make_unique<DeepseekRunner>(config, *on_gpu, numerics, std::move(engram), on_gpu);
 }
 

@@ -31,6 +31,10 @@ namespace deepinfer::ops {
 struct LinearWeight {
   TensorView weight;
   TensorView scale;  // empty (numel 0) for f32 / bf16
+  // Optional (empty unless the model made one): the fp8 weight dequantized into bf16 [out, in],
+  // exact. The GPU's batch-variant GEMMs (ops/cuda/linear_cublaslt.h) read it instead of
+  // dequantizing the weight on every call; every other path ignores it.
+  TensorView bf16_copy = TensorView();  // an initializer: the two-member braces stay warning-free
 
   int64_t out_features() const { return weight.size(0); }
   int64_t in_features() const { return weight.size(1); }
@@ -56,7 +60,9 @@ void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t gro
                     const TensorView& out);
 
 // Dequantizes any LinearWeight to a dense f32 [out, in] tensor (exact: every stored format is a
-// subset of f32).
+// subset of f32), or to a bf16 one for bf16 and fp8 weights (exact too: an e4m3 value times a
+// power-of-two scale has 4 significant bits, for every scale from 2^-124 up, which covers every
+// released weight; the CPU checks each value, the GPU trusts the scales).
 void dequantize_weight(const LinearWeight& weight, const TensorView& out);
 
 // ---- elementwise / normalization ------------------------------------------------------------

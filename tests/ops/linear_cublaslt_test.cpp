@@ -5,7 +5,8 @@
 // (every element written, nothing outside). Also: the dispatch takes the path only with batch
 // invariance off and from DEEPINFER_CUBLASLT_MIN_ROWS rows (with invariance on, the bits are the
 // invariant kernels' whatever the threshold); the path is deterministic (two calls, same bits);
-// calls it does not fit fall back; under a graph recording it stays off. Skips without a GPU.
+// calls it does not fit fall back; under a graph recording it stays off; an fp8 weight's bf16 copy
+// (LinearWeight::bf16_copy) gives the same bits as dequantizing on every call. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -133,13 +134,16 @@ enum class Path { kModelOp, kCublasLt, kInvariantKernel };
 
 // Rows [first, first + count) on the GPU into a column slice of a NaN-filled matrix twice as
 // wide: the other half must stay NaN and every element of the slice must be written.
-Tensor run_gpu(const Case& c, int64_t first, int64_t count, Path path) {
+// bf16_copy: the weight's LinearWeight::bf16_copy (empty: none).
+Tensor run_gpu(const Case& c, int64_t first, int64_t count, Path path,
+               const TensorView& bf16_copy = TensorView()) {
   Tensor wide = Tensor::empty(DType::kF32, {count, 2 * c.n}, rt::device_allocator());
   rt::fill_bytes(wide.view(), 0xFF);
   const TensorView out = wide.view().narrow(1, c.n, c.n);
   const TensorView x =
       c.device_x.view().narrow(0, first, count).narrow(1, kColumnOffset, c.in_cols());
-  const LinearWeight w = c.device_linear_weight();
+  LinearWeight w = c.device_linear_weight();
+  w.bf16_copy = bf16_copy;
   switch (path) {
     case Path::kModelOp:
       if (c.groups > 1) {
@@ -214,6 +218,19 @@ void check_case(const Case& c, bool compare_invariant_kernel) {
             << c.name << ": DEEPINFER_CUBLASLT_BF16_TERMS=3 did not change the result";
       }
     }
+  }
+  if (c.kind == Kind::kFp8) {
+    // The model's bf16 copy of the weight (DEEPINFER_BF16_WEIGHT_COPIES): the GPU's dequantized
+    // bits are the CPU's (which checks every value is exact in bf16), and the path reading the
+    // copy multiplies the same operands as the path dequantizing on every call: the same bits.
+    Tensor copy = Tensor::empty(DType::kBF16, {c.n, c.k}, rt::device_allocator());
+    cuda::dequantize_weight(c.device_linear_weight(), copy.view());
+    Tensor host_copy = Tensor::empty(DType::kBF16, {c.n, c.k});
+    dequantize_weight(LinearWeight{c.weight.view(), c.scale.view()}, host_copy.view());
+    EXPECT_TRUE(same_bits(rt::to_host(copy.view()), host_copy))
+        << c.name << ": the GPU's bf16 dequantization differs from the CPU's";
+    EXPECT_TRUE(same_bits(forced, run_gpu(c, 0, c.rows, Path::kCublasLt, copy.view())))
+        << c.name << ": the path reading the bf16 copy differs from the path dequantizing";
   }
   {
     const ScopedBatchInvariance off(false);

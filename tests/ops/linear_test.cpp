@@ -109,6 +109,27 @@ TEST(LinearTest, Fp8BlockScaledWeightMatchesNaiveDequantizedProduct) {
   std::vector<float> dense(n * k);
   dequantize_weight(weight, view_of(dense, {n, k}));
   for (size_t i = 0; i < dense.size(); ++i) ASSERT_EQ(dense[i], wd[i]) << i;
+
+  // The bf16 form (LinearWeight::bf16_copy's source): every value exact, so bf16 of the value.
+  std::vector<uint16_t> halves(n * k);
+  dequantize_weight(weight, TensorView::contiguous(halves.data(), DType::kBF16, {n, k}));
+  for (size_t i = 0; i < halves.size(); ++i) {
+    uint32_t bits = static_cast<uint32_t>(halves[i]) << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof(value));
+    ASSERT_EQ(value, wd[i]) << i;
+  }
+  // A scale that puts values below bf16's range: an error naming the value, not a rounding.
+  std::vector<uint8_t> tiny_scales(s.size(), 1);  // 2^-126: e4m3 subnormals land below 2^-133
+  LinearWeight tiny{weight.weight, TensorView::contiguous(tiny_scales.data(), DType::kF8E8M0,
+                                                          {sr, sc})};
+  EXPECT_THROW(dequantize_weight(tiny, TensorView::contiguous(halves.data(), DType::kBF16, {n, k})),
+               Error);
+  // f32 weights have no bf16 form.
+  std::vector<float> f32_weight(n * k, 1.0f);
+  EXPECT_THROW(dequantize_weight(LinearWeight{view_of(f32_weight, {n, k}), TensorView()},
+                                 TensorView::contiguous(halves.data(), DType::kBF16, {n, k})),
+               Error);
 }
 
 TEST(LinearTest, Fp4WeightWithActivationQuantMatchesNaive) {

@@ -1,7 +1,9 @@
 #include "model/deepseek_v41/parameters.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string_view>
 #include <tuple>
 
 namespace deepinfer::deepseek_v41 {
@@ -54,6 +56,7 @@ void for_each_view(ModelParameters& parameters, const std::function<void(TensorV
   const auto linear = [&](ops::LinearWeight& weight) {
     fn(weight.weight);
     fn(weight.scale);
+    fn(weight.bf16_copy);
   };
   const auto expert = [&](ExpertParameters& e) {
     linear(e.w1);
@@ -90,6 +93,53 @@ void for_each_view(ModelParameters& parameters, const std::function<void(TensorV
       fn(layer.engram->qk);
     }
   }
+}
+
+void for_each_dense_linear(ModelParameters& parameters,
+                           const std::function<void(ops::LinearWeight&)>& fn) {
+  fn(parameters.head);
+  for (LayerParameters& layer : parameters.layers) {
+    AttentionParameters& attn = layer.attn;
+    for (ops::LinearWeight* weight :
+         {&attn.wq_a, &attn.wq_b, &attn.wkv, &attn.wo_a, &attn.wo_b, &attn.compressor_wkv,
+          &attn.compressor_wgate, &attn.indexer_wq_b, &attn.indexer_weights_proj,
+          &attn.indexer_wk, &layer.shared_expert.w1, &layer.shared_expert.w2,
+          &layer.shared_expert.w3}) {
+      fn(*weight);
+    }
+    if (layer.engram) fn(layer.engram->wkv);
+  }
+}
+
+bool bf16_copies_requested() {
+  const char* setting = std::getenv("DEEPINFER_BF16_WEIGHT_COPIES");
+  if (setting == nullptr || std::string_view(setting) == "0") return false;
+  if (std::string_view(setting) == "1") return true;
+  DI_THROW("DEEPINFER_BF16_WEIGHT_COPIES='", setting, "' is not valid (0 or 1)");
+}
+
+size_t add_bf16_copies(ModelParameters& parameters, Allocator& allocator) {
+  size_t bytes = 0;
+  // Views naming one tensor share its copy.
+  std::map<const void*, TensorView> copies;
+  for_each_dense_linear(parameters, [&](ops::LinearWeight& weight) {
+    if (weight.weight.dtype() != DType::kF8E4M3 || weight.weight.numel() == 0 ||
+        weight.bf16_copy.numel() != 0) {
+      return;
+    }
+    if (auto found = copies.find(weight.weight.raw_data()); found != copies.end()) {
+      weight.bf16_copy = found->second;
+      return;
+    }
+    Tensor copy = Tensor::empty(DType::kBF16, weight.weight.shape(), allocator);
+    ops::dequantize_weight(weight, copy.view());
+    bytes += copy.view().nbytes();
+    parameters.owned.push_back(std::move(copy));
+    weight.bf16_copy = parameters.owned.back().view();
+    copies.emplace(weight.weight.raw_data(), weight.bf16_copy);
+  });
+  ops::synchronize(allocator.device());
+  return bytes;
 }
 
 std::unique_ptr<ModelParameters> copy_parameters(const ModelParameters& source,

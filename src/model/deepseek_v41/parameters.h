@@ -79,6 +79,22 @@ struct ModelParameters {
 // Calls fn on every tensor view the parameters hold (empty ones included).
 void for_each_view(ModelParameters& parameters, const std::function<void(TensorView&)>& fn);
 
+// Calls fn on every linear weight but the routed experts' (attention, shared expert, engram,
+// head): the dense GEMMs' weights.
+void for_each_dense_linear(ModelParameters& parameters,
+                           const std::function<void(ops::LinearWeight&)>& fn);
+
+// DEEPINFER_BF16_WEIGHT_COPIES=1 (default 0; any other value is an error): the GPU model keeps an
+// exact bf16 copy of every dense fp8 weight (add_bf16_copies) while batch invariance is off.
+// Memory for speed: the batch-variant GEMMs from DEEPINFER_CUBLASLT_MIN_ROWS rows on multiply bf16
+// operands and otherwise dequantize each fp8 weight on every call (docs/BENCHMARKS.md measures
+// both); the copies take twice the dense fp8 weights' bytes again.
+bool bf16_copies_requested();
+
+// Gives every dense fp8 linear weight a bf16_copy on `allocator`'s device (owned by
+// `parameters`, made by ops::dequantize_weight) and returns the bytes they take.
+size_t add_bf16_copies(ModelParameters& parameters, Allocator& allocator);
+
 // A copy of `source` on `allocator`'s device (ops::allocator_for(Device::cuda(0)) for the
 // first GPU): every tensor in its storage format, one copy per distinct tensor (views that
 // name the same tensor share the copy). The result owns its memory; the copy has completed

@@ -1,6 +1,8 @@
 // linear and dequantize_weight: every weight format dequantizes one row at a time into f32
 // (exactly), and each output element is one fixed-order dot product.
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "ops/cpu/numerics.h"
@@ -137,6 +139,35 @@ void quantize_activation_fp8(const float* x, int64_t n, float* out) {
 
 void dequantize_weight(const LinearWeight& weight, const TensorView& out) {
   const WeightLayout layout = describe(weight);
+  if (out.dtype() == DType::kBF16) {
+    const DType stored = weight.weight.dtype();
+    if (stored != DType::kBF16 && stored != DType::kF8E4M3) {
+      DI_THROW("dequantize_weight to bf16 takes bf16 or fp8 weights, not ",
+               weight.weight.to_string());
+    }
+    if (out.rank() != 2 || !out.is_contiguous() || out.size(0) != layout.out ||
+        out.size(1) != layout.in) {
+      DI_THROW("dequantize_weight output shape ", out.to_string(), " for weight ",
+               weight.weight.to_string());
+    }
+    auto* halves = static_cast<uint16_t*>(out.raw_data());
+    cpu::parallel_for(layout.out, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(static_cast<size_t>(layout.in));
+      for (int64_t n = begin; n < end; ++n) {
+        dequantize_row(layout, n, row.data());
+        for (int64_t k = 0; k < layout.in; ++k) {
+          uint32_t bits;
+          std::memcpy(&bits, &row[static_cast<size_t>(k)], sizeof(bits));
+          if ((bits & 0xFFFFu) != 0) {
+            DI_THROW("dequantize_weight: ", weight.weight.to_string(), " row ", n, " column ", k,
+                     " (", row[static_cast<size_t>(k)], ") is not exact in bf16");
+          }
+          halves[n * layout.in + k] = static_cast<uint16_t>(bits >> 16);
+        }
+      }
+    });
+    return;
+  }
   const Rows<float> o = cpu::as_rows<float>(out, "dequantize_weight output");
   DI_CHECK(o.rows == layout.out && o.cols == layout.in, "dequantize_weight output shape ",
            out.to_string(), " for weight ", weight.weight.to_string());

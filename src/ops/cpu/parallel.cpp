@@ -4,9 +4,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace deepinfer::ops::cpu {
@@ -48,13 +50,25 @@ class KernelPool {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [this] { return pending_ == 0; });
     body_ = nullptr;
+    if (std::exception_ptr error = std::exchange(first_error_, nullptr)) {
+      std::rethrow_exception(error);
+    }
   }
 
  private:
+  // A chunk that throws stops the loop (no chunk starts after it) and its exception reaches the
+  // caller once every worker is out of the body: an exception must neither escape a worker thread
+  // (std::terminate) nor leave workers running a body the caller has already unwound.
   void drain() {
     inside_parallel_region = true;
-    for (int64_t chunk = next_.fetch_add(1); chunk < total_; chunk = next_.fetch_add(1)) {
-      (*body_)(chunk);
+    try {
+      for (int64_t chunk = next_.fetch_add(1); chunk < total_; chunk = next_.fetch_add(1)) {
+        (*body_)(chunk);
+      }
+    } catch (...) {
+      next_.store(total_);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (first_error_ == nullptr) first_error_ = std::current_exception();
     }
     inside_parallel_region = false;
   }
@@ -88,6 +102,7 @@ class KernelPool {
   int pending_ = 0;
   uint64_t generation_ = 0;
   bool stopping_ = false;
+  std::exception_ptr first_error_;  // guarded by mutex_
 };
 
 int configured_threads() {

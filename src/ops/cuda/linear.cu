@@ -232,6 +232,19 @@ __global__ void dequantize_kernel(DeviceWeight w, DeviceRows<float> out) {
 }  // namespace
 
 void dequantize_weight(const LinearWeight& weight, const TensorView& out) {
+  if (out.dtype() == DType::kBF16) {
+    if (weight.weight.dtype() == DType::kBF16) {
+      DI_CHECK(out.shape() == weight.weight.shape() && out.is_contiguous() &&
+                   weight.weight.is_contiguous(),
+               "dequantize_weight output ", out.to_string(), " for weight ",
+               weight.weight.to_string());
+      DI_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), weight.weight.raw_data(), out.nbytes(),
+                                    cudaMemcpyDeviceToDevice, deepinfer::cuda::current_stream()));
+      return;
+    }
+    dequantize_fp8_weight_bf16(weight, out);
+    return;
+  }
   const DeviceWeight w = describe(weight);
   const DeviceRows<float> o = deepinfer::cuda::device_rows<float>(out, "dequantize_weight output");
   DI_CHECK(o.rows == w.out && o.cols == w.in, "dequantize_weight output shape ", out.to_string(),

@@ -236,6 +236,13 @@ __global__ void __launch_bounds__(kThreads)
   out[index] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
+void launch_dequantize_fp8_weight_bf16(const DeviceWeight& w, void* out, StreamHandle stream) {
+  const int64_t words = w.out * w.in / kValuesPerThread;
+  dequantize_fp8_weight_bf16_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
+      w, static_cast<uint32_t>(words), static_cast<uint4*>(out));
+  DI_CUDA_LAUNCHED(dequantize_fp8_weight_bf16_kernel);
+}
+
 // ---- per-device and per-stream state --------------------------------------------------------
 
 // Device memory that only grows. Growth waits for the stream that uses the buffer (work queued
@@ -500,6 +507,16 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   const bool bf16 = activation_quant == ActivationQuant::kNone && w.kind == WeightKind::kBF16 &&
                     aligned_to(w.bytes, 16);
   if (!fp8 && !bf16) return false;
+  // The model's exact bf16 copy of an fp8 weight, where it made one (cuBLASLt's A alignment below
+  // is 256 bytes for fp8 weights: the copy's allocation must be too).
+  const void* copy = nullptr;
+  if (fp8 && weight.bf16_copy.numel() != 0) {
+    const TensorView& c = weight.bf16_copy;
+    DI_CHECK(c.dtype() == DType::kBF16 && c.rank() == 2 && c.is_contiguous() &&
+                 c.size(0) == w.out && c.size(1) == w.in && c.device() == weight.weight.device(),
+             "bf16_copy ", c.to_string(), " does not match the weight ", weight.weight.to_string());
+    if (aligned_to(c.raw_data(), 256)) copy = c.raw_data();
+  }
   // 16-byte rows for the staging kernels' float4 loads and the GEMM's f32 output.
   if (w.in % 32 != 0 || !aligned_to(in.data, 16) || in.stride % 4 != 0 || !aligned_to(o.data, 16) ||
       o.stride % 4 != 0) {
@@ -566,14 +583,14 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   auto* activation = static_cast<uint4*>(
       staging.activation.reserve(static_cast<size_t>(terms * plane_elements * bf16_bytes), stream));
   const void* weight_bf16 = w.bytes;
-  if (fp8) {
-    // Dequantized every call: a cached copy per weight would double the FP8 weights' memory.
+  if (fp8 && copy != nullptr) {
+    weight_bf16 = copy;
+  } else if (fp8) {
+    // Dequantized every call unless the model made a copy (ModelParameters::add_bf16_copies: a
+    // copy per weight costs twice the fp8 weights' memory).
     void* dequantized =
         staging.weight.reserve(static_cast<size_t>(w.out * w.in * bf16_bytes), stream);
-    const int64_t words = w.out * w.in / kValuesPerThread;
-    dequantize_fp8_weight_bf16_kernel<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(
-        w, static_cast<uint32_t>(words), static_cast<uint4*>(dequantized));
-    DI_CUDA_LAUNCHED(dequantize_fp8_weight_bf16_kernel);
+    launch_dequantize_fp8_weight_bf16(w, dequantized, stream);
     weight_bf16 = dequantized;
   }
   for (int64_t first = 0; first < in.rows; first += chunk_rows) {
@@ -628,6 +645,24 @@ bool try_gemm_f32_cublaslt(const float* x, int64_t x_stride, int64_t rows, const
   void* cublas_workspace = staging.cublas_workspace.reserve(kCublasWorkspaceBytes, stream);
   plan->run(state.handle(device), w, x, out, /*accumulate=*/false, cublas_workspace, stream);
   return true;
+}
+
+void dequantize_fp8_weight_bf16(const LinearWeight& weight, const TensorView& out) {
+  const DeviceWeight w = describe(weight);
+  DI_CHECK(out.dtype() == DType::kBF16 && out.rank() == 2 && out.is_contiguous() &&
+               out.device() == weight.weight.device() && out.size(0) == w.out &&
+               out.size(1) == w.in,
+           "dequantize_fp8_weight_bf16: output ", out.to_string(), " for weight ",
+           weight.weight.to_string());
+  DI_CHECK(w.kind == WeightKind::kF8 && aligned_to(w.bytes, 8) && w.in % kValuesPerThread == 0 &&
+               w.block_in % kValuesPerThread == 0 &&
+               aligned_to(out.raw_data(), 16) &&
+               w.out * w.in / kValuesPerThread < (int64_t{1} << 31),
+           "dequantize_fp8_weight_bf16 takes fp8 weights with 8-byte aligned rows and scale blocks "
+           "of a multiple of 8 columns, not ",
+           weight.weight.to_string());
+  if (w.out * w.in == 0) return;
+  launch_dequantize_fp8_weight_bf16(w, out.raw_data(), current_stream());
 }
 
 void linear_cublaslt(const TensorView& x, const LinearWeight& weight, const TensorView& out,

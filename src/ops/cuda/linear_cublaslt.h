@@ -51,6 +51,10 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
 void linear_cublaslt(const TensorView& x, const LinearWeight& weight, const TensorView& out,
                      ActivationQuant activation_quant, int64_t groups = 1);
 
+// out = the fp8 weight as bf16 [out, in] (ops::dequantize_weight's bf16 form on the GPU: the
+// kernel the path runs on every call for a weight without a bf16_copy).
+void dequantize_fp8_weight_bf16(const LinearWeight& weight, const TensorView& out);
+
 // out[r, :n] = x[r, :k] . w[:n, :k]^T for r < rows, all f32 (row strides in elements), as one
 // cuBLASLt GEMM with CUBLAS_COMPUTE_32F (FP32 products and sums, no TF32): the batch-variant path
 // of callers whose operands are f32 matrices (hc_mixes). Returns false having launched nothing
