@@ -228,14 +228,15 @@ nlohmann::json largest_gaps(const std::vector<Gap>& gaps, uint64_t first_start, 
   nlohmann::json out = nlohmann::json::array();
   for (size_t i = 0; i < gaps.size() && i < top; ++i) {
     const Gap& gap = gaps[i];
-    out.push_back({{"us", static_cast<double>(gap.nanoseconds()) * 1e-3},
-                   {"at_us", static_cast<double>(gap.start - first_start) * 1e-3},
-                   {"before", gap.before->name},
-                   {"after", gap.after->name},
-                   {"host_call", gap.host != nullptr ? gap.host->name : ""},
-                   {"host_call_us", gap.host != nullptr
-                                        ? static_cast<double>(gap.host->end - gap.host->start) * 1e-3
-                                        : 0.0}});
+    out.push_back(
+        {{"us", static_cast<double>(gap.nanoseconds()) * 1e-3},
+         {"at_us", static_cast<double>(gap.start - first_start) * 1e-3},
+         {"before", gap.before->name},
+         {"after", gap.after->name},
+         {"host_call", gap.host != nullptr ? gap.host->name : ""},
+         {"host_call_us", gap.host != nullptr
+                              ? static_cast<double>(gap.host->end - gap.host->start) * 1e-3
+                              : 0.0}});
   }
   return out;
 }

@@ -853,7 +853,8 @@ void Bench::setup_device() {
   size_t copy_bytes = 0;
   if (device_.is_cuda() && deepseek_v41::bf16_copies_requested() && !ops::batch_invariant()) {
     copy_bytes = deepseek_v41::add_bf16_copies(*weights_->parameters, ops::allocator_for(device_));
-    progress("bf16 copies of the dense fp8 weights: %.2f GB", static_cast<double>(copy_bytes) * 1e-9);
+    progress("bf16 copies of the dense fp8 weights: %.2f GB",
+             static_cast<double>(copy_bytes) * 1e-9);
   }
   report_["bf16_weight_copies_bytes"] = copy_bytes;
   model_ = std::make_unique<Model>(config_, *weights_->parameters,

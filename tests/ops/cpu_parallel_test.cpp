@@ -23,9 +23,9 @@ TEST(CpuParallelFor, EveryIndexOnce) {
 TEST(CpuParallelFor, AThrowingChunkReachesTheCallerAndTheLoopSurvives) {
   for (int round = 0; round < 20; ++round) {
     // Every chunk throws (whichever thread runs it), then only some.
-    EXPECT_THROW(parallel_for(1000, 1,
-                              [&](int64_t, int64_t) { throw std::runtime_error("chunk failed"); }),
-                 std::runtime_error);
+    EXPECT_THROW(
+        parallel_for(1000, 1, [&](int64_t, int64_t) { throw std::runtime_error("chunk failed"); }),
+        std::runtime_error);
     EXPECT_THROW(parallel_for(1000, 1,
                               [&](int64_t begin, int64_t) {
                                 if (begin % 3 == round % 3) throw std::invalid_argument("odd");

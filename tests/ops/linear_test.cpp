@@ -121,8 +121,8 @@ TEST(LinearTest, Fp8BlockScaledWeightMatchesNaiveDequantizedProduct) {
   }
   // A scale that puts values below bf16's range: an error naming the value, not a rounding.
   std::vector<uint8_t> tiny_scales(s.size(), 1);  // 2^-126: e4m3 subnormals land below 2^-133
-  LinearWeight tiny{weight.weight, TensorView::contiguous(tiny_scales.data(), DType::kF8E8M0,
-                                                          {sr, sc})};
+  LinearWeight tiny{weight.weight,
+                    TensorView::contiguous(tiny_scales.data(), DType::kF8E8M0, {sr, sc})};
   EXPECT_THROW(dequantize_weight(tiny, TensorView::contiguous(halves.data(), DType::kBF16, {n, k})),
                Error);
   // f32 weights have no bf16 form.

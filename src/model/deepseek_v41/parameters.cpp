@@ -102,9 +102,8 @@ void for_each_dense_linear(ModelParameters& parameters,
     AttentionParameters& attn = layer.attn;
     for (ops::LinearWeight* weight :
          {&attn.wq_a, &attn.wq_b, &attn.wkv, &attn.wo_a, &attn.wo_b, &attn.compressor_wkv,
-          &attn.compressor_wgate, &attn.indexer_wq_b, &attn.indexer_weights_proj,
-          &attn.indexer_wk, &layer.shared_expert.w1, &layer.shared_expert.w2,
-          &layer.shared_expert.w3}) {
+          &attn.compressor_wgate, &attn.indexer_wq_b, &attn.indexer_weights_proj, &attn.indexer_wk,
+          &layer.shared_expert.w1, &layer.shared_expert.w2, &layer.shared_expert.w3}) {
       fn(*weight);
     }
     if (layer.engram) fn(layer.engram->wkv);

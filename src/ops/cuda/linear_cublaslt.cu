@@ -655,8 +655,7 @@ void dequantize_fp8_weight_bf16(const LinearWeight& weight, const TensorView& ou
            "dequantize_fp8_weight_bf16: output ", out.to_string(), " for weight ",
            weight.weight.to_string());
   DI_CHECK(w.kind == WeightKind::kF8 && aligned_to(w.bytes, 8) && w.in % kValuesPerThread == 0 &&
-               w.block_in % kValuesPerThread == 0 &&
-               aligned_to(out.raw_data(), 16) &&
+               w.block_in % kValuesPerThread == 0 && aligned_to(out.raw_data(), 16) &&
                w.out * w.in / kValuesPerThread < (int64_t{1} << 31),
            "dequantize_fp8_weight_bf16 takes fp8 weights with 8-byte aligned rows and scale blocks "
            "of a multiple of 8 columns, not ",
