@@ -648,11 +648,12 @@ struct NonInvariantRun {
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
   int tiles = -1;  // DEEPINFER_MOE_WGMMA_TILES (-1: the default; 0: the 128 / 32 token tiles)
 };
-// The defaults, then the paths they replaced or choose between. Measured and decided (rows
-// removed, figures in docs/BENCHMARKS.md): the software quantizer, fold per 32, the prefill tiles
-// at decode, decode slots of 1 and 4 K steps. The register tile's row-wide weight scales, its
-// step before the lean rewrite and the decode tile's first step were measured and removed from
-// the code (2026-12-02).
+// The defaults, then the paths they replaced or choose between (the register tile's token tiles:
+// the 128 / 32 tiles, or sized tiles up to 128, 144 or 160 tokens, DEEPINFER_MOE_WGMMA_TILES).
+// Measured and decided (rows removed, figures in docs/BENCHMARKS.md): the software quantizer,
+// fold per 32, the prefill tiles at decode, decode slots of 1 and 4 K steps. The register tile's
+// row-wide weight scales, its step before the lean rewrite and the decode tile's first step were
+// measured and removed from the code (2026-12-02).
 constexpr NonInvariantRun kNonInvariantRuns[] = {
     {.impl = "ours, inv. off", .fold = 128, .register_a = true},
     {.impl = "ours, off, smem weights", .fold = 128, .register_a = false},

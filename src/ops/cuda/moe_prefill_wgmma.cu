@@ -27,8 +27,9 @@
 // Where the time goes (H200, 8192 tokens, docs/BENCHMARKS.md): both versions issue about as
 // many warp instructions a step as the tensor cores need cycles for it (the fold's multiply and
 // FMA per accumulator element, ~1.6 instructions per converted weight value, the copies), and a
-// 32-token tile converts as many weights as a 128-token one; kPer128 on 16 warps (IPC 0.62 per
-// scheduler) ran within 3% of the same schedule on 8 (IPC 0.42). register_a (the default for
+// 32-token tile converts as many weights as a 128-token one (so register_a lists one sized tile an
+// expert, kMoeWgmmaTiles: 9.53 -> 7.65 ms a layer at 8192 tokens); kPer128 on 16 warps (IPC 0.62
+// per scheduler) ran within 3% of the same schedule on 8 (IPC 0.42). register_a (the default for
 // kPer128) converts into wgmma's A registers instead of shared memory: 16.5 -> 14.3 ms for a
 // layer's routed experts at 8192 tokens. Measured and not kept (history): the producers
 // converting for two consumer warpgroups (3% faster than fold128), and register_a
@@ -1144,7 +1145,6 @@ __device__ __forceinline__ void wgmma_rs_m64n160k32_add(float (&d)[80], const ui
       : "memory");
 }
 
-
 template <int kTokens, bool kFresh>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kTokens / 2], const uint32_t (&a)[4],
                                          uint64_t b) {
@@ -1222,6 +1222,8 @@ struct StepWeights {
 // the ring, the descriptors of a step's K blocks are one descriptor plus 2 each, and the
 // conversion and the scale's e8m0 decode take fewer instructions (e2m1x8_to_e4m3_shifted_lean,
 // e8m0_to_float_selected). SASS a 128-token step 380 instructions, a 32-token step 269
+// (with the sized tiles' slots, 2026-12-02: 32 / 64 / 96 / 128 / 144 / 160 tokens 268 / 304 /
+// 340 / 376 / 401 / 416)
 // (docs/BENCHMARKS.md). The step before this one (490 / 364 instructions) and a variant with
 // row-wide weight scales were measured on the H200 and removed on 2026-12-02 (one layer's routed
 // experts at 8192 tokens: this step 10.87 ms, the step before 11.90 ms with the same bits; the
@@ -1351,9 +1353,9 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
                    reinterpret_cast<const void*>(scale_source + static_cast<uint64_t>(step) * 4));
     }
     if (kSecondScaleTokens > 0 && copies_second_scale) {
-      copy_4_async(base + second_scale_shared,
-                   reinterpret_cast<const void*>(second_scale_source +
-                                                 static_cast<uint64_t>(step) * 4));
+      copy_4_async(
+          base + second_scale_shared,
+          reinterpret_cast<const void*>(second_scale_source + static_cast<uint64_t>(step) * 4));
     }
   };
 
@@ -1727,12 +1729,20 @@ __global__ void quantize_rows_per128_vec_kernel(ExpertRowsSource source, uint8_t
   }
 }
 
-// 0: the register tile reads the big and small token tiles; 128, 144 or 160: the sized tiles up to
-// that many tokens (moe_prefill_wgmma.h; list_token_tiles_kernel's kSized lists). A 32-token tile
-// converts a step's weights for at most 32 tokens, as many instructions as the fold of 128 tokens
-// (BENCHMARKS.md: at 8192 tokens, ~128 rows an expert, the remainders' small tiles were 27% of the
-// instructions for 11% of the FLOPs), so one tile an expert converts each weight once.
-RuntimeSetting kMoeWgmmaTiles{"DEEPINFER_MOE_WGMMA_TILES", 144, 0, kPrefillLargestTileTokens};
+// 0: the register tile reads the big and small token tiles; 128, 144 or 160 (the default): the
+// sized tiles up to that many tokens (moe_prefill_wgmma.h; list_token_tiles_kernel's kSized
+// lists). Why: a tile converts each K step's weights once for its tokens, so a 32-token tile
+// pays a 128-token tile's conversion for a quarter of the products (268 SASS instructions a step
+// against 376), and an expert of 140 rows took a 128 and a 32 (644 a step) where one 144-token
+// tile takes 401; at 4096 tokens (~64 rows an expert) two or three 32-token tiles became one of
+// 64 or 96 (304 / 340). Measured on the H200 (cuda_layer_bench, one layer's routed w1|w3 + w2,
+// 2026-12-02 06:10 UTC call), ms at 1024, 4096, 8192 tokens:
+//   0:   4.543, 10.962, 9.530       144: 4.544, 5.685, 7.887
+//   128: 4.549,  5.689, 9.464       160: 4.533, 5.686, 7.647
+//   the cuBLASLt FP8 loop: 7.607, 7.243, 8.673.
+// 160 takes 255 registers without spilling; beyond it the two accumulator sets alone would leave
+// too few.
+RuntimeSetting kMoeWgmmaTiles{"DEEPINFER_MOE_WGMMA_TILES", 160, 0, kPrefillLargestTileTokens};
 
 }  // namespace
 

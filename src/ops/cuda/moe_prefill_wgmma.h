@@ -44,8 +44,8 @@ inline constexpr int kPrefillSmallTileTokens = 32;
 // (0 and 1 are the big and small tiles above, so those lists read the same); each expert gets
 // 128-token tiles while more rows are left than the largest tile holds, then one tile of the
 // smallest size that holds the rest.
-inline constexpr int kPrefillTileSizes[] = {kPrefillBigTileTokens, kPrefillSmallTileTokens, 64, 96,
-                                            144, 160};
+inline constexpr int kPrefillTileSizes[] = {
+    kPrefillBigTileTokens, kPrefillSmallTileTokens, 64, 96, 144, 160};
 inline constexpr int kPrefillLargestTileTokens = 160;
 // The decode tile's token tiles (the same struct, another list): 16 tokens, or 8 if `small`.
 inline constexpr int kDecodeBigTileTokens = 16;
