@@ -31,7 +31,8 @@ struct ExpertRowsSource;
 
 // The prefill token tiles (listed on the device by moe_grouped_gemm.cu): rows
 // [first, min(first + tile tokens, end)) of `expert`, whose rows end at `end`; tile tokens is
-// kPrefillSmallTileTokens if `small`, else kPrefillBigTileTokens.
+// kPrefillSmallTileTokens if `small`, else kPrefillBigTileTokens (in the register tile's sized
+// lists: kPrefillTileSizes[small]).
 struct PrefillTokenTile {
   int expert;
   int first;
@@ -93,7 +94,8 @@ struct PrefillWgmmaArgs {
 
 // The token tiles a kPer128 prefill lists for launch_moe_prefill_wgmma: 0, the big and small
 // tiles (DEEPINFER_MOE_WGMMA_TILES=0, and always for the shared-memory tile), else the largest
-// sized tile (128, 144 or 160: DEEPINFER_MOE_WGMMA_TILES; another value is an Error naming it).
+// sized tile (DEEPINFER_MOE_WGMMA_TILES: 160 by default, or 128 or 144; another value is an
+// Error naming the variable).
 int moe_prefill_sized_tiles();
 
 // Runs the tiles (*tile_count of them, at most max_tiles) x all N / 128 weight row blocks on the
