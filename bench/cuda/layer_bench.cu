@@ -646,17 +646,23 @@ struct NonInvariantRun {
   bool register_a;  // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
+  int tiles = -1;  // DEEPINFER_MOE_WGMMA_TILES (-1: the default; 0: the 128 / 32 token tiles)
 };
-// The defaults, then the paths they replaced or choose between. Measured and decided (rows
-// removed, figures in docs/BENCHMARKS.md): the software quantizer, fold per 32, the prefill tiles
-// at decode, decode slots of 1 and 4 K steps. The register tile's row-wide weight scales, its
-// step before the lean rewrite and the decode tile's first step were measured and removed from
-// the code (2026-12-02).
+// The defaults, then the paths they replaced or choose between (the register tile's token tiles:
+// the 128 / 32 tiles, or sized tiles up to 128, 144 or 160 tokens, DEEPINFER_MOE_WGMMA_TILES).
+// Measured and decided (rows removed, figures in docs/BENCHMARKS.md): the software quantizer,
+// fold per 32, the prefill tiles at decode, decode slots of 1 and 4 K steps. The register tile's
+// row-wide weight scales, its step before the lean rewrite and the decode tile's first step were
+// measured and removed from the code (2026-12-02).
 constexpr NonInvariantRun kNonInvariantRuns[] = {
     {.impl = "ours, inv. off", .fold = 128, .register_a = true},
     {.impl = "ours, off, smem weights", .fold = 128, .register_a = false},
     {.impl = "ours, off, decode mma.sync", .fold = 128, .register_a = true, .wgmma_decode = 0},
-    {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2}};
+    {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2},
+    {.impl = "ours, off, tiles 128/32", .fold = 128, .register_a = true, .tiles = 0},
+    {.impl = "ours, off, sized to 128", .fold = 128, .register_a = true, .tiles = 128},
+    {.impl = "ours, off, sized to 144", .fold = 128, .register_a = true, .tiles = 144},
+    {.impl = "ours, off, sized to 160", .fold = 128, .register_a = true, .tiles = 160}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -665,6 +671,9 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", run.wgmma_decode);
+  const int tiles =
+      run.tiles >= 0 ? run.tiles : rt::RuntimeSetting::find("DEEPINFER_MOE_WGMMA_TILES").value();
+  const rt::ScopedSetting tile_sizes("DEEPINFER_MOE_WGMMA_TILES", tiles);
   return time_ms(call);
 }
 
@@ -972,12 +981,11 @@ int run(int argc, char** argv) {
   void* workspace = nullptr;
   DI_CUDA_CHECK(cudaMalloc(&workspace, LtGemm::kWorkspaceBytes));
   const Roofline roof = measure_roofline(handle, workspace);
-  const char* only = std::getenv("LAYER_BENCH_ONLY");  // "dense" or "moe"
-  if (only == nullptr || std::string(only) != "moe") bench_dense(roof, handle, workspace);
-  if (only == nullptr || std::string(only) != "dense") {
-    bench_moe_op(roof);
-    bench_moe(roof, handle, workspace);
-  }
+  // "dense", "moe", or "moe_op" (the whole MoE op alone: a quick run under a profiler)
+  const std::string only = std::getenv("LAYER_BENCH_ONLY") ? std::getenv("LAYER_BENCH_ONLY") : "";
+  if (only.empty() || only == "dense") bench_dense(roof, handle, workspace);
+  if (only.empty() || only == "moe" || only == "moe_op") bench_moe_op(roof);
+  if (only.empty() || only == "moe") bench_moe(roof, handle, workspace);
   write_json(json_path, roof);
   std::printf("wrote %s\n", json_path.c_str());
   DI_CUDA_CHECK(cudaFree(workspace));

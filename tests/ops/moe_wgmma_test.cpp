@@ -212,6 +212,32 @@ TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
   check_gemm(make_problem(5120, 2304, {130, 97, 40}, 50), "w2 5120 x 2304");
 }
 
+// The register tile's sized token tiles (DEEPINFER_MOE_WGMMA_TILES: one tile of 32, 64, 96, 128,
+// 144 or 160 tokens for an expert's rest after its 128-token tiles) compute each token's column
+// with the same products and folds as the 128 / 32 tiles (wgmma's columns do not depend on its
+// N), so every setting gives the shared-memory tile's bits, which reads the 128 / 32 tiles. The
+// counts put rows at every size's edges (1, 32 | 33, 64 | 65, 96 | 97, 128 | 129, 144 | 145,
+// 160 | 161) and past the largest (300: 128 + 128 + 44).
+void check_sized_tiles(const Problem& p, const std::string& what) {
+  const auto run = [&] { return run_gemm(p); };
+  const Tensor shared_memory_tile = run_fold128(false, run);
+  const double error = worst_error_matching_nans(reference(p), shared_memory_tile);
+  EXPECT_LE(error, wgmma_dot_tolerance(p.k)) << what;
+  for (const int tiles : {0, 128, 144, 160}) {
+    const rt::ScopedSetting setting("DEEPINFER_MOE_WGMMA_TILES", tiles);
+    EXPECT_TRUE(same_bits(run_fold128(true, run), shared_memory_tile))
+        << what << ": DEEPINFER_MOE_WGMMA_TILES=" << tiles << " against the shared-memory tile";
+  }
+}
+
+TEST_F(MoeWgmmaTest, GroupedGemmSizedTiles) {
+  const std::vector<int32_t> counts = {1,   32,  33,  64,  65,  96, 97, 128, 129,
+                                       144, 145, 160, 161, 300, 0,  20, 140, 155};
+  check_sized_tiles(make_problem(256, 512, counts, 70), "sized tiles 256 x 512");
+  check_sized_tiles(make_problem(128, 768, counts, 71), "sized tiles 128 x 768");
+  check_sized_tiles(make_problem(5120, 2304, {140, 155, 60, 100}, 72), "sized tiles w2");
+}
+
 // ---- decode shapes (DEEPINFER_MOE_WGMMA_DECODE) ---------------------------------------------
 
 // With batch invariance off, the fp4 decode regime (fewer than 16 rows per expert) takes the

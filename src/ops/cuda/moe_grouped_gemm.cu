@@ -369,12 +369,22 @@ static_assert(kBigTileTokens == kPrefillBigTileTokens &&
 // The token tiles in expert order (an expert's full-size tiles, then its small ones), so the
 // blocks that share an expert's weights run close together and find them in L2. kBigTokens /
 // kSmallTokens: the prefill tiles' sizes above, or the decode tile's (16 and 8: a remainder of
-// up to 8 rows takes an 8-token tile, of 9 to 15 a 16-token one).
-template <int kThreads, int kBigTokens = kBigTileTokens, int kSmallTokens = kSmallTileTokens>
+// up to 8 rows takes an 8-token tile, of 9 to 15 a 16-token one). kSized (the prefill sizes
+// only): the register tile's sized tiles up to kSized tokens (moe_prefill_wgmma.h): full-size
+// tiles while more than kSized rows are left, then one tile of the smallest size that holds the
+// rest, `small` its index in kPrefillTileSizes. An expert gets no more tiles than without kSized
+// (c = 128 b + r rows: at most b full-size ones, and r = 0 leaves b - 1 and one of 128 or more),
+// so max_tiles bounds either list.
+template <int kThreads, int kBigTokens = kBigTileTokens, int kSmallTokens = kSmallTileTokens,
+          int kSized = 0>
 __global__ void __launch_bounds__(kThreads)
     list_token_tiles_kernel(const int32_t* offsets, int64_t groups, int64_t rows, TokenTile* tiles,
                             int max_tiles, int* tile_count) {
   constexpr int kMaxSmallTiles = kBigTokens / kSmallTokens - 1;
+  static_assert(kSized == 0 || (kBigTokens == kPrefillBigTileTokens &&
+                                kSmallTokens == kPrefillSmallTileTokens && kSized >= kBigTokens &&
+                                kSized <= kPrefillLargestTileTokens),
+                "sized tiles of the prefill tile sizes");
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   int listed = 0;
@@ -387,9 +397,25 @@ __global__ void __launch_bounds__(kThreads)
       end = max(first, clamp_offset(offsets[expert + 1], rows));
     }
     int big_here = (end - first) / kBigTokens;
-    const int rest_first = first + big_here * kBigTokens;
+    int rest_first = first + big_here * kBigTokens;
     int small_here = (end - rest_first + kSmallTokens - 1) / kSmallTokens;
-    if (small_here > kMaxSmallTiles) {
+    int rest_size = 1;  // the rest's tiles' `small`
+    if constexpr (kSized > 0) {
+      const int count = end - first;
+      big_here = count > kSized ? (count - kSized + kBigTokens - 1) / kBigTokens : 0;
+      rest_first = first + big_here * kBigTokens;
+      const int rest = end - rest_first;  // 0 (no rows) .. kSized
+      small_here = rest > 0 ? 1 : 0;
+      // (Constants: device code cannot read the host array itself.)
+      constexpr int kSizes[] = {kPrefillTileSizes[0], kPrefillTileSizes[1], kPrefillTileSizes[2],
+                                kPrefillTileSizes[3], kPrefillTileSizes[4]};
+      rest_size = rest <= kSizes[1]   ? 1
+                  : rest <= kSizes[2] ? 2
+                  : rest <= kSizes[3] ? 3
+                  : rest <= kSizes[0] ? 0
+                  : rest <= kSizes[4] ? 4
+                                      : 5;
+    } else if (small_here > kMaxSmallTiles) {
       ++big_here;
       small_here = 0;
     }
@@ -402,8 +428,9 @@ __global__ void __launch_bounds__(kThreads)
     const int expert_id = static_cast<int>(expert);
     for (int t = 0; t < big_here + small_here && listed + at + t < max_tiles; ++t) {
       tiles[listed + at + t] =
-          t < big_here ? TokenTile{expert_id, first + t * kBigTokens, end, 0}
-                       : TokenTile{expert_id, rest_first + (t - big_here) * kSmallTokens, end, 1};
+          t < big_here
+              ? TokenTile{expert_id, first + t * kBigTokens, end, 0}
+              : TokenTile{expert_id, rest_first + (t - big_here) * kSmallTokens, end, rest_size};
     }
     listed += total;
   }
@@ -1074,13 +1101,32 @@ template <int kBigTokens, int kSmallTokens>
 struct TokenTileList {
   static constexpr size_t kCountBytes = 16;
   static constexpr int kListThreads = 512;
-  TokenTileList(const GroupedArgs& args, int64_t max_tiles, cudaStream_t stream)
+  // sized: 0, or the register tile's largest sized tile (moe_prefill_sized_tiles()).
+  TokenTileList(const GroupedArgs& args, int64_t max_tiles, cudaStream_t stream, int sized = 0)
       : buffer(kCountBytes + static_cast<size_t>(max_tiles) * sizeof(TokenTile)),
         tile_count(buffer.as<int>()),
         tiles(reinterpret_cast<TokenTile*>(buffer.as<uint8_t>() + kCountBytes)) {
-    list_token_tiles_kernel<kListThreads, kBigTokens, kSmallTokens><<<1, kListThreads, 0, stream>>>(
-        args.offsets, args.groups, args.rows, tiles, static_cast<int>(max_tiles), tile_count);
-    DI_CUDA_LAUNCHED(list_token_tiles_kernel);
+    const auto list = [&](auto kernel) {
+      kernel<<<1, kListThreads, 0, stream>>>(args.offsets, args.groups, args.rows, tiles,
+                                             static_cast<int>(max_tiles), tile_count);
+      DI_CUDA_LAUNCHED(list_token_tiles_kernel);
+    };
+    if constexpr (kBigTokens == kBigTileTokens && kSmallTokens == kSmallTileTokens) {
+      if (sized == 128) {
+        list(list_token_tiles_kernel<kListThreads, 128, 32, 128>);
+        return;
+      }
+      if (sized == 144) {
+        list(list_token_tiles_kernel<kListThreads, 128, 32, 144>);
+        return;
+      }
+      if (sized == 160) {
+        list(list_token_tiles_kernel<kListThreads, 128, 32, 160>);
+        return;
+      }
+    }
+    DI_CHECK(sized == 0, "TokenTileList: no sized tiles of ", sized, " tokens");
+    list(list_token_tiles_kernel<kListThreads, kBigTokens, kSmallTokens>);
   }
   StreamBuffer buffer;
   int* tile_count;
@@ -1124,7 +1170,10 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
     return;
   }
   if (choice.prefill_tiles) {
-    const TokenTileList<kBigTileTokens, kSmallTileTokens> list(args, choice.max_tiles, stream);
+    // The register tile's sized tiles with the fold per 128 (moe_prefill_sized_tiles()).
+    const int sized = choice.wgmma == WgmmaFold::kPer128 ? moe_prefill_sized_tiles() : 0;
+    const TokenTileList<kBigTileTokens, kSmallTileTokens> list(args, choice.max_tiles, stream,
+                                                               sized);
     const TokenTile* tiles = list.tiles;
     const int* tile_count = list.tile_count;
     if (choice.wgmma != WgmmaFold::kNone) {

@@ -27,8 +27,9 @@
 // Where the time goes (H200, 8192 tokens, docs/BENCHMARKS.md): both versions issue about as
 // many warp instructions a step as the tensor cores need cycles for it (the fold's multiply and
 // FMA per accumulator element, ~1.6 instructions per converted weight value, the copies), and a
-// 32-token tile converts as many weights as a 128-token one; kPer128 on 16 warps (IPC 0.62 per
-// scheduler) ran within 3% of the same schedule on 8 (IPC 0.42). register_a (the default for
+// 32-token tile converts as many weights as a 128-token one (so register_a lists one sized tile an
+// expert, kMoeWgmmaTiles: 9.53 -> 7.65 ms a layer at 8192 tokens); kPer128 on 16 warps (IPC 0.62
+// per scheduler) ran within 3% of the same schedule on 8 (IPC 0.42). register_a (the default for
 // kPer128) converts into wgmma's A registers instead of shared memory: 16.5 -> 14.3 ms for a
 // layer's routed experts at 8192 tokens. Measured and not kept (history): the producers
 // converting for two consumer warpgroups (3% faster than fold128), and register_a
@@ -852,22 +853,33 @@ constexpr int kStages = 6;
 // Step s refills the slot step s - 1 used (every thread waited for its wgmmas and folded it
 // before step s's barrier) with step s + 5.
 constexpr int kCopyAhead = kStages - 1;
+// The slots hold the largest token tile of kPrefillTileSizes. Its token scales are quad-grouped
+// as quad_grouped's (token 8j + 2q + e at q * kSlotQuadStride + 2j + e) with this tile's stride:
+// 44 floats put the four quads' 16-byte loads in banks 0, 12, 24 and 4 (mod 32).
+constexpr int kSlotTokens = kPrefillLargestTileTokens;
+constexpr int kSlotQuadStride = kSlotTokens / 4 + 4;
+constexpr int kSlotTokenScales = 4 * kSlotQuadStride;
+__device__ __forceinline__ int slot_quad_grouped(int token) {
+  return ((token >> 1) & 3) * kSlotQuadStride + 2 * (token >> 3) + (token & 1);
+}
 // One pipeline slot: the tokens' e4m3 lines (swizzled, wgmma's B), the raw fp4 weight rows (64
 // bytes each, their four 16-byte chunks swizzled by raw_chunk), the rows' 4 ue8m0 codes of the
 // step, and the tokens' f32 step scales (quad-grouped by the copy).
 constexpr int kCodesOffset = 0;
-constexpr int kRawWeightOffset = kCodesOffset + kMaxTokens * kStepK;
+constexpr int kRawWeightOffset = kCodesOffset + kSlotTokens * kStepK;
 constexpr int kWeightCodesOffset = kRawWeightOffset + kRows * kStepK / 2;
 constexpr int kTokenScalesOffset = kWeightCodesOffset + kRows * kStepBlocks;
-constexpr int kStageBytes = round_up_to_atom(kTokenScalesOffset + kTokenScalesPerBlock * 4);
+constexpr int kStageBytes = round_up_to_atom(kTokenScalesOffset + kSlotTokenScales * 4);
 constexpr int kShiftTableOffset = kStages * kStageBytes;
 constexpr int kSharedBytes = kShiftTableOffset + fold128::kShiftTableBytes;
 constexpr int kSharedAllocation = kSharedBytes + kSwizzleAtom;  // room to align the base
 static_assert(kStageBytes % kSwizzleAtom == 0, "the token lines start on swizzle atoms");
 static_assert(kSharedAllocation <= 227 * 1024, "one block per SM");
 static_assert(kSharedAllocation < (1 << 18), "a step's descriptor adds stay in the address field");
-static_assert(kRows + kMaxTokens <= kThreads,
-              "one thread per weight row and per token copies a step's scales");
+static_assert(kRows <= kThreads && kSlotTokens <= 2 * kThreads - kRows,
+              "a step's scales: one thread per weight row, one or two copies per token");
+static_assert(kSlotQuadStride % 8 == 4 && kSlotTokens % 16 == 0,
+              "the fold's 16-byte scale loads: 4 quads in 4 bank groups, 16 tokens a load pair");
 
 // Where chunk c (the 32-block c of the step) of block row r sits: a thread reads word `quad` of
 // chunk b of rows g and g + 8 of its warp's 16, so the 8 rows of a read take 8 different bank
@@ -953,14 +965,204 @@ __device__ __forceinline__ void wgmma_rs_m64n32k32_add(float (&d)[16], const uin
       : "memory");
 }
 
+__device__ __forceinline__ void wgmma_rs_m64n64k32_fresh(float (&d)[32], const uint32_t (&a)[4],
+                                                         uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, {%32,%33,%34,%35}, %36, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n64k32_add(float (&d)[32], const uint32_t (&a)[4],
+                                                       uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, {%32,%33,%34,%35}, %36, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n96k32_fresh(float (&d)[48], const uint32_t (&a)[4],
+                                                         uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+      "}, {%48,%49,%50,%51}, %52, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
+        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
+        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n96k32_add(float (&d)[48], const uint32_t (&a)[4],
+                                                       uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+      "}, {%48,%49,%50,%51}, %52, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n144k32_fresh(float (&d)[72], const uint32_t (&a)[4],
+                                                          uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n144k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71"
+      "}, {%72,%73,%74,%75}, %76, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
+        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
+        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
+        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
+        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
+        "=f"(d[63]), "=f"(d[64]), "=f"(d[65]), "=f"(d[66]), "=f"(d[67]), "=f"(d[68]), "=f"(d[69]),
+        "=f"(d[70]), "=f"(d[71])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n144k32_add(float (&d)[72], const uint32_t (&a)[4],
+                                                        uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n144k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71"
+      "}, {%72,%73,%74,%75}, %76, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n160k32_fresh(float (&d)[80], const uint32_t (&a)[4],
+                                                          uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
+      "}, {%80,%81,%82,%83}, %84, accumulate, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
+        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
+        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
+        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
+        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
+        "=f"(d[63]), "=f"(d[64]), "=f"(d[65]), "=f"(d[66]), "=f"(d[67]), "=f"(d[68]), "=f"(d[69]),
+        "=f"(d[70]), "=f"(d[71]), "=f"(d[72]), "=f"(d[73]), "=f"(d[74]), "=f"(d[75]), "=f"(d[76]),
+        "=f"(d[77]), "=f"(d[78]), "=f"(d[79])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n160k32_add(float (&d)[80], const uint32_t (&a)[4],
+                                                        uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
+      "}, {%80,%81,%82,%83}, %84, accumulate, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+}
+
 template <int kTokens, bool kFresh>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kTokens / 2], const uint32_t (&a)[4],
                                          uint64_t b) {
-  static_assert(kTokens == 128 || kTokens == 32, "the token tiles");
+  static_assert(kTokens == 128 || kTokens == 32 || kTokens == 64 || kTokens == 96 ||
+                    kTokens == 144 || kTokens == 160,
+                "the token tiles (kPrefillTileSizes)");
   if constexpr (kTokens == 128 && kFresh) wgmma_rs_m64n128k32_fresh(d, a, b);
   if constexpr (kTokens == 128 && !kFresh) wgmma_rs_m64n128k32_add(d, a, b);
   if constexpr (kTokens == 32 && kFresh) wgmma_rs_m64n32k32_fresh(d, a, b);
   if constexpr (kTokens == 32 && !kFresh) wgmma_rs_m64n32k32_add(d, a, b);
+  if constexpr (kTokens == 64 && kFresh) wgmma_rs_m64n64k32_fresh(d, a, b);
+  if constexpr (kTokens == 64 && !kFresh) wgmma_rs_m64n64k32_add(d, a, b);
+  if constexpr (kTokens == 96 && kFresh) wgmma_rs_m64n96k32_fresh(d, a, b);
+  if constexpr (kTokens == 96 && !kFresh) wgmma_rs_m64n96k32_add(d, a, b);
+  if constexpr (kTokens == 144 && kFresh) wgmma_rs_m64n144k32_fresh(d, a, b);
+  if constexpr (kTokens == 144 && !kFresh) wgmma_rs_m64n144k32_add(d, a, b);
+  if constexpr (kTokens == 160 && kFresh) wgmma_rs_m64n160k32_fresh(d, a, b);
+  if constexpr (kTokens == 160 && !kFresh) wgmma_rs_m64n160k32_add(d, a, b);
 }
 
 // Keeps the A registers an in-flight wgmma reads allocated and untouched until after its wait:
@@ -1020,6 +1222,8 @@ struct StepWeights {
 // the ring, the descriptors of a step's K blocks are one descriptor plus 2 each, and the
 // conversion and the scale's e8m0 decode take fewer instructions (e2m1x8_to_e4m3_shifted_lean,
 // e8m0_to_float_selected). SASS a 128-token step 380 instructions, a 32-token step 269
+// (with the sized tiles' slots, 2026-12-02: 32 / 64 / 96 / 128 / 144 / 160 tokens 268 / 304 /
+// 340 / 376 / 401 / 416)
 // (docs/BENCHMARKS.md). The step before this one (490 / 364 instructions) and a variant with
 // row-wide weight scales were measured on the H200 and removed on 2026-12-02 (one layer's routed
 // experts at 8192 tokens: this step 10.87 ms, the step before 11.90 ms with the same bits; the
@@ -1053,10 +1257,9 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   // counts, signed divisions and 64-bit products per chunk, about as many as the conversion and
   // the fold together.)
   constexpr int kWeightCopies = kRows * (kStepK / 2) / 16 / kThreads;
-  constexpr int kTokenCopies = kTokens * kStepK / 16 / kThreads;
-  static_assert(kWeightCopies * kThreads * 16 == kRows * (kStepK / 2) &&
-                    kTokenCopies * kThreads * 16 == kTokens * kStepK && kThreads % 8 == 0,
-                "every thread copies the same number of 16-byte chunks a step");
+  static_assert(kWeightCopies * kThreads * 16 == kRows * (kStepK / 2) && kThreads % 8 == 0,
+                "every thread copies the same number of 16-byte weight chunks a step");
+  static_assert(kTokens <= kSlotTokens && kTokens % 16 == 0, "a slot holds the tile's tokens");
   // Weight chunk thread + kThreads i: row thread / 4 + (kThreads / 4) i, chunk thread % 4; its
   // raw_chunk is raw_chunk(row, chunk) + kWeightRowStep i (the xor's row bits do not change).
   constexpr int kWeightRowStep = kThreads / 4;
@@ -1065,10 +1268,13 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   const uint32_t weight_shared = kRawWeightOffset + raw_chunk(weight_row, weight_chunk);
   const uint8_t* weight_global = rows.weight + weight_row * w_row_bytes + weight_chunk * 16;
   const int64_t weight_global_step = kWeightRowStep * w_row_bytes;
-  // Token chunk thread + kThreads i: token thread / 8 + (kThreads / 8) i, chunk thread % 8.
+  // Token chunk thread + kThreads i: token thread / 8 + (kThreads / 8) i, chunk thread % 8. A
+  // tile of 144 tokens copies its last 16 tokens' lines with the first half of the threads.
   constexpr int kTokenStep = kThreads / 8;
+  constexpr int kTokenCopies = (kTokens + kTokenStep - 1) / kTokenStep;
   const int first_token = thread >> 3;
   const int token_chunk = thread & 7;
+  const bool copies_last_token_chunk = first_token + kTokenStep * (kTokenCopies - 1) < kTokens;
   const uint32_t token_shared =
       kCodesOffset + first_token * kStepK + ((token_chunk ^ (first_token & 7)) << 4);
   const uint8_t* token_global = args.x_codes + tile.first * args.k + token_chunk * 16;
@@ -1078,7 +1284,8 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     token_offset[i] =
         static_cast<uint32_t>((token_row(first_token + kTokenStep * i) - tile.first) * args.k);
   }
-  // The step's scale codes: one row's four (threads < kRows) or one token's step scale.
+  // The step's scale codes: one row's four (threads < kRows) or one token's step scale; tokens
+  // past kThreads - kRows (tiles of 144 and 160) take a second copy of the first threads.
   const bool copies_row_codes = thread < kRows;
   const bool copies_token_scale = !copies_row_codes && thread - kRows < kTokens;
   const uint8_t* row_codes_global = rows.w_scales + (copies_row_codes ? thread : 0) * k_blocks;
@@ -1087,7 +1294,10 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   const uint32_t scale_shared =
       copies_row_codes
           ? kWeightCodesOffset + thread * kStepBlocks
-          : kTokenScalesOffset + quad_grouped(copies_token_scale ? thread - kRows : 0) * 4;
+          : kTokenScalesOffset + slot_quad_grouped(copies_token_scale ? thread - kRows : 0) * 4;
+  constexpr int kSecondScaleTokens = kTokens - (kThreads - kRows);  // > 0: that many tokens
+  const int second_scale_token = kThreads - kRows + thread;
+  const bool copies_second_scale = kSecondScaleTokens > 0 && thread < kSecondScaleTokens;
 
   // A step's copies: the per-item addresses plus the step's offset (the same for every thread).
   // The addresses and shared offsets go through an empty asm once an item, so ptxas keeps them in
@@ -1114,6 +1324,15 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   asm volatile("" : "+l"(scale_source));
 #pragma unroll
   for (int i = 0; i < 3; ++i) asm volatile("" : "+r"(copy_shared[i]));
+  uint64_t second_scale_source = 0;
+  uint32_t second_scale_shared = 0;
+  if constexpr (kSecondScaleTokens > 0) {
+    second_scale_source = reinterpret_cast<uint64_t>(
+        args.x_step_scales + token_row(copies_second_scale ? second_scale_token : 0) * steps);
+    second_scale_shared =
+        kTokenScalesOffset + slot_quad_grouped(copies_second_scale ? second_scale_token : 0) * 4;
+    asm volatile("" : "+l"(second_scale_source), "+r"(second_scale_shared));
+  }
   const auto copy_stage = [&](uint32_t base, int step) {
     const uint64_t weight_step = static_cast<uint64_t>(step) * (kStepK / 2);
     const uint64_t token_step = static_cast<uint64_t>(step) * kStepK;
@@ -1124,12 +1343,19 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
     }
 #pragma unroll
     for (int i = 0; i < kTokenCopies; ++i) {
-      copy_16_async(base + copy_shared[1] + i * kTokenStep * kStepK,
-                    reinterpret_cast<const void*>(token_source[i] + token_step));
+      if (kTokens % kTokenStep == 0 || i + 1 < kTokenCopies || copies_last_token_chunk) {
+        copy_16_async(base + copy_shared[1] + i * kTokenStep * kStepK,
+                      reinterpret_cast<const void*>(token_source[i] + token_step));
+      }
     }
     if (copies_scale) {
       copy_4_async(base + copy_shared[2],
                    reinterpret_cast<const void*>(scale_source + static_cast<uint64_t>(step) * 4));
+    }
+    if (kSecondScaleTokens > 0 && copies_second_scale) {
+      copy_4_async(
+          base + second_scale_shared,
+          reinterpret_cast<const void*>(second_scale_source + static_cast<uint64_t>(step) * 4));
     }
   };
 
@@ -1181,7 +1407,7 @@ __device__ __forceinline__ void wgmma_tile(const PrefillWgmmaArgs& args,
   // acc += d * (x_step_scale * w_step_scale), fold128's fold.
   const auto fold = [&](const uint8_t* slot, const StepWeights& weights) {
     const float* quad_scales =
-        reinterpret_cast<const float*>(slot + kTokenScalesOffset) + quad * kQuadStride;
+        reinterpret_cast<const float*>(slot + kTokenScalesOffset) + quad * kSlotQuadStride;
 #pragma unroll
     for (int pair = 0; pair < kTokens / 16; ++pair) {
       // Tokens 16 pair + 2 quad + {0, 1} and 16 pair + 8 + 2 quad + {0, 1}.
@@ -1315,14 +1541,38 @@ __global__ void __launch_bounds__(threads_of<kKind>(), 1)
     fold128::fill_shift_table(reinterpret_cast<uint2*>(shared + register_a::kShiftTableOffset));
     __syncthreads();
   }
-  for_each_prefill_item(args.n, kRows, tiles, tile_count,
-                        [&](const PrefillTokenTile& tile, int row_tile) {
-                          if (tile.small != 0) {
-                            run_tile<kKind, kPrefillSmallTileTokens>(args, tile, row_tile, shared);
-                          } else {
-                            run_tile<kKind, kPrefillBigTileTokens>(args, tile, row_tile, shared);
-                          }
-                        });
+  for_each_prefill_item(
+      args.n, kRows, tiles, tile_count, [&](const PrefillTokenTile& tile, int row_tile) {
+        if constexpr (kKind == TileKind::kFold128RegisterA) {
+          static_assert(kPrefillTileSizes[2] == 64 && kPrefillTileSizes[3] == 96 &&
+                            kPrefillTileSizes[4] == 144 && kPrefillTileSizes[5] == 160,
+                        "the sized tiles' indices");
+          switch (tile.small) {
+            case 0:
+              run_tile<kKind, kPrefillBigTileTokens>(args, tile, row_tile, shared);
+              break;
+            case 1:
+              run_tile<kKind, kPrefillSmallTileTokens>(args, tile, row_tile, shared);
+              break;
+            case 2:
+              run_tile<kKind, 64>(args, tile, row_tile, shared);
+              break;
+            case 3:
+              run_tile<kKind, 96>(args, tile, row_tile, shared);
+              break;
+            case 4:
+              run_tile<kKind, 144>(args, tile, row_tile, shared);
+              break;
+            default:
+              run_tile<kKind, 160>(args, tile, row_tile, shared);
+              break;
+          }
+        } else if (tile.small != 0) {
+          run_tile<kKind, kPrefillSmallTileTokens>(args, tile, row_tile, shared);
+        } else {
+          run_tile<kKind, kPrefillBigTileTokens>(args, tile, row_tile, shared);
+        }
+      });
 #else
   (void)args;
   (void)tiles;
@@ -1478,6 +1728,32 @@ __global__ void quantize_rows_per128_vec_kernel(ExpertRowsSource source, uint8_t
     if (lane == 0) step_scales[warp.row * warp.steps_per_row + warp.first_step + s] = step_scale;
   }
 }
+
+// 0: the register tile reads the big and small token tiles; 128, 144 or 160 (the default): the
+// sized tiles up to that many tokens (moe_prefill_wgmma.h; list_token_tiles_kernel's kSized
+// lists). Why: a tile converts each K step's weights once for its tokens, so a 32-token tile
+// pays a 128-token tile's conversion for a quarter of the products (268 SASS instructions a step
+// against 376), and an expert of 140 rows took a 128 and a 32 (644 a step) where one 144-token
+// tile takes 401; at 4096 tokens (~64 rows an expert) two or three 32-token tiles became one of
+// 64 or 96 (304 / 340). Measured on the H200 (cuda_layer_bench, one layer's routed w1|w3 + w2,
+// 2026-12-02 06:10 UTC call), ms at 1024, 4096, 8192 tokens:
+//   0:   4.543, 10.962, 9.530       144: 4.544, 5.685, 7.887
+//   128: 4.549,  5.689, 9.464       160: 4.533, 5.686, 7.647
+//   the cuBLASLt FP8 loop: 7.607, 7.243, 8.673.
+// 160 takes 255 registers without spilling; beyond it the two accumulator sets alone would leave
+// too few.
+RuntimeSetting kMoeWgmmaTiles{"DEEPINFER_MOE_WGMMA_TILES", 160, 0, kPrefillLargestTileTokens};
+
+}  // namespace
+
+int moe_prefill_sized_tiles() {
+  if (!kMoeWgmmaRegisterA.enabled()) return 0;
+  const int largest = kMoeWgmmaTiles.value();
+  if (largest == 0 || largest == 128 || largest == 144 || largest == 160) return largest;
+  DI_THROW("DEEPINFER_MOE_WGMMA_TILES=", largest, " is not accepted: 0, 128, 144 or 160");
+}
+
+namespace {
 
 template <TileKind kKind>
 void launch_kernel(const PrefillWgmmaArgs& args, unsigned blocks, const PrefillTokenTile* tiles,

@@ -31,7 +31,8 @@ struct ExpertRowsSource;
 
 // The prefill token tiles (listed on the device by moe_grouped_gemm.cu): rows
 // [first, min(first + tile tokens, end)) of `expert`, whose rows end at `end`; tile tokens is
-// kPrefillSmallTileTokens if `small`, else kPrefillBigTileTokens.
+// kPrefillSmallTileTokens if `small`, else kPrefillBigTileTokens (in the register tile's sized
+// lists: kPrefillTileSizes[small]).
 struct PrefillTokenTile {
   int expert;
   int first;
@@ -40,6 +41,13 @@ struct PrefillTokenTile {
 };
 inline constexpr int kPrefillBigTileTokens = 128;
 inline constexpr int kPrefillSmallTileTokens = 32;
+// The register tile's sized token tiles (moe_prefill_sized_tiles()): `small` indexes these sizes
+// (0 and 1 are the big and small tiles above, so those lists read the same); each expert gets
+// 128-token tiles while more rows are left than the largest tile holds, then one tile of the
+// smallest size that holds the rest.
+inline constexpr int kPrefillTileSizes[] = {
+    kPrefillBigTileTokens, kPrefillSmallTileTokens, 64, 96, 144, 160};
+inline constexpr int kPrefillLargestTileTokens = 160;
 // The decode tile's token tiles (the same struct, another list): 16 tokens, or 8 if `small`.
 inline constexpr int kDecodeBigTileTokens = 16;
 inline constexpr int kDecodeSmallTileTokens = 8;
@@ -84,8 +92,15 @@ struct PrefillWgmmaArgs {
   float* second_out = nullptr;
 };
 
+// The token tiles a kPer128 prefill lists for launch_moe_prefill_wgmma: 0, the big and small
+// tiles (DEEPINFER_MOE_WGMMA_TILES=0, and always for the shared-memory tile), else the largest
+// sized tile (DEEPINFER_MOE_WGMMA_TILES: 160 by default, or 128 or 144; another value is an
+// Error naming the variable).
+int moe_prefill_sized_tiles();
+
 // Runs the tiles (*tile_count of them, at most max_tiles) x all N / 128 weight row blocks on the
-// current stream, folding as `fold` says (kPer32 or kPer128).
+// current stream, folding as `fold` says (kPer32 or kPer128). Sized tiles (small > 1) only with
+// kPer128 and moe_prefill_sized_tiles() > 0.
 void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
                               const PrefillTokenTile* tiles, const int* tile_count,
                               int64_t max_tiles);
