@@ -240,6 +240,35 @@ void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1
   call(c, true);
 }
 
+// The whole-token prefill kernel, batch invariance off: `wgmma` DEEPINFER_ATTENTION_WGMMA (1: the
+// wgmma kernel at any token count, 0: the cluster kernel).
+void call_whole_tokens(const AttentionCase& c, int wgmma) {
+  const ops::ScopedBatchInvariance invariance(false);
+  const rt::ScopedSetting chunk_setting("DEEPINFER_ATTENTION_PREFILL_CHUNKS", 1);
+  const rt::ScopedSetting decode_setting("DEEPINFER_ATTENTION_PREFILL_DECODE", 1);
+  const rt::ScopedSetting wgmma_setting("DEEPINFER_ATTENTION_WGMMA", wgmma);
+  call(c, true);
+}
+
+// The keys the call's tokens attend (each counted once a token): decode 128 + 512 a token,
+// prefill token t min(t + 1, 128) window rows and min(512, t / 4) compressed entries.
+double attended_keys(const AttentionCase& c) {
+  if (c.requests.size() > 1 || c.tokens < kPrefillTokens) {
+    return static_cast<double>(c.tokens) * (kWindow + kSelected);
+  }
+  double keys = 0;
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    keys += static_cast<double>(std::min(t + 1, kWindow) + std::min(kSelected, t / kCompressRatio));
+  }
+  return keys;
+}
+
+// The wgmma kernel against the cluster kernel (both whole tokens, one term) in one run: prefill
+// 8192 and decode b64, b128, b256; bf16 TFLOP/s of the products (QK^T and PV, 2 x 2 x 512 a head
+// and key) and of HBM (the case's bytes over the time). Exit 2 past kOneTermDiffer from the "mma"
+// column's output.
+int wgmma_section(double read_gbps);
+
 // The path before the split form, batch invariance off: below 256 tokens the head-group kernels,
 // from 256 the whole-token prefill kernel.
 void call_off_before(const AttentionCase& c) {
@@ -320,6 +349,33 @@ void compare_outputs(const AttentionCase& c, Row& row) {
   rt::synchronize();
 }
 
+int wgmma_section(double read_gbps) {
+  std::printf("\nwhole-token prefill kernels, batch invariance off: cluster (mma.sync) vs wgmma\n");
+  std::printf("%-14s %10s %10s %8s %10s %10s %9s %9s %11s %11s\n", "case", "cluster", "wgmma",
+              "speedup", "TFLOP/s cl", "TFLOP/s wg", "HBM cl", "HBM wg", "differ cl", "differ wg");
+  int status = 0;
+  const int64_t batches[] = {64, 128, 256, 0};
+  for (const int64_t batch : batches) {
+    AttentionCase c = batch > 0 ? decode_case(batch) : prefill_case();
+    call(c, true, true, "0");
+    const Tensor mma = rt::to_host(c.out.view());
+    call_whole_tokens(c, 0);
+    const double cluster_differ = outputs_differ(mma, rt::to_host(c.out.view()));
+    call_whole_tokens(c, 1);
+    const double wgmma_differ = outputs_differ(mma, rt::to_host(c.out.view()));
+    const double cluster_ms = time_ms([&] { call_whole_tokens(c, 0); });
+    const double wgmma_ms = time_ms([&] { call_whole_tokens(c, 1); });
+    const double flops = 4.0 * kHeads * kHeadDim * attended_keys(c);
+    std::printf("%-14s %8.4fms %8.4fms %7.2fx %10.1f %10.1f %8.1f%% %8.1f%% %11.2g %11.2g\n",
+                c.name.c_str(), cluster_ms, wgmma_ms, cluster_ms / wgmma_ms,
+                flops / (cluster_ms * 1e9), flops / (wgmma_ms * 1e9),
+                100.0 * c.bytes / (cluster_ms * 1e6) / read_gbps,
+                100.0 * c.bytes / (wgmma_ms * 1e6) / read_gbps, cluster_differ, wgmma_differ);
+    if (!(wgmma_differ <= kOneTermDiffer) || !(cluster_differ <= kOneTermDiffer)) status = 2;
+  }
+  return status;
+}
+
 int run(int argc, char** argv) {
   rt::require_supported_device(0);
   std::string json_path = "attention_bench.json";
@@ -333,6 +389,11 @@ int run(int argc, char** argv) {
   const double read_gbps = measure_hbm_read_gbps(size_t{2} << 30);  // far past the L2
   std::printf("attention bench on %s (%d SMs): HBM read %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, read_gbps);
+  // ATTENTION_BENCH_WGMMA=1: the wgmma section alone.
+  if (const char* only_wgmma = std::getenv("ATTENTION_BENCH_WGMMA");
+      only_wgmma != nullptr && std::string(only_wgmma) == "1") {
+    return wgmma_section(read_gbps);
+  }
   std::printf(
       "%-14s %10s %10s %10s %10s %10s %10s %10s %13s %13s %8s %10s %9s %9s %9s %10s %10s %12s %6s "
       "%11s %s\n",
@@ -456,6 +517,10 @@ int run(int argc, char** argv) {
     std::fprintf(f, "]}\n");
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (const int status = wgmma_section(read_gbps); status != 0) {
+    std::fprintf(stderr, "cuda_attention_bench: the whole-token prefill kernels differ\n");
+    return status;
   }
   // The kernels must agree within the op's tolerance against the reference (1e-5 each way; the
   // one-term prefill kernel kOneTermDiffer).

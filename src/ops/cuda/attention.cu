@@ -29,6 +29,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +43,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/runtime_switch.h"
+#include "ops/cuda/wgmma_bf16.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -1189,6 +1191,7 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
 // ---- the prefill kernel (batch invariance off) ---------------------------------------------
 
 #include "ops/cuda/attention_prefill.cuh"
+#include "ops/cuda/attention_prefill_wgmma.cuh"
 
 bool aligned_rows(const void* data, int64_t stride_elements) {
   return aligned_to(data, 16) && stride_elements % 4 == 0;
@@ -1309,6 +1312,14 @@ int64_t prefill_chunks(int64_t tokens, int64_t max_tiles) {
   return std::max<int64_t>(1, std::min(wanted, max_tiles / kPrefillMinChunkTiles));
 }
 
+// Whether a whole-token prefill call (one term: the exact products stay on the cluster kernel)
+// takes the wgmma kernel (attention_prefill_wgmma.cuh): from DEEPINFER_ATTENTION_WGMMA tokens
+// (0: never).
+bool wgmma_prefill_chosen(bool exact, int64_t tokens) {
+  const int from = prefill_wgmma::kFromTokens.value();
+  return !exact && from > 0 && tokens >= from;
+}
+
 // The prefill kernel (whole tokens, or its split form and the merge), then the one-block
 // tensor-core kernel for the tokens it flagged (key rows that are not bf16-exact): that kernel's
 // blocks for other tokens return at once. `max_keys`: no token has more keys.
@@ -1361,6 +1372,19 @@ void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
     merge<<<static_cast<unsigned>(tokens * args.heads), prefill::kThreads, 0, current_stream()>>>(
         args);
     DI_CUDA_LAUNCHED(sink_attention_prefill_merge_kernel);
+  } else if (wgmma_prefill_chosen(exact, tokens)) {
+    static const bool wgmma_configured = [] {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(
+          reinterpret_cast<const void*>(prefill_wgmma::sink_attention_wgmma_kernel),
+          cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(prefill_wgmma::kSharedBytes)));
+      return true;
+    }();
+    (void)wgmma_configured;
+    prefill_wgmma::
+        sink_attention_wgmma_kernel<<<static_cast<unsigned>(tokens), prefill_wgmma::kThreads,
+                                      prefill_wgmma::kSharedBytes, current_stream()>>>(args);
+    DI_CUDA_LAUNCHED(sink_attention_wgmma_kernel);
   } else {
     kKernels[0][variant]<<<static_cast<unsigned>(blocks), prefill::kThreads, prefill::kSharedBytes,
                            current_stream()>>>(args);
