@@ -24,7 +24,7 @@
 //  - the consumers get the registers (setmaxnreg): O 128, S 32, P 16 a thread.
 // A tile's weighted sum (O += P V) stays in flight while the next tile's S is issued; its buffer
 // is handed back once the wait for that S returns. Tiles without any key present (-1 selections)
-// are computed all the same (see the loop).
+// are skipped.
 //
 // Key rows that are not bf16-exact: the producer flags the tile, the consumers flag the token for
 // the one-block tensor-core kernel (redo_tokens), as the cluster kernel does, so such a token gets
@@ -226,12 +226,16 @@ __global__ void __launch_bounds__(kThreads, 1) sink_attention_wgmma_kernel(Atten
       mask |= static_cast<uint64_t>(shared.present[stage][w]) << (kRowsPerWarp * w);
       inexact = inexact || shared.inexact[stage][w] != 0;
     }
-    // Every tile is computed, also one without any key (its probabilities are 0 and its rescale
-    // 1: nothing changes) or of a token going to the one-block kernel: a branch around the MMAs
-    // would leave the accumulators in other registers on each side of it, and the moves that
-    // merge them would read them while the weighted sum is in flight (ptxas then serializes
-    // every wgmma of the kernel: C7514).
+    // A tile without any key present (-1 selections), or a token going to the one-block kernel:
+    // nothing to add. The last tile's weighted sum completes here, and its buffer goes back as
+    // on the computing path; this tile's goes back with the next tile (or at the end).
     redo = redo || inexact;
+    if (redo || mask == 0) {
+      wg::wgmma_wait<0>();
+      wg::hold_after_wait(o);
+      wg::mbarrier_arrive_if(shared_address(&shared.empty[stage ^ 1]), tile > 0);
+      continue;
+    }
     const uint32_t key_base = shared_address(shared.keys[stage]);
     float s[32];
     wg::wgmma_fence();
