@@ -240,13 +240,19 @@ void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1
   call(c, true);
 }
 
-// The whole-token prefill kernel, batch invariance off: `wgmma` DEEPINFER_ATTENTION_WGMMA (1: the
-// wgmma kernel at any token count, 0: the cluster kernel).
-void call_whole_tokens(const AttentionCase& c, int wgmma) {
+// Batch invariance off, DEEPINFER_ATTENTION_WGMMA `wgmma` (1: the wgmma kernel at any token
+// count, 0: never) and DEEPINFER_ATTENTION_WGMMA_PREFETCH `prefetch`; `whole`: whole tokens
+// (DEEPINFER_ATTENTION_PREFILL_CHUNKS=1) and the prefill kernel at any count
+// (DEEPINFER_ATTENTION_PREFILL_DECODE=1), else the op's choice of form.
+void call_prefill_kernels(const AttentionCase& c, int wgmma, bool whole, bool prefetch = true) {
   const ops::ScopedBatchInvariance invariance(false);
-  const rt::ScopedSetting chunk_setting("DEEPINFER_ATTENTION_PREFILL_CHUNKS", 1);
-  const rt::ScopedSetting decode_setting("DEEPINFER_ATTENTION_PREFILL_DECODE", 1);
   const rt::ScopedSetting wgmma_setting("DEEPINFER_ATTENTION_WGMMA", wgmma);
+  const rt::ScopedSwitch prefetch_setting("DEEPINFER_ATTENTION_WGMMA_PREFETCH", prefetch);
+  std::optional<rt::ScopedSetting> chunk_setting, decode_setting;
+  if (whole) {
+    chunk_setting.emplace("DEEPINFER_ATTENTION_PREFILL_CHUNKS", 1);
+    decode_setting.emplace("DEEPINFER_ATTENTION_PREFILL_DECODE", 1);
+  }
   call(c, true);
 }
 
@@ -263,10 +269,10 @@ double attended_keys(const AttentionCase& c) {
   return keys;
 }
 
-// The wgmma kernel against the cluster kernel (both whole tokens, one term) in one run: prefill
-// 8192 and decode b64, b128, b256; bf16 TFLOP/s of the products (QK^T and PV, 2 x 2 x 512 a head
-// and key) and of HBM (the case's bytes over the time). Exit 2 past kOneTermDiffer from the "mma"
-// column's output.
+// The wgmma kernel (whole tokens, with and without its L2 prefetch) against the cluster kernel
+// (whole tokens) and the op's choice without the wgmma kernel, in one run: decode b1 to b256 and
+// prefill 8192; bf16 TFLOP/s of the products (QK^T and PV, 2 x 2 x 512 a head and key) and of HBM
+// (the case's bytes over the time). Exit 2 past kOneTermDiffer from the "mma" column's output.
 int wgmma_section(double read_gbps);
 
 // The path before the split form, batch invariance off: below 256 tokens the head-group kernels,
@@ -350,28 +356,41 @@ void compare_outputs(const AttentionCase& c, Row& row) {
 }
 
 int wgmma_section(double read_gbps) {
-  std::printf("\nwhole-token prefill kernels, batch invariance off: cluster (mma.sync) vs wgmma\n");
-  std::printf("%-14s %10s %10s %8s %10s %10s %9s %9s %11s %11s\n", "case", "cluster", "wgmma",
-              "speedup", "TFLOP/s cl", "TFLOP/s wg", "HBM cl", "HBM wg", "differ cl", "differ wg");
+  std::printf(
+      "\nbatch invariance off: the wgmma kernel (whole tokens) against the cluster kernel (whole "
+      "tokens) and the op's choice without it (before: head-group kernels below 8 tokens, the "
+      "cluster kernel's split form below 96, whole tokens from 96)\n");
+  std::printf("%-14s %10s %10s %10s %10s %8s %8s %9s %9s %8s %8s %10s %10s\n", "case", "before",
+              "cluster", "wgmma", "wgmma-nopf", "vs bef.", "vs cl.", "TFLOP/s cl", "TFLOP/s wg",
+              "HBM cl", "HBM wg", "differ cl", "differ wg");
   int status = 0;
-  const int64_t batches[] = {64, 128, 256, 0};
+  const int64_t batches[] = {1, 8, 16, 32, 64, 128, 256, 0};
   for (const int64_t batch : batches) {
     AttentionCase c = batch > 0 ? decode_case(batch) : prefill_case();
     call(c, true, true, "0");
     const Tensor mma = rt::to_host(c.out.view());
-    call_whole_tokens(c, 0);
+    call_prefill_kernels(c, 0, true);
     const double cluster_differ = outputs_differ(mma, rt::to_host(c.out.view()));
-    call_whole_tokens(c, 1);
+    call_prefill_kernels(c, 1, true);
     const double wgmma_differ = outputs_differ(mma, rt::to_host(c.out.view()));
-    const double cluster_ms = time_ms([&] { call_whole_tokens(c, 0); });
-    const double wgmma_ms = time_ms([&] { call_whole_tokens(c, 1); });
+    call_prefill_kernels(c, 1, true, false);
+    const double nopf_differ = outputs_differ(mma, rt::to_host(c.out.view()));
+    const double before_ms = time_ms([&] { call_prefill_kernels(c, 0, false); });
+    const double cluster_ms = time_ms([&] { call_prefill_kernels(c, 0, true); });
+    const double wgmma_ms = time_ms([&] { call_prefill_kernels(c, 1, true); });
+    const double nopf_ms = time_ms([&] { call_prefill_kernels(c, 1, true, false); });
     const double flops = 4.0 * kHeads * kHeadDim * attended_keys(c);
-    std::printf("%-14s %8.4fms %8.4fms %7.2fx %10.1f %10.1f %8.1f%% %8.1f%% %11.2g %11.2g\n",
-                c.name.c_str(), cluster_ms, wgmma_ms, cluster_ms / wgmma_ms,
-                flops / (cluster_ms * 1e9), flops / (wgmma_ms * 1e9),
-                100.0 * c.bytes / (cluster_ms * 1e6) / read_gbps,
-                100.0 * c.bytes / (wgmma_ms * 1e6) / read_gbps, cluster_differ, wgmma_differ);
-    if (!(wgmma_differ <= kOneTermDiffer) || !(cluster_differ <= kOneTermDiffer)) status = 2;
+    std::printf(
+        "%-14s %8.4fms %8.4fms %8.4fms %8.4fms %7.2fx %7.2fx %10.1f %10.1f %7.1f%% %7.1f%% %10.2g "
+        "%10.2g\n",
+        c.name.c_str(), before_ms, cluster_ms, wgmma_ms, nopf_ms, before_ms / wgmma_ms,
+        cluster_ms / wgmma_ms, flops / (cluster_ms * 1e9), flops / (wgmma_ms * 1e9),
+        100.0 * c.bytes / (cluster_ms * 1e6) / read_gbps,
+        100.0 * c.bytes / (wgmma_ms * 1e6) / read_gbps, cluster_differ, wgmma_differ);
+    if (!(wgmma_differ <= kOneTermDiffer) || !(cluster_differ <= kOneTermDiffer) ||
+        !(nopf_differ <= kOneTermDiffer)) {
+      status = 2;
+    }
   }
   return status;
 }

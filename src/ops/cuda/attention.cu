@@ -1312,12 +1312,13 @@ int64_t prefill_chunks(int64_t tokens, int64_t max_tiles) {
   return std::max<int64_t>(1, std::min(wanted, max_tiles / kPrefillMinChunkTiles));
 }
 
-// Whether a whole-token prefill call (one term: the exact products stay on the cluster kernel)
-// takes the wgmma kernel (attention_prefill_wgmma.cuh): from DEEPINFER_ATTENTION_WGMMA tokens
-// (0: never).
+// Whether a prefill-kernel call takes the wgmma kernel (attention_prefill_wgmma.cuh, whole tokens)
+// instead of the cluster kernel, whole-token or split: from DEEPINFER_ATTENTION_WGMMA tokens (0:
+// never), one term only (exact products stay on the cluster kernel), and not with
+// DEEPINFER_ATTENTION_PREFILL_CHUNKS forcing the split form (more than one chunk).
 bool wgmma_prefill_chosen(bool exact, int64_t tokens) {
   const int from = prefill_wgmma::kFromTokens.value();
-  return !exact && from > 0 && tokens >= from;
+  return !exact && from > 0 && tokens >= from && prefill::kChunks.value() <= 1;
 }
 
 // The prefill kernel (whole tokens, or its split form and the merge), then the one-block
@@ -1349,7 +1350,8 @@ void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
   chunks = (max_tiles + chunk_tiles - 1) / chunk_tiles;  // no chunk past every token's keys
   const size_t scratch_bytes =
       static_cast<size_t>(tokens * prefill::kClusterBlocks * chunks) * sizeof(ChunkState);
-  const bool split = chunks > 1 && scratch_bytes <= kMaxSplitScratchBytes &&
+  const bool wgmma = wgmma_prefill_chosen(exact, tokens);
+  const bool split = !wgmma && chunks > 1 && scratch_bytes <= kMaxSplitScratchBytes &&
                      tokens * chunks * prefill::kClusterBlocks <= INT32_MAX;
   const int64_t blocks = tokens * prefill::kClusterBlocks;
   DI_CHECK(blocks <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
@@ -1358,7 +1360,24 @@ void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
                                 current_stream()));
   args.redo_tokens = redo.as<int>();
   std::optional<deepinfer::cuda::StreamBuffer> scratch;
-  if (split) {
+  if (wgmma) {
+    static const bool wgmma_configured = [] {
+      for (const Kernel kernel : {prefill_wgmma::sink_attention_wgmma_kernel<false>,
+                                  prefill_wgmma::sink_attention_wgmma_kernel<true>}) {
+        DI_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(prefill_wgmma::kSharedBytes)));
+      }
+      return true;
+    }();
+    (void)wgmma_configured;
+    const Kernel kernel = prefill_wgmma::kPrefetch.enabled()
+                              ? prefill_wgmma::sink_attention_wgmma_kernel<true>
+                              : prefill_wgmma::sink_attention_wgmma_kernel<false>;
+    kernel<<<static_cast<unsigned>(tokens), prefill_wgmma::kThreads, prefill_wgmma::kSharedBytes,
+             current_stream()>>>(args);
+    DI_CUDA_LAUNCHED(sink_attention_wgmma_kernel);
+  } else if (split) {
     scratch.emplace(scratch_bytes);
     args.chunk_states = scratch->as<ChunkState>();
     args.max_chunks = chunks;
@@ -1372,19 +1391,6 @@ void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
     merge<<<static_cast<unsigned>(tokens * args.heads), prefill::kThreads, 0, current_stream()>>>(
         args);
     DI_CUDA_LAUNCHED(sink_attention_prefill_merge_kernel);
-  } else if (wgmma_prefill_chosen(exact, tokens)) {
-    static const bool wgmma_configured = [] {
-      DI_CUDA_CHECK(cudaFuncSetAttribute(
-          reinterpret_cast<const void*>(prefill_wgmma::sink_attention_wgmma_kernel),
-          cudaFuncAttributeMaxDynamicSharedMemorySize,
-          static_cast<int>(prefill_wgmma::kSharedBytes)));
-      return true;
-    }();
-    (void)wgmma_configured;
-    prefill_wgmma::
-        sink_attention_wgmma_kernel<<<static_cast<unsigned>(tokens), prefill_wgmma::kThreads,
-                                      prefill_wgmma::kSharedBytes, current_stream()>>>(args);
-    DI_CUDA_LAUNCHED(sink_attention_wgmma_kernel);
   } else {
     kKernels[0][variant]<<<static_cast<unsigned>(blocks), prefill::kThreads, prefill::kSharedBytes,
                            current_stream()>>>(args);

@@ -83,7 +83,14 @@ __device__ __forceinline__ uint4 bf16_words(float4 a, float4 b) {
                     attention_bf16_pair(b.x, b.y), attention_bf16_pair(b.z, b.w));
 }
 
+// true (the default): the producer asks L2 for each row of the next tile while it loads this
+// one (cp.async.bulk.prefetch: one instruction a row, no registers held), so the next tile's
+// loads wait for L2, not HBM (a decode token's rows are its own: they come from HBM); false:
+// no prefetch (the kernel before; benches time both).
+RuntimeSwitch kPrefetch{"DEEPINFER_ATTENTION_WGMMA_PREFETCH", true};
+
 // The producer warpgroup: tile by tile, each warp's 16 rows into the tile's stage.
+template <bool kPrefetchRows>
 __device__ __forceinline__ void produce(const AttentionArgs& args, Shared& shared,
                                         const TokenKeys& keys, int64_t tiles) {
   const int warp = threadIdx.x >> 5;
@@ -101,7 +108,12 @@ __device__ __forceinline__ void produce(const AttentionArgs& args, Shared& share
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int stage = static_cast<int>(tile & 1);
     const float* mine = next;
-    if (tile + 1 < tiles) next = resolve(tile + 1);
+    if (tile + 1 < tiles) {
+      next = resolve(tile + 1);
+      if (kPrefetchRows && lane < 16 && next != nullptr) {
+        wg::prefetch_l2(next, kDim * sizeof(float));
+      }
+    }
     if (tile >= kStages) {
       wg::mbarrier_wait(shared_address(&shared.empty[stage]),
                         static_cast<uint32_t>(((tile >> 1) + 1) & 1));
@@ -147,7 +159,8 @@ __device__ __forceinline__ void produce(const AttentionArgs& args, Shared& share
   }
 }
 
-// One block per token (module comment).
+// One block per token (module comment); kPrefetchRows: kPrefetch.
+template <bool kPrefetchRows>
 __global__ void __launch_bounds__(kThreads, 1) sink_attention_wgmma_kernel(AttentionArgs args) {
   extern __shared__ uint8_t shared_raw[];
   Shared& shared = *reinterpret_cast<Shared*>(
@@ -195,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) sink_attention_wgmma_kernel(Atten
   const int warpgroup = tid >> 7;
   if (warpgroup == 0) {
     wg::registers_decrease<kProducerRegisters>();
-    produce(args, shared, keys, tiles);
+    produce<kPrefetchRows>(args, shared, keys, tiles);
     return;
   }
   wg::registers_increase<kConsumerRegisters>();

@@ -127,6 +127,12 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity)
       : "memory");
 }
 
+// Starts copying `bytes` (a multiple of 16, from 16-byte-aligned `global`) into L2 (the bulk
+// copy engine; no registers or shared memory held while it runs).
+__device__ __forceinline__ void prefetch_l2(const void* global, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
+}
+
 // ---- the MMAs -------------------------------------------------------------------------------
 // d (64 x N, f32) = A . B (accumulate 0) or d + A . B (accumulate 1). d[4j + {0, 1, 2, 3}] of
 // lane (g = lane / 4, q = lane % 4) of warp w of the warpgroup is (row 16w + g, col 8j + 2q),
