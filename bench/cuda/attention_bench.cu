@@ -28,6 +28,9 @@
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
 //   ATTENTION_BENCH_ONLY=256 cuda_attention_bench   (one decode batch, no prefill case)
+//   ATTENTION_BENCH_WGMMA=1 cuda_attention_bench    (the wgmma section alone; with
+//                                                   ATTENTION_BENCH_WGMMA_BATCH=N one batch,
+//                                                   0 the prefill case)
 //
 // Decode batch 1, 8, 16, 64, 128, 256: one query row per token, each token its own request (a
 // window of 127 rows of its ring plus its new row, and 512 entries selected from its own 2048
@@ -244,7 +247,7 @@ void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1
 // count, 0: never) and DEEPINFER_ATTENTION_WGMMA_PREFETCH `prefetch`; `whole`: whole tokens
 // (DEEPINFER_ATTENTION_PREFILL_CHUNKS=1) and the prefill kernel at any count
 // (DEEPINFER_ATTENTION_PREFILL_DECODE=1), else the op's choice of form.
-void call_prefill_kernels(const AttentionCase& c, int wgmma, bool whole, bool prefetch = true) {
+void call_prefill_kernels(const AttentionCase& c, int wgmma, bool whole, bool prefetch = false) {
   const ops::ScopedBatchInvariance invariance(false);
   const rt::ScopedSetting wgmma_setting("DEEPINFER_ATTENTION_WGMMA", wgmma);
   const rt::ScopedSwitch prefetch_setting("DEEPINFER_ATTENTION_WGMMA_PREFETCH", prefetch);
@@ -269,10 +272,11 @@ double attended_keys(const AttentionCase& c) {
   return keys;
 }
 
-// The wgmma kernel (whole tokens, with and without its L2 prefetch) against the cluster kernel
-// (whole tokens) and the op's choice without the wgmma kernel, in one run: decode b1 to b256 and
-// prefill 8192; bf16 TFLOP/s of the products (QK^T and PV, 2 x 2 x 512 a head and key) and of HBM
-// (the case's bytes over the time). Exit 2 past kOneTermDiffer from the "mma" column's output.
+// The wgmma kernel (whole tokens, without and with its L2 prefetch: "wgmma", "wgmma-pf") against
+// the cluster kernel (whole tokens) and the op's choice without the wgmma kernel, in one run:
+// decode b1 to b256 and prefill 8192; bf16 TFLOP/s of the products (QK^T and PV, 2 x 2 x 512 a head
+// and key) and of HBM (the case's bytes over the time). Exit 2 past kOneTermDiffer from the "mma"
+// column's output.
 int wgmma_section(double read_gbps);
 
 // The path before the split form, batch invariance off: below 256 tokens the head-group kernels,
@@ -361,10 +365,15 @@ int wgmma_section(double read_gbps) {
       "tokens) and the op's choice without it (before: head-group kernels below 8 tokens, the "
       "cluster kernel's split form below 96, whole tokens from 96)\n");
   std::printf("%-14s %10s %10s %10s %10s %8s %8s %9s %9s %8s %8s %10s %10s\n", "case", "before",
-              "cluster", "wgmma", "wgmma-nopf", "vs bef.", "vs cl.", "TFLOP/s cl", "TFLOP/s wg",
+              "cluster", "wgmma", "wgmma-pf", "vs bef.", "vs cl.", "TFLOP/s cl", "TFLOP/s wg",
               "HBM cl", "HBM wg", "differ cl", "differ wg");
   int status = 0;
-  const int64_t batches[] = {1, 8, 16, 32, 64, 128, 256, 0};
+  std::vector<int64_t> batches = {1, 8, 16, 32, 64, 128, 256, 0};
+  // ATTENTION_BENCH_WGMMA_BATCH=N: decode batch N alone (0: the prefill case), e.g. under ncu.
+  if (const char* one = std::getenv("ATTENTION_BENCH_WGMMA_BATCH");
+      one != nullptr && *one != '\0') {
+    batches = {std::stoll(one)};
+  }
   for (const int64_t batch : batches) {
     AttentionCase c = batch > 0 ? decode_case(batch) : prefill_case();
     call(c, true, true, "0");
@@ -373,22 +382,22 @@ int wgmma_section(double read_gbps) {
     const double cluster_differ = outputs_differ(mma, rt::to_host(c.out.view()));
     call_prefill_kernels(c, 1, true);
     const double wgmma_differ = outputs_differ(mma, rt::to_host(c.out.view()));
-    call_prefill_kernels(c, 1, true, false);
-    const double nopf_differ = outputs_differ(mma, rt::to_host(c.out.view()));
+    call_prefill_kernels(c, 1, true, true);
+    const double prefetch_differ = outputs_differ(mma, rt::to_host(c.out.view()));
     const double before_ms = time_ms([&] { call_prefill_kernels(c, 0, false); });
     const double cluster_ms = time_ms([&] { call_prefill_kernels(c, 0, true); });
     const double wgmma_ms = time_ms([&] { call_prefill_kernels(c, 1, true); });
-    const double nopf_ms = time_ms([&] { call_prefill_kernels(c, 1, true, false); });
+    const double prefetch_ms = time_ms([&] { call_prefill_kernels(c, 1, true, true); });
     const double flops = 4.0 * kHeads * kHeadDim * attended_keys(c);
     std::printf(
         "%-14s %8.4fms %8.4fms %8.4fms %8.4fms %7.2fx %7.2fx %10.1f %10.1f %7.1f%% %7.1f%% %10.2g "
         "%10.2g\n",
-        c.name.c_str(), before_ms, cluster_ms, wgmma_ms, nopf_ms, before_ms / wgmma_ms,
+        c.name.c_str(), before_ms, cluster_ms, wgmma_ms, prefetch_ms, before_ms / wgmma_ms,
         cluster_ms / wgmma_ms, flops / (cluster_ms * 1e9), flops / (wgmma_ms * 1e9),
         100.0 * c.bytes / (cluster_ms * 1e6) / read_gbps,
         100.0 * c.bytes / (wgmma_ms * 1e6) / read_gbps, cluster_differ, wgmma_differ);
     if (!(wgmma_differ <= kOneTermDiffer) || !(cluster_differ <= kOneTermDiffer) ||
-        !(nopf_differ <= kOneTermDiffer)) {
+        !(prefetch_differ <= kOneTermDiffer)) {
       status = 2;
     }
   }

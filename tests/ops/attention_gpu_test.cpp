@@ -23,8 +23,11 @@
 // calls, PrefillSplit*): V4.1 decode at batch 1, 16, 64 and 256, tokens with fewer keys than a
 // chunk, -1 entries, tokens without compressed keys, multi-token requests, tokens whose keys are
 // not bf16-exact (the old path's bits), chunk counts forced and by the heuristic; the decode
-// threshold (DEEPINFER_ATTENTION_PREFILL_DECODE). Every GPU output starts as NaN, so an element
-// never written fails. Skips without a GPU.
+// threshold (DEEPINFER_ATTENTION_PREFILL_DECODE). The wgmma kernel (DEEPINFER_ATTENTION_WGMMA=1 at
+// any token count; one term, whole tokens) in every check of the prefill kernel's one-term
+// whole-token form, its bits other than the cluster kernel's, and alone at small shapes for the
+// sanitizers (PrefillWgmmaSmallShapes). Every GPU output starts as NaN, so an element never
+// written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -444,9 +447,10 @@ TEST_F(AttentionGpuTest, PrefillRealShapes) {
                 "v41 prefill 64 tokens, 100 selected, bf16 keys", true);
   check_prefill(make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16),
                 "v41 prefill 40 tokens, 33 selected, bf16 keys", true);
-  // Below the default threshold the op takes the kernel's split form (other bits than the
-  // head-group kernels') from DEEPINFER_ATTENTION_PREFILL_DECODE tokens, or with
-  // DEEPINFER_ATTENTION_PREFILL_DECODE=0 the head-group kernels.
+  // Below the default threshold the op takes the prefill kernel (other bits than the head-group
+  // kernels': the split form below DEEPINFER_ATTENTION_WGMMA tokens, the wgmma kernel from there)
+  // from DEEPINFER_ATTENTION_PREFILL_DECODE tokens, or with DEEPINFER_ATTENTION_PREFILL_DECODE=0
+  // the head-group kernels.
   const Case small = make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16);
   const DeviceCase ds(small);
   const Tensor old_path = run_gpu(small, ds, 0, 40);

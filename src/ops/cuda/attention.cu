@@ -25,7 +25,9 @@
 // (attention_prefill.cuh: the 4 head-group blocks of a token as one cluster sharing each key
 // tile), and decode-sized calls of at least DEEPINFER_ATTENTION_PREFILL_DECODE tokens take it too,
 // split into chunks of each token's keys below 96 tokens (prefill_kernel_chosen, prefill_chunks),
-// so there the kernel, and the bits, depend on the token count.
+// so there the kernel, and the bits, depend on the token count. From DEEPINFER_ATTENTION_WGMMA
+// tokens (default 32) those calls take the wgmma kernel instead (attention_prefill_wgmma.cuh: one
+// block a token, all 64 heads as the warpgroup MMA's M; whole tokens).
 #include <cooperative_groups.h>
 
 #include <algorithm>

@@ -70,12 +70,16 @@ constexpr size_t kSharedBytes = sizeof(Shared) + 1024;
 static_assert(kSharedBytes <= 227 * 1024, "one block per SM");
 static_assert(offsetof(Shared, keys) % 1024 == 0);
 
-// The RuntimeSetting: whole-token calls (the prefill kernel's form of DEEPINFER_ATTENTION_PREFILL
-// MIN_TOKENS and DECODE with one chunk a token) of at least this many tokens take this kernel
-// while batch invariance is off; 0: never (the cluster kernel, the path before). The default
-// (kFromTokensDefault) is where it measured faster on the H200 (docs/BENCHMARKS.md, "Batch
-// invariance off: the wgmma prefill kernel").
-constexpr int kFromTokensDefault = 96;
+// The RuntimeSetting: prefill-kernel calls (batch invariance off: from
+// DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS tokens, or decode-sized from
+// DEEPINFER_ATTENTION_PREFILL_DECODE) of at least this many tokens take this kernel, whole tokens,
+// in place of the cluster kernel (whole tokens or its split form); 0: never (the path before).
+// The default, kFromTokensDefault = 32, is where it measured faster on the H200
+// (docs/BENCHMARKS.md, "Batch invariance off: the wgmma prefill kernel"): b16 0.0733 ms against the
+// split form's 0.0554, b32 0.0814 against 0.1038, b64 0.0829 against 0.1541, b256 0.186 against
+// 0.404, prefill 8192 3.46 against 10.09 (a token's block runs about 6 us a tile whatever the
+// batch, so below 32 tokens too few blocks fill the GPU).
+constexpr int kFromTokensDefault = 32;
 RuntimeSetting kFromTokens{"DEEPINFER_ATTENTION_WGMMA", kFromTokensDefault, 0, 1 << 30};
 
 __device__ __forceinline__ uint4 bf16_words(float4 a, float4 b) {
@@ -83,11 +87,13 @@ __device__ __forceinline__ uint4 bf16_words(float4 a, float4 b) {
                     attention_bf16_pair(b.x, b.y), attention_bf16_pair(b.z, b.w));
 }
 
-// true (the default): the producer asks L2 for each row of the next tile while it loads this
-// one (cp.async.bulk.prefetch: one instruction a row, no registers held), so the next tile's
-// loads wait for L2, not HBM (a decode token's rows are its own: they come from HBM); false:
-// no prefetch (the kernel before; benches time both).
-RuntimeSwitch kPrefetch{"DEEPINFER_ATTENTION_WGMMA_PREFETCH", true};
+// true: the producer asks L2 for each row of the next tile while it loads this one
+// (cp.async.bulk.prefetch, one instruction a row), so the next tile's loads would wait for L2, not
+// HBM (a decode token's rows are its own). Off by default: on the H200 (2026-12-02, same run) it
+// was faster at b64 (0.0829 against 0.0919 ms) but slower at b128 (0.1100 against 0.1035), b256
+// (0.1998 against 0.1858) and prefill 8192 (3.478 against 3.456): the rows are not what a tile
+// waits for (docs/BENCHMARKS.md). Kept for the A/B (benches time both).
+RuntimeSwitch kPrefetch{"DEEPINFER_ATTENTION_WGMMA_PREFETCH", false};
 
 // The producer warpgroup: tile by tile, each warp's 16 rows into the tile's stage.
 template <bool kPrefetchRows>
