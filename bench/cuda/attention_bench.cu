@@ -28,6 +28,9 @@
 //   cuda_attention_bench [json_path]   (default: $OUT/attention_bench.json, else
 //                                       ./attention_bench.json)
 //   ATTENTION_BENCH_ONLY=256 cuda_attention_bench   (one decode batch, no prefill case)
+//   ATTENTION_BENCH_WGMMA=1 cuda_attention_bench    (the wgmma section alone; with
+//                                                   ATTENTION_BENCH_WGMMA_BATCH=N one batch,
+//                                                   0 the prefill case)
 //
 // Decode batch 1, 8, 16, 64, 128, 256: one query row per token, each token its own request (a
 // window of 127 rows of its ring plus its new row, and 512 entries selected from its own 2048
@@ -240,6 +243,42 @@ void call_invariance_off(const AttentionCase& c, int exact = -1, int chunks = -1
   call(c, true);
 }
 
+// Batch invariance off, DEEPINFER_ATTENTION_WGMMA `wgmma` (1: the wgmma kernel at any token
+// count, 0: never) and DEEPINFER_ATTENTION_WGMMA_PREFETCH `prefetch`; `whole`: whole tokens
+// (DEEPINFER_ATTENTION_PREFILL_CHUNKS=1) and the prefill kernel at any count
+// (DEEPINFER_ATTENTION_PREFILL_DECODE=1), else the op's choice of form.
+void call_prefill_kernels(const AttentionCase& c, int wgmma, bool whole, bool prefetch = false) {
+  const ops::ScopedBatchInvariance invariance(false);
+  const rt::ScopedSetting wgmma_setting("DEEPINFER_ATTENTION_WGMMA", wgmma);
+  const rt::ScopedSwitch prefetch_setting("DEEPINFER_ATTENTION_WGMMA_PREFETCH", prefetch);
+  std::optional<rt::ScopedSetting> chunk_setting, decode_setting;
+  if (whole) {
+    chunk_setting.emplace("DEEPINFER_ATTENTION_PREFILL_CHUNKS", 1);
+    decode_setting.emplace("DEEPINFER_ATTENTION_PREFILL_DECODE", 1);
+  }
+  call(c, true);
+}
+
+// The keys the call's tokens attend (each counted once a token): decode 128 + 512 a token,
+// prefill token t min(t + 1, 128) window rows and min(512, t / 4) compressed entries.
+double attended_keys(const AttentionCase& c) {
+  if (c.requests.size() > 1 || c.tokens < kPrefillTokens) {
+    return static_cast<double>(c.tokens) * (kWindow + kSelected);
+  }
+  double keys = 0;
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    keys += static_cast<double>(std::min(t + 1, kWindow) + std::min(kSelected, t / kCompressRatio));
+  }
+  return keys;
+}
+
+// The wgmma kernel (whole tokens, without and with its L2 prefetch: "wgmma", "wgmma-pf") against
+// the cluster kernel (whole tokens) and the op's choice without the wgmma kernel, in one run:
+// decode b1 to b256 and prefill 8192; bf16 TFLOP/s of the products (QK^T and PV, 2 x 2 x 512 a head
+// and key) and of HBM (the case's bytes over the time). Exit 2 past kOneTermDiffer from the "mma"
+// column's output.
+int wgmma_section(double read_gbps);
+
 // The path before the split form, batch invariance off: below 256 tokens the head-group kernels,
 // from 256 the whole-token prefill kernel.
 void call_off_before(const AttentionCase& c) {
@@ -320,6 +359,51 @@ void compare_outputs(const AttentionCase& c, Row& row) {
   rt::synchronize();
 }
 
+int wgmma_section(double read_gbps) {
+  std::printf(
+      "\nbatch invariance off: the wgmma kernel (whole tokens) against the cluster kernel (whole "
+      "tokens) and the op's choice without it (before: head-group kernels below 8 tokens, the "
+      "cluster kernel's split form below 96, whole tokens from 96)\n");
+  std::printf("%-14s %10s %10s %10s %10s %8s %8s %9s %9s %8s %8s %10s %10s\n", "case", "before",
+              "cluster", "wgmma", "wgmma-pf", "vs bef.", "vs cl.", "TFLOP/s cl", "TFLOP/s wg",
+              "HBM cl", "HBM wg", "differ cl", "differ wg");
+  int status = 0;
+  std::vector<int64_t> batches = {1, 8, 16, 32, 64, 128, 256, 0};
+  // ATTENTION_BENCH_WGMMA_BATCH=N: decode batch N alone (0: the prefill case), e.g. under ncu.
+  if (const char* one = std::getenv("ATTENTION_BENCH_WGMMA_BATCH");
+      one != nullptr && *one != '\0') {
+    batches = {std::stoll(one)};
+  }
+  for (const int64_t batch : batches) {
+    AttentionCase c = batch > 0 ? decode_case(batch) : prefill_case();
+    call(c, true, true, "0");
+    const Tensor mma = rt::to_host(c.out.view());
+    call_prefill_kernels(c, 0, true);
+    const double cluster_differ = outputs_differ(mma, rt::to_host(c.out.view()));
+    call_prefill_kernels(c, 1, true);
+    const double wgmma_differ = outputs_differ(mma, rt::to_host(c.out.view()));
+    call_prefill_kernels(c, 1, true, true);
+    const double prefetch_differ = outputs_differ(mma, rt::to_host(c.out.view()));
+    const double before_ms = time_ms([&] { call_prefill_kernels(c, 0, false); });
+    const double cluster_ms = time_ms([&] { call_prefill_kernels(c, 0, true); });
+    const double wgmma_ms = time_ms([&] { call_prefill_kernels(c, 1, true); });
+    const double prefetch_ms = time_ms([&] { call_prefill_kernels(c, 1, true, true); });
+    const double flops = 4.0 * kHeads * kHeadDim * attended_keys(c);
+    std::printf(
+        "%-14s %8.4fms %8.4fms %8.4fms %8.4fms %7.2fx %7.2fx %10.1f %10.1f %7.1f%% %7.1f%% %10.2g "
+        "%10.2g\n",
+        c.name.c_str(), before_ms, cluster_ms, wgmma_ms, prefetch_ms, before_ms / wgmma_ms,
+        cluster_ms / wgmma_ms, flops / (cluster_ms * 1e9), flops / (wgmma_ms * 1e9),
+        100.0 * c.bytes / (cluster_ms * 1e6) / read_gbps,
+        100.0 * c.bytes / (wgmma_ms * 1e6) / read_gbps, cluster_differ, wgmma_differ);
+    if (!(wgmma_differ <= kOneTermDiffer) || !(cluster_differ <= kOneTermDiffer) ||
+        !(prefetch_differ <= kOneTermDiffer)) {
+      status = 2;
+    }
+  }
+  return status;
+}
+
 int run(int argc, char** argv) {
   rt::require_supported_device(0);
   std::string json_path = "attention_bench.json";
@@ -333,6 +417,11 @@ int run(int argc, char** argv) {
   const double read_gbps = measure_hbm_read_gbps(size_t{2} << 30);  // far past the L2
   std::printf("attention bench on %s (%d SMs): HBM read %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, read_gbps);
+  // ATTENTION_BENCH_WGMMA=1: the wgmma section alone.
+  if (const char* only_wgmma = std::getenv("ATTENTION_BENCH_WGMMA");
+      only_wgmma != nullptr && std::string(only_wgmma) == "1") {
+    return wgmma_section(read_gbps);
+  }
   std::printf(
       "%-14s %10s %10s %10s %10s %10s %10s %10s %13s %13s %8s %10s %9s %9s %9s %10s %10s %12s %6s "
       "%11s %s\n",
@@ -456,6 +545,10 @@ int run(int argc, char** argv) {
     std::fprintf(f, "]}\n");
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (const int status = wgmma_section(read_gbps); status != 0) {
+    std::fprintf(stderr, "cuda_attention_bench: the whole-token prefill kernels differ\n");
+    return status;
   }
   // The kernels must agree within the op's tolerance against the reference (1e-5 each way; the
   // one-term prefill kernel kOneTermDiffer).

@@ -23,8 +23,11 @@
 // calls, PrefillSplit*): V4.1 decode at batch 1, 16, 64 and 256, tokens with fewer keys than a
 // chunk, -1 entries, tokens without compressed keys, multi-token requests, tokens whose keys are
 // not bf16-exact (the old path's bits), chunk counts forced and by the heuristic; the decode
-// threshold (DEEPINFER_ATTENTION_PREFILL_DECODE). Every GPU output starts as NaN, so an element
-// never written fails. Skips without a GPU.
+// threshold (DEEPINFER_ATTENTION_PREFILL_DECODE). The wgmma kernel (DEEPINFER_ATTENTION_WGMMA=1 at
+// any token count; one term, whole tokens) in every check of the prefill kernel's one-term
+// whole-token form, its bits other than the cluster kernel's, and alone at small shapes for the
+// sanitizers (PrefillWgmmaSmallShapes). Every GPU output starts as NaN, so an element never
+// written fails. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -366,12 +369,16 @@ TEST_F(AttentionGpuTest, BadIndicesAreReported) {
 // (nullptr: its default, 256; "1": every call) and the kernel's DEEPINFER_ATTENTION_PREFILL_EXACT
 // `exact` (nullptr: the default).
 // `chunks`: DEEPINFER_ATTENTION_PREFILL_CHUNKS (nullptr: by the op's heuristic; "1" whole tokens).
+// `wgmma`: DEEPINFER_ATTENTION_WGMMA ("1": whole-token calls of any size take the wgmma kernel,
+// "0": never; nullptr: its default).
 Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const char* min_tokens,
-                      const char* exact = nullptr, const char* chunks = nullptr) {
+                      const char* exact = nullptr, const char* chunks = nullptr,
+                      const char* wgmma = nullptr) {
   const ScopedBatchInvariance invariance(invariant);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", min_tokens);
   const ScopedOverride exact_setting("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
   const ScopedOverride chunk_setting("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
+  const ScopedOverride wgmma_setting("DEEPINFER_ATTENTION_WGMMA", wgmma);
   return run_gpu(c, d, 0, c.tokens);
 }
 
@@ -379,12 +386,17 @@ Tensor run_gpu_policy(const Case& c, const DeviceCase& d, bool invariant, const 
 constexpr const char* kExact[] = {"0", "1"};
 
 // The prefill kernel's forms a check runs: one term and exact products, each whole-token and split
-// into 3 chunks of a token.
+// into 3 chunks of a token; the wgmma kernel (one term, whole tokens: form kWgmmaForm, the
+// cluster kernel's same form kClusterForm).
 struct PrefillForm {
   const char* exact;
   const char* chunks;
+  const char* wgmma;
 };
-constexpr PrefillForm kPrefillForms[] = {{"0", "1"}, {"1", "1"}, {"0", "3"}, {"1", "3"}};
+constexpr PrefillForm kPrefillForms[] = {
+    {"0", "1", "0"}, {"0", "1", "1"}, {"1", "1", "0"}, {"0", "3", "0"}, {"1", "3", "0"}};
+constexpr size_t kClusterForm = 0;
+constexpr size_t kWgmmaForm = 1;
 
 // The prefill kernel's tolerance against the CPU: `exact` "1" (nullptr: the default, one term).
 double prefill_tolerance(const char* exact) {
@@ -400,11 +412,14 @@ void check_prefill(const Case& c, const std::string& what, std::optional<bool> n
   const Tensor want = reference(c);
   const DeviceCase d(c);
   const Tensor old_path = run_gpu(c, d, 0, c.tokens, true, "0");
+  std::vector<Tensor> outputs;
   for (const PrefillForm& form : kPrefillForms) {
     const char* exact = form.exact;
-    const Tensor got = run_gpu_policy(c, d, false, min_tokens, exact, form.chunks);
+    outputs.push_back(run_gpu_policy(c, d, false, min_tokens, exact, form.chunks, form.wgmma));
+    const Tensor& got = outputs.back();
     const double error = worst_error(want, got);
-    const std::string kernel = std::string("exact ") + exact + ", chunks " + form.chunks;
+    const std::string kernel =
+        std::string("exact ") + exact + ", chunks " + form.chunks + ", wgmma " + form.wgmma;
     std::printf(
         "%s, prefill kernel %s: worst error %.3g of the output's scale (one-block kernel "
         "%.3g; tolerance %.3g)\n",
@@ -415,6 +430,10 @@ void check_prefill(const Case& c, const std::string& what, std::optional<bool> n
           << what << ", " << kernel
           << (*new_bits ? ": the prefill kernel did not run" : ": fallback bits differ");
     }
+  }
+  if (new_bits.value_or(false)) {
+    EXPECT_FALSE(same_bits(outputs[kWgmmaForm], outputs[kClusterForm]))
+        << what << ": the wgmma kernel did not run";
   }
 }
 
@@ -428,9 +447,10 @@ TEST_F(AttentionGpuTest, PrefillRealShapes) {
                 "v41 prefill 64 tokens, 100 selected, bf16 keys", true);
   check_prefill(make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16),
                 "v41 prefill 40 tokens, 33 selected, bf16 keys", true);
-  // Below the default threshold the op takes the kernel's split form (other bits than the
-  // head-group kernels') from DEEPINFER_ATTENTION_PREFILL_DECODE tokens, or with
-  // DEEPINFER_ATTENTION_PREFILL_DECODE=0 the head-group kernels.
+  // Below the default threshold the op takes the prefill kernel (other bits than the head-group
+  // kernels': the split form below DEEPINFER_ATTENTION_WGMMA tokens, the wgmma kernel from there)
+  // from DEEPINFER_ATTENTION_PREFILL_DECODE tokens, or with DEEPINFER_ATTENTION_PREFILL_DECODE=0
+  // the head-group kernels.
   const Case small = make_case(40, 64, 512, 128, 33, 50, 203, KeyValues::kBf16);
   const DeviceCase ds(small);
   const Tensor old_path = run_gpu(small, ds, 0, 40);
@@ -480,11 +500,13 @@ TEST_F(AttentionGpuTest, PrefillOffKeepsTheOldBits) {
 // A compressed index past the table is recorded and skipped; a bad window range is recorded and
 // its token's output is NaN (the other tokens' as before).
 // `chunks`: DEEPINFER_ATTENTION_PREFILL_CHUNKS ("1": the whole-token kernel, "2": its split form).
-void check_prefill_bad_indices(const char* exact, const char* chunks) {
+// `wgmma`: DEEPINFER_ATTENTION_WGMMA ("1": the wgmma kernel for whole tokens, "0": never).
+void check_prefill_bad_indices(const char* exact, const char* chunks, const char* wgmma) {
   const ScopedBatchInvariance invariance(false);
   const ScopedOverride threshold("DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1");
   const ScopedOverride exact_setting("DEEPINFER_ATTENTION_PREFILL_EXACT", exact);
   const ScopedOverride chunk_setting("DEEPINFER_ATTENTION_PREFILL_CHUNKS", chunks);
+  const ScopedOverride wgmma_setting("DEEPINFER_ATTENTION_WGMMA", wgmma);
   const double tolerance = prefill_tolerance(exact);
   Case c = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
   Case bad = make_case(3, 64, 512, 40, 40, 50, 241, KeyValues::kBf16);
@@ -522,8 +544,9 @@ void check_prefill_bad_indices(const char* exact, const char* chunks) {
 
 TEST_F(AttentionGpuTest, PrefillBadIndicesAreReported) {
   for (const char* exact : kExact) {
-    for (const char* chunks : {"1", "2"}) check_prefill_bad_indices(exact, chunks);
+    for (const char* chunks : {"1", "2"}) check_prefill_bad_indices(exact, chunks, "0");
   }
+  check_prefill_bad_indices("0", "1", "1");
 }
 
 // ---- the batched form -------------------------------------------------------------------------
@@ -616,11 +639,13 @@ void check_batch_against_cpu(const AttentionBatch& b, const std::string& what) {
 // The batched form on the prefill kernel: V4.1 requests (rings wrapping, chunks reading this
 // call's rows) against the CPU with bf16-exact keys; f32 keys fall back to the one-block kernel's
 // bits; invariance on keeps the old bits.
-void check_prefill_batch(const char* exact_products) {
+// `wgmma`: DEEPINFER_ATTENTION_WGMMA ("1": the wgmma kernel, "0": the cluster kernel).
+void check_prefill_batch(const char* exact_products, const char* wgmma) {
   AttentionBatch exact = real_batch();
   attention_cases::round_batch_keys(exact, KeyValues::kBf16);
   const std::vector<Setting> prefill = {{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1"},
-                                        {"DEEPINFER_ATTENTION_PREFILL_EXACT", exact_products}};
+                                        {"DEEPINFER_ATTENTION_PREFILL_EXACT", exact_products},
+                                        {"DEEPINFER_ATTENTION_WGMMA", wgmma}};
   Tensor got, old_path;
   {
     const ScopedBatchInvariance invariance(false);
@@ -630,9 +655,9 @@ void check_prefill_batch(const char* exact_products) {
   const Tensor want = cpu_batch(exact);
   const double error = worst_error(want, got);
   std::printf(
-      "batched v41 5 requests, bf16 keys, prefill kernel exact %s: worst error %.3g (one-block "
-      "kernel %.3g; tolerance %.3g)\n",
-      exact_products, error, worst_error(want, old_path), prefill_tolerance(exact_products));
+      "batched v41 5 requests, bf16 keys, prefill kernel exact %s, wgmma %s: worst error %.3g "
+      "(one-block kernel %.3g; tolerance %.3g)\n",
+      exact_products, wgmma, error, worst_error(want, old_path), prefill_tolerance(exact_products));
   EXPECT_LE(error, prefill_tolerance(exact_products));
   EXPECT_FALSE(same_bits(got, old_path)) << "the prefill kernel did not run";
   EXPECT_TRUE(same_bits(old_path, run_gpu_batch(exact, prefill))) << "invariance on";
@@ -648,7 +673,8 @@ void check_prefill_batch(const char* exact_products) {
 }
 
 TEST_F(AttentionGpuTest, PrefillBatchMatchesTheCpu) {
-  for (const char* exact : kExact) check_prefill_batch(exact);
+  for (const char* exact : kExact) check_prefill_batch(exact, "0");
+  check_prefill_batch("0", "1");
 }
 
 TEST_F(AttentionGpuTest, BatchMatchesTheCpu) {
@@ -834,7 +860,9 @@ std::vector<SplitForm> split_forms() {
       {"defaults", {}},
       {"2 chunks", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "2"}}},
       {"7 chunks", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "7"}}},
-      {"whole tokens", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "1"}}},
+      {"whole tokens",
+       {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "1"}, {"DEEPINFER_ATTENTION_WGMMA", "0"}}},
+      {"wgmma", {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "1"}, {"DEEPINFER_ATTENTION_WGMMA", "1"}}},
       {"exact products", {{"DEEPINFER_ATTENTION_PREFILL_EXACT", "1"}}, true},
       {"5 chunks, exact products",
        {{"DEEPINFER_ATTENTION_PREFILL_CHUNKS", "5"}, {"DEEPINFER_ATTENTION_PREFILL_EXACT", "1"}},
@@ -939,6 +967,48 @@ TEST_F(AttentionGpuTest, PrefillDecodeThreshold) {
     EXPECT_EQ(same_bits(got, old_path), batch < 8) << "b" << batch;
     EXPECT_LE(worst_error(cpu_batch(b), got), kPrefillOneTermTolerance) << "b" << batch;
   }
+}
+
+// The wgmma kernel alone at small shapes (named for the sanitizer runs' *SmallShapes* filter):
+// partial tiles, -1 holes, a token without any key, a token with no compressed keys, a ring
+// that wraps (small_batch at 64 heads: 40-row rings, positions past them), against the CPU;
+// f32 keys give the one-block kernel's bits (the redo), and one inexact value among exact keys
+// sends only its own token there.
+TEST_F(AttentionGpuTest, PrefillWgmmaSmallShapes) {
+  const ScopedOverride wgmma("DEEPINFER_ATTENTION_WGMMA", "1");
+  const ScopedOverride chunks("DEEPINFER_ATTENTION_PREFILL_CHUNKS", "1");
+  for (const auto& [c, what] :
+       {std::pair{make_case(3, 64, 512, 40, 40, 50, 251, KeyValues::kBf16), "3 tokens"},
+        std::pair{make_case(2, 64, 512, 3, 7, 9, 252, KeyValues::kBf16), "10 keys"},
+        std::pair{make_case(3, 64, 512, 40, 0, 0, 253, KeyValues::kBf16), "a token without keys"},
+        std::pair{make_case(2, 64, 512, 70, 70, 90, 254, KeyValues::kBf16), "3 tiles"}}) {
+    const DeviceCase d(c);
+    const Tensor got = run_gpu_policy(c, d, false, "1");
+    const double error = worst_error(reference(c), got);
+    std::printf("wgmma kernel, %s: worst error %.3g of the output's scale\n", what, error);
+    EXPECT_LE(error, kPrefillOneTermTolerance) << what;
+  }
+  {
+    const Case f32 = make_case(2, 64, 512, 3, 7, 9, 255);
+    const DeviceCase d(f32);
+    EXPECT_TRUE(same_bits(run_gpu_policy(f32, d, false, "1"), run_gpu(f32, d, 0, 2, true, "0")))
+        << "f32 keys: the fallback's bits";
+  }
+  AttentionBatch b = small_batch(64);
+  attention_cases::round_batch_keys(b, KeyValues::kBf16);
+  const std::vector<Setting> settings = {{"DEEPINFER_ATTENTION_PREFILL_MIN_TOKENS", "1"}};
+  const Tensor got = run_gpu_batch_off(b, settings);
+  const double error = worst_error(cpu_batch(b), got);
+  std::printf("wgmma kernel, 64 heads, 3 requests: worst error %.3g\n", error);
+  EXPECT_LE(error, kPrefillOneTermTolerance);
+  EXPECT_FALSE(same_bits(got, run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}})))
+      << "the wgmma kernel did not run";
+  float& inexact = b.host.new_kv.data<float>()[b.offsets[2] * b.head_dim + 3];
+  inexact = std::nextafter(inexact, INFINITY);
+  const Tensor mixed = run_gpu_batch_off(b, settings);
+  const Tensor old_path = run_gpu_batch(b, {{"DEEPINFER_ATTENTION_SPLIT", "0"}});
+  EXPECT_TRUE(equal_rows(mixed, b.offsets[2], old_path, b.offsets[2])) << "the redo's bits";
+  EXPECT_LE(worst_error(cpu_batch(b), mixed), kPrefillOneTermTolerance);
 }
 
 }  // namespace

@@ -25,10 +25,13 @@
 // (attention_prefill.cuh: the 4 head-group blocks of a token as one cluster sharing each key
 // tile), and decode-sized calls of at least DEEPINFER_ATTENTION_PREFILL_DECODE tokens take it too,
 // split into chunks of each token's keys below 96 tokens (prefill_kernel_chosen, prefill_chunks),
-// so there the kernel, and the bits, depend on the token count.
+// so there the kernel, and the bits, depend on the token count. From DEEPINFER_ATTENTION_WGMMA
+// tokens (default 32) those calls take the wgmma kernel instead (attention_prefill_wgmma.cuh: one
+// block a token, all 64 heads as the warpgroup MMA's M; whole tokens).
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +45,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/runtime_switch.h"
+#include "ops/cuda/wgmma_bf16.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -1189,6 +1193,7 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
 // ---- the prefill kernel (batch invariance off) ---------------------------------------------
 
 #include "ops/cuda/attention_prefill.cuh"
+#include "ops/cuda/attention_prefill_wgmma.cuh"
 
 bool aligned_rows(const void* data, int64_t stride_elements) {
   return aligned_to(data, 16) && stride_elements % 4 == 0;
@@ -1309,6 +1314,15 @@ int64_t prefill_chunks(int64_t tokens, int64_t max_tiles) {
   return std::max<int64_t>(1, std::min(wanted, max_tiles / kPrefillMinChunkTiles));
 }
 
+// Whether a prefill-kernel call takes the wgmma kernel (attention_prefill_wgmma.cuh, whole tokens)
+// instead of the cluster kernel, whole-token or split: from DEEPINFER_ATTENTION_WGMMA tokens (0:
+// never), one term only (exact products stay on the cluster kernel), and not with
+// DEEPINFER_ATTENTION_PREFILL_CHUNKS forcing the split form (more than one chunk).
+bool wgmma_prefill_chosen(bool exact, int64_t tokens) {
+  const int from = prefill_wgmma::kFromTokens.value();
+  return !exact && from > 0 && tokens >= from && prefill::kChunks.value() <= 1;
+}
+
 // The prefill kernel (whole tokens, or its split form and the merge), then the one-block
 // tensor-core kernel for the tokens it flagged (key rows that are not bf16-exact): that kernel's
 // blocks for other tokens return at once. `max_keys`: no token has more keys.
@@ -1338,7 +1352,8 @@ void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
   chunks = (max_tiles + chunk_tiles - 1) / chunk_tiles;  // no chunk past every token's keys
   const size_t scratch_bytes =
       static_cast<size_t>(tokens * prefill::kClusterBlocks * chunks) * sizeof(ChunkState);
-  const bool split = chunks > 1 && scratch_bytes <= kMaxSplitScratchBytes &&
+  const bool wgmma = wgmma_prefill_chosen(exact, tokens);
+  const bool split = !wgmma && chunks > 1 && scratch_bytes <= kMaxSplitScratchBytes &&
                      tokens * chunks * prefill::kClusterBlocks <= INT32_MAX;
   const int64_t blocks = tokens * prefill::kClusterBlocks;
   DI_CHECK(blocks <= INT32_MAX, "attention: ", tokens, " tokens exceed one launch");
@@ -1347,7 +1362,24 @@ void launch_prefill(AttentionArgs args, int64_t tokens, int64_t max_keys) {
                                 current_stream()));
   args.redo_tokens = redo.as<int>();
   std::optional<deepinfer::cuda::StreamBuffer> scratch;
-  if (split) {
+  if (wgmma) {
+    static const bool wgmma_configured = [] {
+      for (const Kernel kernel : {prefill_wgmma::sink_attention_wgmma_kernel<false>,
+                                  prefill_wgmma::sink_attention_wgmma_kernel<true>}) {
+        DI_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(prefill_wgmma::kSharedBytes)));
+      }
+      return true;
+    }();
+    (void)wgmma_configured;
+    const Kernel kernel = prefill_wgmma::kPrefetch.enabled()
+                              ? prefill_wgmma::sink_attention_wgmma_kernel<true>
+                              : prefill_wgmma::sink_attention_wgmma_kernel<false>;
+    kernel<<<static_cast<unsigned>(tokens), prefill_wgmma::kThreads, prefill_wgmma::kSharedBytes,
+             current_stream()>>>(args);
+    DI_CUDA_LAUNCHED(sink_attention_wgmma_kernel);
+  } else if (split) {
     scratch.emplace(scratch_bytes);
     args.chunk_states = scratch->as<ChunkState>();
     args.max_chunks = chunks;

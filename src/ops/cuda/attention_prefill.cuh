@@ -82,7 +82,8 @@ RuntimeSwitch kExactProducts{"DEEPINFER_ATTENTION_PREFILL_EXACT", false};
 
 // Decode-sized calls (batch invariance off, fewer than kMinTokens tokens): from this many tokens
 // (the default: kDecodeFromTokensDefault) they take the prefill kernel (its split form below 96
-// tokens, whole tokens from 96: prefill_chunks in attention.cu); below it, or with 0, the
+// tokens, whole tokens from 96: prefill_chunks in attention.cu; from DEEPINFER_ATTENTION_WGMMA
+// tokens, default 32, the wgmma kernel of attention_prefill_wgmma.cuh); below it, or with 0, the
 // head-group kernels (the path before, exact products). 8: on the H200 the split form lost at one
 // token (0.0299 against the head-group split path's 0.0256 ms) and won from 8 (0.0356 against
 // 0.0475; docs/BENCHMARKS.md, "Batch invariance off: the prefill kernel's split form").
