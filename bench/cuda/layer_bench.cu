@@ -30,6 +30,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -646,10 +647,11 @@ struct NonInvariantRun {
   bool register_a;  // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
-  int decode_step = 1;              // DEEPINFER_MOE_DECODE_STEP (the wgmma decode tile's step)
+  int decode_step = 0;  // DEEPINFER_MOE_DECODE_STEP, the wgmma decode tile's step (0: default)
 };
-// The defaults, then the paths they replaced or choose between; the decode tile's steps (lean
-// the default, lean3 with two barriers a slot and with one) at the default tile choice. Measured and decided (rows
+// The defaults, then the paths they replaced or choose between; the decode tile's steps (lean,
+// lean3 with two barriers a slot, with one, with the selector shift on the FMA pipe) at the
+// default tile choice. Measured and decided (rows
 // removed, figures in docs/BENCHMARKS.md): the software quantizer, fold per 32, the prefill tiles
 // at decode, decode slots of 1 and 4 K steps. The register tile's row-wide weight scales, its
 // step before the lean rewrite and the decode tile's first step were measured and removed from
@@ -659,8 +661,10 @@ constexpr NonInvariantRun kNonInvariantRuns[] = {
     {.impl = "ours, off, smem weights", .fold = 128, .register_a = false},
     {.impl = "ours, off, decode mma.sync", .fold = 128, .register_a = true, .wgmma_decode = 0},
     {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2},
+    {.impl = "ours, off, decode lean", .fold = 128, .register_a = true, .decode_step = 1},
     {.impl = "ours, off, decode lean3", .fold = 128, .register_a = true, .decode_step = 3},
-    {.impl = "ours, off, lean3 1 bar", .fold = 128, .register_a = true, .decode_step = 4}};
+    {.impl = "ours, off, lean3 1 bar", .fold = 128, .register_a = true, .decode_step = 4},
+    {.impl = "ours, off, lean3 fma", .fold = 128, .register_a = true, .decode_step = 5}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -669,7 +673,8 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const rt::ScopedSwitch register_a("DEEPINFER_MOE_WGMMA_REGISTER_A", run.register_a);
   const rt::ScopedSwitch quantizer("DEEPINFER_MOE_QUANT_HW_CVT", !run.software_quantizer);
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", run.wgmma_decode);
-  const rt::ScopedSetting decode_step("DEEPINFER_MOE_DECODE_STEP", run.decode_step);
+  std::optional<rt::ScopedSetting> decode_step;
+  if (run.decode_step != 0) decode_step.emplace("DEEPINFER_MOE_DECODE_STEP", run.decode_step);
   return time_ms(call);
 }
 

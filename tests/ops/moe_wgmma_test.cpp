@@ -219,10 +219,9 @@ TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
 // wgmma numerics too: the decode tile (DEEPINFER_MOE_WGMMA_DECODE=2: 64 rows x 16 or 8 tokens)
 // computes register_a's products and folds in its order, so it must give the prefill tiles' bits
 // (=1: register_a's 32-token tiles), and both lie within the wgmma bound of the reference.
-// The decode tile's steps (DEEPINFER_MOE_DECODE_STEP): lean (the default), lean3 with two
-// barriers a slot and with one. Each is register_a's arithmetic in its order, so each must give
-// the prefill tiles' bits.
-constexpr int kDecodeSteps[] = {1, 3, 4};
+// The decode tile's steps (DEEPINFER_MOE_DECODE_STEP): lean and lean3's variants (3 to 6). Each
+// is register_a's arithmetic in its order, so each must give the prefill tiles' bits.
+constexpr int kDecodeSteps[] = {1, 3, 4, 5, 6};
 
 template <typename Run>
 Tensor run_wgmma_decode(int setting, const Run& run, int step = 1) {
@@ -287,11 +286,12 @@ TEST_F(MoeWgmmaTest, DecodeGemmV41FlashShapes) {
   check_decode_gemm(make_problem(5120, 2304, {15, 2, 0, 8, 1}, 65), "decode w2 5120 x 2304");
 }
 
-// Odd step counts (the last two-step slot holds one step): 3 steps (2 slots, the ring never
-// wraps) and 13 (7 slots: the ring wraps and the peeled last slot is one step long).
-TEST_F(MoeWgmmaTest, DecodeGemmOddSteps) {
-  check_decode_gemm(make_problem(256, 384, {3, 16, 0, 9}, 66), "decode 256 x 384");
-  check_decode_gemm(make_problem(128, 1664, {1, 12, 5, 17}, 67), "decode 128 x 1664");
+// Other ring lengths (the grouped GEMM takes K % 256 == 0, so every slot holds two steps): 6
+// steps (3 slots, the ring of 4 never wraps) and 56 (28 slots: the ring wraps 7 times before
+// the peeled last slot).
+TEST_F(MoeWgmmaTest, DecodeGemmRingLengths) {
+  check_decode_gemm(make_problem(256, 768, {3, 16, 0, 9}, 66), "decode 256 x 768");
+  check_decode_gemm(make_problem(128, 7168, {1, 12, 5, 17}, 67), "decode 128 x 7168");
 }
 
 // The decode tile's shared-memory maps (host only, no GPU): what ldmatrix gives each lane on
@@ -349,8 +349,21 @@ TEST(MoeDecodeMapTest, CopiesAndReadsAgree) {
       const int row = 16 * warp + lane / 4;
       EXPECT_EQ(dm::paired_codes_read(warp, lane), dm::paired_codes(row));
       EXPECT_EQ(dm::paired_codes_read(warp, lane) + 4, dm::paired_codes(row + 8));
+      for (int step = 0; step < 2; ++step) {
+        EXPECT_EQ(dm::slot_codes_read(warp, lane) + 8 * step, dm::slot_codes(row, step));
+        EXPECT_EQ(dm::slot_codes_read(warp, lane) + 8 * step + 4, dm::slot_codes(row + 8, step));
+      }
     }
   }
+  std::vector<int> slot(2 * dm::kRows, 0);
+  for (int r = 0; r < dm::kRows; ++r) {
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_EQ(dm::slot_codes(r, step) % 4, 0);
+      ASSERT_LT(dm::slot_codes(r, step) / 4, 2 * dm::kRows);
+      ++slot[dm::slot_codes(r, step) / 4];
+    }
+  }
+  for (int i = 0; i < 2 * dm::kRows; ++i) EXPECT_EQ(slot[i], 1) << i;
 }
 
 // ---- the routed experts' op (ops::cuda::moe_experts) ---------------------------------------

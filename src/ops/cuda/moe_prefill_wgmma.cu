@@ -2029,6 +2029,31 @@ __device__ __forceinline__ void load_matrix_x4(uint32_t address, uint32_t (&d)[k
                : "memory");
 }
 
+// e2m1x8_to_e4m3_shifted_by_pairs's bytes with the second selector's shift (>> 16) as a
+// mul.hi by `two16` (2^16 in a register ptxas cannot see through), so an IMAD.HI on the FMA pipe
+// instead of an SHF on the ALU pipe, which the conversion's PRMT / LOP3 keep busy (ncu at b256:
+// ALU pipe 58% of its cycles, math-pipe throttle 0.68 of lean3's 6 cycles an instruction).
+__device__ __forceinline__ void e2m1x8_to_e4m3_shifted_fma(uint32_t codes, uint2 table,
+                                                           uint32_t two16, uint32_t& low,
+                                                           uint32_t& high) {
+  const uint32_t magnitudes = codes & 0x77777777u;
+  uint32_t upper;
+  asm("mul.hi.u32 %0, %1, %2;" : "=r"(upper) : "r"(magnitudes), "r"(two16));
+  const uint32_t first = select_bytes(table.x, table.y, magnitudes);
+  const uint32_t second = select_bytes(table.x, table.y, upper);
+  low = __byte_perm(first, second, 0x6420) | ((codes << 4) & 0x80808080u);
+  high = __byte_perm(first, second, 0x7531) | (codes & 0x80808080u);
+}
+
+__device__ __forceinline__ uint4 load_u32x4(uint32_t address) {
+  uint4 value;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
+               : "r"(address)
+               : "memory");
+  return value;
+}
+
 // A step's shared-memory reads that do not depend on each other: both rows' codes and the raw
 // words of row half h and 32-block b (raw[h][b]).
 struct StepLoads {
@@ -2051,7 +2076,19 @@ __device__ __forceinline__ const uint8_t* wide_offset(const uint8_t* p, uint32_t
   return reinterpret_cast<const uint8_t*>(address);
 }
 
-template <typename Shape, int kTokens, bool kOneBarrier>
+// lean3's variants (DEEPINFER_MOE_DECODE_STEP 3 to 6), the same bits.
+struct Lean3Options {
+  bool one_barrier;  // 4: one barrier a slot
+  bool fma_shift;    // 5, 6: the second selector's shift as an IMAD.HI (FMA pipe)
+  // 6: a slot's two code pairs in one 16-byte load at its first step (decode_map::slot_codes),
+  // so the second step's conversion starts without a load; and the copies' sources advanced
+  // before a slot's copies rather than after them, so the advance does not overwrite registers
+  // the last slot's copies may still be waiting to read (ncu: long-scoreboard stalls on writes
+  // right after the copies, 5% of lean3's samples).
+  bool slot_codes;
+};
+
+template <typename Shape, int kTokens, Lean3Options kOptions>
 __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
                                                   const PrefillTokenTile& tile, int row_tile,
                                                   uint8_t* shared) {
@@ -2153,8 +2190,10 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   for (int q = 0; q < kSteps; ++q) {
     scale_slots[q] = copies_scale ? slots_with_step(q) : 0;
     scale_shared[q] = copies_row_codes
-                          ? Shape::kCodesOffset + q * kCodeStepBytes +
-                                decode_map::paired_codes(thread)
+                          ? Shape::kCodesOffset +
+                                (kOptions.slot_codes
+                                     ? decode_map::slot_codes(thread, q)
+                                     : q * kCodeStepBytes + decode_map::paired_codes(thread))
                           : Shape::kTokenScalesOffset + q * kTokenScaleStepBytes +
                                 (copies_token_scale ? thread - kRows : 0) * 4;
   }
@@ -2177,7 +2216,23 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   int copy_position = 0;  // copied_slot % kSlots
   // Slot copied_slot into its place (predicated: past the last slot it copies nothing), then a
   // commit (empty past the last slot, so the waits' counts stay constant).
+  if constexpr (kOptions.slot_codes) {
+    // One slot back (as integers: the address may lie before the allocation), so the advance at
+    // the head of each slot's copies reaches slot 0 first.
+    const auto back = [](const uint8_t* p, int bytes) {
+      return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) -
+                                              static_cast<uintptr_t>(bytes));
+    };
+    weight_source = back(weight_source, kSteps * (kStepK / 2));
+    token_source = back(token_source, kSteps * kStepK);
+    scale_source = back(scale_source, kSteps * kScaleStepBytes);
+  }
   const auto copy_next_slot = [&] {
+    if constexpr (kOptions.slot_codes) {
+      weight_source += kSteps * (kStepK / 2);
+      token_source += kSteps * kStepK;
+      scale_source += kSteps * kScaleStepBytes;
+    }
     const uint32_t weight_base = weight_slot_address(copy_position);
     const bool copies_weights = copied_slot < weight_slots;
 #pragma unroll
@@ -2199,9 +2254,11 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
                       scale_source + q * kScaleStepBytes);
     }
     commit_copies();
-    weight_source += kSteps * (kStepK / 2);
-    token_source += kSteps * kStepK;
-    scale_source += kSteps * kScaleStepBytes;
+    if constexpr (!kOptions.slot_codes) {
+      weight_source += kSteps * (kStepK / 2);
+      token_source += kSteps * kStepK;
+      scale_source += kSteps * kScaleStepBytes;
+    }
     ++copied_slot;
     copy_position = copy_position == Shape::kSlots - 1 ? 0 : copy_position + 1;
   };
@@ -2210,7 +2267,9 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   // rebuild them from threadIdx); a load's address is one of them plus the slot's uniform base
   // plus a constant, which the loads take as their address operands.
   uint32_t raw_offset = Shape::kRawOffset + decode_map::matrix_row(warp, lane);
-  uint32_t codes_offset = Shape::kCodesOffset + decode_map::paired_codes_read(warp, lane);
+  uint32_t codes_offset =
+      Shape::kCodesOffset + (kOptions.slot_codes ? decode_map::slot_codes_read(warp, lane)
+                                                 : decode_map::paired_codes_read(warp, lane));
   uint32_t token_scales_offset = Shape::kTokenScalesOffset + 8 * quad;
   asm volatile("" : "+r"(raw_offset), "+r"(codes_offset), "+r"(token_scales_offset));
   const auto slot_addresses = [&](int position) {
@@ -2220,9 +2279,22 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
     return at;
   };
 
+  uint32_t two16 = 1u << 16;
+  if constexpr (kOptions.fma_shift) asm volatile("" : "+r"(two16));
+  uint2 second_step_codes = make_uint2(0, 0);  // slot_codes: the slot's step 1 pair
   const auto load_step = [&](const SlotAddresses& at, int q) {
     StepLoads loads;
-    loads.codes = load_u32x2(at.weights + codes_offset + q * kCodeStepBytes);
+    if constexpr (kOptions.slot_codes) {
+      if (q == 0) {
+        const uint4 both = load_u32x4(at.weights + codes_offset);
+        loads.codes = make_uint2(both.x, both.y);
+        second_step_codes = make_uint2(both.z, both.w);
+      } else {
+        loads.codes = second_step_codes;
+      }
+    } else {
+      loads.codes = load_u32x2(at.weights + codes_offset + q * kCodeStepBytes);
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       load_matrix_x4(
@@ -2251,8 +2323,13 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
 #pragma unroll
       for (int b = 0; b < kStepBlocks; ++b) {
         const uint2 entry = load_u32x2(top_entry - 8 * code[b]);
-        e2m1x8_to_e4m3_shifted_by_pairs(loads.raw[half][b], entry, weights.a[b][half],
-                                        weights.a[b][2 + half]);
+        if constexpr (kOptions.fma_shift) {
+          e2m1x8_to_e4m3_shifted_fma(loads.raw[half][b], entry, two16, weights.a[b][half],
+                                     weights.a[b][2 + half]);
+        } else {
+          e2m1x8_to_e4m3_shifted_by_pairs(loads.raw[half][b], entry, weights.a[b][half],
+                                          weights.a[b][2 + half]);
+        }
       }
     }
   };
@@ -2300,6 +2377,7 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   // barriers)], convert (j, 1), wait for and fold (j, 0); wait for this thread's copies of slot
   // j + 1, fence them for the async proxy, barrier, issue (j, 1), load (j + 1, 0), [refill slot
   // j - 1's place (one barrier)], convert (j + 1, 0), wait for and fold (j, 1).
+  constexpr bool kOneBarrier = kOptions.one_barrier;
   constexpr int kPendingAtWait = kOneBarrier ? Shape::kSlotsAhead - 2 : Shape::kSlotsAhead - 1;
   static_assert(kPendingAtWait >= 0, "a slot in flight besides the one waited for");
 #pragma unroll
@@ -2349,7 +2427,13 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
 // Persistent blocks walk the items (token tile, table, 64 weight rows; weight rows fastest, as
 // for_each_prefill_item) in list order, so the items in flight share few experts' weights.
 // The decode steps (DEEPINFER_MOE_DECODE_STEP): lean, lean3, lean3 with one barrier a slot.
-enum class DecodeStep { kLean = 1, kLean3 = 3, kLean3OneBarrier = 4 };
+enum class DecodeStep {
+  kLean = 1,
+  kLean3 = 3,
+  kLean3OneBarrier = 4,
+  kLean3FmaShift = 5,
+  kLean3SlotCodes = 6,
+};
 
 template <DecodeStep kStep, typename Shape, int kTokens>
 __device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
@@ -2358,8 +2442,11 @@ __device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
   if constexpr (kStep == DecodeStep::kLean) {
     lean::decode_tile_lean<Shape, kTokens>(args, tile, row_tile, shared);
   } else {
-    lean3::decode_tile_lean3<Shape, kTokens, kStep == DecodeStep::kLean3OneBarrier>(
-        args, tile, row_tile, shared);
+    constexpr lean3::Lean3Options kOptions{
+        .one_barrier = kStep == DecodeStep::kLean3OneBarrier,
+        .fma_shift = kStep == DecodeStep::kLean3FmaShift || kStep == DecodeStep::kLean3SlotCodes,
+        .slot_codes = kStep == DecodeStep::kLean3SlotCodes};
+    lean3::decode_tile_lean3<Shape, kTokens, kOptions>(args, tile, row_tile, shared);
   }
 }
 
@@ -2411,10 +2498,13 @@ using DecodeSlots = DecodeShape<2, 4, 4>;
 static_assert(DecodeSlots::kBlocksPerSm * (DecodeSlots::kSharedAllocation + 1024) <= 228 * 1024,
               "the tables fit beside kBlocksPerSm blocks an SM");
 
-// The routed experts' wgmma decode tile's step (decode_a): 1 lean (the default), 3 lean3 (lean's
-// copies and bits, ldmatrix raw words, loads before copies, the last slot peeled), 4 lean3 with
-// one barrier a slot. 2 (lean2) was measured slower and removed.
-RuntimeSetting kMoeDecodeStep{"DEEPINFER_MOE_DECODE_STEP", 1, 1, 4};
+// The routed experts' wgmma decode tile's step (decode_a), all with the same bits: 3 lean3 (the
+// default: lean's copies and arithmetic, ldmatrix raw words, paired codes, loads before
+// branchless copies, the last slot peeled), 1 lean (the step before it), 4 lean3 with one barrier
+// a slot, 5 lean3 with the conversion's selector shift on the FMA pipe, 6 that with a slot's codes
+// in one load and the copies' sources advanced first (lean3::Lean3Options). 2 (lean2) was
+// measured slower and removed.
+RuntimeSetting kMoeDecodeStep{"DEEPINFER_MOE_DECODE_STEP", 3, 1, 6};
 
 template <DecodeStep kStep>
 void launch_step(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles,
@@ -2447,9 +2537,15 @@ void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const i
     case static_cast<int>(DecodeStep::kLean3OneBarrier):
       launch_step<DecodeStep::kLean3OneBarrier>(args, tiles, tile_count, max_items, sms);
       return;
+    case static_cast<int>(DecodeStep::kLean3FmaShift):
+      launch_step<DecodeStep::kLean3FmaShift>(args, tiles, tile_count, max_items, sms);
+      return;
+    case static_cast<int>(DecodeStep::kLean3SlotCodes):
+      launch_step<DecodeStep::kLean3SlotCodes>(args, tiles, tile_count, max_items, sms);
+      return;
     default:
       DI_THROW("DEEPINFER_MOE_DECODE_STEP=", kMoeDecodeStep.value(),
-               " is not accepted: 1 (lean), 3 (lean3) or 4 (lean3, one barrier a slot)");
+               " is not accepted: 1 (lean) or 3 to 6 (lean3's variants)");
   }
 }
 
