@@ -649,9 +649,10 @@ struct NonInvariantRun {
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
   int decode_step = 0;  // DEEPINFER_MOE_DECODE_STEP, the wgmma decode tile's step (0: default)
 };
-// The defaults, then the paths they replaced or choose between; the decode tile's steps (lean,
-// lean3 with two barriers a slot, with one, with the selector shift on the FMA pipe) at the
-// default tile choice. Measured and decided (rows
+// The defaults, then the paths they replaced or choose between; the decode tile's steps (lean3,
+// the default, and lean before it) at the default tile choice. Measured and removed on
+// 2026-12-02: lean3 with one barrier a slot, with the selector shift on the FMA pipe, and with a
+// slot's codes in one load (docs/BENCHMARKS.md). Measured and decided (rows
 // removed, figures in docs/BENCHMARKS.md): the software quantizer, fold per 32, the prefill tiles
 // at decode, decode slots of 1 and 4 K steps. The register tile's row-wide weight scales, its
 // step before the lean rewrite and the decode tile's first step were measured and removed from
@@ -662,9 +663,7 @@ constexpr NonInvariantRun kNonInvariantRuns[] = {
     {.impl = "ours, off, decode mma.sync", .fold = 128, .register_a = true, .wgmma_decode = 0},
     {.impl = "ours, off, decode wgmma", .fold = 128, .register_a = true, .wgmma_decode = 2},
     {.impl = "ours, off, decode lean", .fold = 128, .register_a = true, .decode_step = 1},
-    {.impl = "ours, off, decode lean3", .fold = 128, .register_a = true, .decode_step = 3},
-    {.impl = "ours, off, lean3 1 bar", .fold = 128, .register_a = true, .decode_step = 4},
-    {.impl = "ours, off, lean3 fma", .fold = 128, .register_a = true, .decode_step = 5}};
+    {.impl = "ours, off, decode lean3", .fold = 128, .register_a = true, .decode_step = 3}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {

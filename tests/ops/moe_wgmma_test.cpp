@@ -219,12 +219,12 @@ TEST_F(MoeWgmmaTest, GroupedGemmV41FlashShapes) {
 // wgmma numerics too: the decode tile (DEEPINFER_MOE_WGMMA_DECODE=2: 64 rows x 16 or 8 tokens)
 // computes register_a's products and folds in its order, so it must give the prefill tiles' bits
 // (=1: register_a's 32-token tiles), and both lie within the wgmma bound of the reference.
-// The decode tile's steps (DEEPINFER_MOE_DECODE_STEP): lean and lean3's variants (3 to 6). Each
-// is register_a's arithmetic in its order, so each must give the prefill tiles' bits.
-constexpr int kDecodeSteps[] = {1, 3, 4, 5, 6};
+// The decode tile's steps (DEEPINFER_MOE_DECODE_STEP): lean3 (the default) and lean. Each is
+// register_a's arithmetic in its order, so each must give the prefill tiles' bits.
+constexpr int kDecodeSteps[] = {3, 1};
 
 template <typename Run>
-Tensor run_wgmma_decode(int setting, const Run& run, int step = 1) {
+Tensor run_wgmma_decode(int setting, const Run& run, int step = 3) {
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", setting);
   const rt::ScopedSetting decode_step("DEEPINFER_MOE_DECODE_STEP", step);
   return run_wgmma_numerics(run);
@@ -349,21 +349,8 @@ TEST(MoeDecodeMapTest, CopiesAndReadsAgree) {
       const int row = 16 * warp + lane / 4;
       EXPECT_EQ(dm::paired_codes_read(warp, lane), dm::paired_codes(row));
       EXPECT_EQ(dm::paired_codes_read(warp, lane) + 4, dm::paired_codes(row + 8));
-      for (int step = 0; step < 2; ++step) {
-        EXPECT_EQ(dm::slot_codes_read(warp, lane) + 8 * step, dm::slot_codes(row, step));
-        EXPECT_EQ(dm::slot_codes_read(warp, lane) + 8 * step + 4, dm::slot_codes(row + 8, step));
-      }
     }
   }
-  std::vector<int> slot(2 * dm::kRows, 0);
-  for (int r = 0; r < dm::kRows; ++r) {
-    for (int step = 0; step < 2; ++step) {
-      ASSERT_EQ(dm::slot_codes(r, step) % 4, 0);
-      ASSERT_LT(dm::slot_codes(r, step) / 4, 2 * dm::kRows);
-      ++slot[dm::slot_codes(r, step) / 4];
-    }
-  }
-  for (int i = 0; i < 2 * dm::kRows; ++i) EXPECT_EQ(slot[i], 1) << i;
 }
 
 // ---- the routed experts' op (ops::cuda::moe_experts) ---------------------------------------

@@ -69,15 +69,6 @@ DEEPINFER_DECODE_MAP int paired_codes_read(int warp, int lane) {
   return 4 * (16 * warp + 2 * (lane >> 2));
 }
 
-// lean3's slot_codes variant: both steps' code pairs of a row pair in 16 bytes (row g, row g + 8
-// of step 0, then of step 1), so one 16-byte load gives a thread its slot's codes.
-DEEPINFER_DECODE_MAP int slot_codes(int r, int step) {
-  return 16 * (8 * (r >> 4) + (r & 7)) + 8 * step + 4 * ((r >> 3) & 1);
-}
-DEEPINFER_DECODE_MAP int slot_codes_read(int warp, int lane) {
-  return 16 * (8 * warp + (lane >> 2));
-}
-
 }  // namespace deepinfer::ops::cuda::decode_map
 
 #undef DEEPINFER_DECODE_MAP

@@ -2012,11 +2012,22 @@ __device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
 // (the codes copied in row pairs: decode_map::paired_codes); the loads of a step are issued
 // first and the slot's copies go between them and the conversion that waits on them, so the
 // copies fill the loads' latency instead of delaying them in the LSU queue; the last slot is
-// peeled out of the loop (no per-step tests of the tail). kOneBarrier (DEEPINFER_MOE_DECODE_STEP
-// =4) also drops the barrier before each slot's first step: the slot a refill overwrites is then
-// the one every warp finished before the second step's barrier, so the refill moves behind that
-// barrier and one copy slot fewer is in flight at each wait (two ahead of the read slot, not
-// two and a half).
+// peeled out of the loop (no per-step tests of the tail); the copies are predicated per thread
+// on a slot count (no branch around them, so ptxas interleaves them with the conversion) and
+// the loads address a slot as a uniform base plus per-thread offsets. SASS (the main loop's two
+// steps over 2): 161.5 instructions a step with 8 tokens (lean 180.5), 177.5 with 16 (193.5);
+// 123 registers, no spills. H200, 2026-12-02 06:24 call (docs/BENCHMARKS.md): one layer's routed
+// experts at b256 2.525 -> 2.231 ms (63.5% -> 71.9% of the HBM floor), b64 1.641 -> 1.444, b16
+// 0.576 -> 0.513; ncu of the op's w1|w3 launch at b256 1.565 -> 1.407 ms with the same IPC (2.20):
+// the time went with the instructions. Where the rest goes (ncu, cycles a warp per issued
+// instruction, 5.9 in all): long scoreboard 0.85 (copies still in flight at a slot's wait, and
+// registers an LDGSTS has not yet read, rewritten soon after it), short scoreboard 0.72 (the
+// codes -> shift entry -> lookup chain), math-pipe throttle 0.65 (PRMT / LOP3 keep the ALU pipe
+// 58% busy), barrier 0.49, MIO throttle 0.47. Measured on the same call and not kept (all the
+// same bits, removed): one barrier a slot (the refill behind the second barrier; the warpgroup
+// then met at the first wgmma instead: b256 2.284 ms), the second selector's >> 16 as an IMAD.HI
+// on the FMA pipe (dispatch stalls 0.14 -> 0.39: 2.342 ms), and that with a slot's codes in one
+// 16-byte load and the copies' sources advanced first (ncu 1.418 ms against lean3's 1.407).
 namespace lean3 {
 
 // ldmatrix.x4 (.m8n8.b16, no transpose): lane i gives the row address of row i % 8 of matrix
@@ -2027,31 +2038,6 @@ __device__ __forceinline__ void load_matrix_x4(uint32_t address, uint32_t (&d)[k
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
                : "r"(address)
                : "memory");
-}
-
-// e2m1x8_to_e4m3_shifted_by_pairs's bytes with the second selector's shift (>> 16) as a
-// mul.hi by `two16` (2^16 in a register ptxas cannot see through), so an IMAD.HI on the FMA pipe
-// instead of an SHF on the ALU pipe, which the conversion's PRMT / LOP3 keep busy (ncu at b256:
-// ALU pipe 58% of its cycles, math-pipe throttle 0.68 of lean3's 6 cycles an instruction).
-__device__ __forceinline__ void e2m1x8_to_e4m3_shifted_fma(uint32_t codes, uint2 table,
-                                                           uint32_t two16, uint32_t& low,
-                                                           uint32_t& high) {
-  const uint32_t magnitudes = codes & 0x77777777u;
-  uint32_t upper;
-  asm("mul.hi.u32 %0, %1, %2;" : "=r"(upper) : "r"(magnitudes), "r"(two16));
-  const uint32_t first = select_bytes(table.x, table.y, magnitudes);
-  const uint32_t second = select_bytes(table.x, table.y, upper);
-  low = __byte_perm(first, second, 0x6420) | ((codes << 4) & 0x80808080u);
-  high = __byte_perm(first, second, 0x7531) | (codes & 0x80808080u);
-}
-
-__device__ __forceinline__ uint4 load_u32x4(uint32_t address) {
-  uint4 value;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
-               : "r"(address)
-               : "memory");
-  return value;
 }
 
 // A step's shared-memory reads that do not depend on each other: both rows' codes and the raw
@@ -2076,19 +2062,7 @@ __device__ __forceinline__ const uint8_t* wide_offset(const uint8_t* p, uint32_t
   return reinterpret_cast<const uint8_t*>(address);
 }
 
-// lean3's variants (DEEPINFER_MOE_DECODE_STEP 3 to 6), the same bits.
-struct Lean3Options {
-  bool one_barrier;  // 4: one barrier a slot
-  bool fma_shift;    // 5, 6: the second selector's shift as an IMAD.HI (FMA pipe)
-  // 6: a slot's two code pairs in one 16-byte load at its first step (decode_map::slot_codes),
-  // so the second step's conversion starts without a load; and the copies' sources advanced
-  // before a slot's copies rather than after them, so the advance does not overwrite registers
-  // the last slot's copies may still be waiting to read (ncu: long-scoreboard stalls on writes
-  // right after the copies, 5% of lean3's samples).
-  bool slot_codes;
-};
-
-template <typename Shape, int kTokens, Lean3Options kOptions>
+template <typename Shape, int kTokens>
 __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
                                                   const PrefillTokenTile& tile, int row_tile,
                                                   uint8_t* shared) {
@@ -2190,10 +2164,8 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   for (int q = 0; q < kSteps; ++q) {
     scale_slots[q] = copies_scale ? slots_with_step(q) : 0;
     scale_shared[q] = copies_row_codes
-                          ? Shape::kCodesOffset +
-                                (kOptions.slot_codes
-                                     ? decode_map::slot_codes(thread, q)
-                                     : q * kCodeStepBytes + decode_map::paired_codes(thread))
+                          ? Shape::kCodesOffset + q * kCodeStepBytes +
+                                decode_map::paired_codes(thread)
                           : Shape::kTokenScalesOffset + q * kTokenScaleStepBytes +
                                 (copies_token_scale ? thread - kRows : 0) * 4;
   }
@@ -2216,23 +2188,7 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   int copy_position = 0;  // copied_slot % kSlots
   // Slot copied_slot into its place (predicated: past the last slot it copies nothing), then a
   // commit (empty past the last slot, so the waits' counts stay constant).
-  if constexpr (kOptions.slot_codes) {
-    // One slot back (as integers: the address may lie before the allocation), so the advance at
-    // the head of each slot's copies reaches slot 0 first.
-    const auto back = [](const uint8_t* p, int bytes) {
-      return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) -
-                                              static_cast<uintptr_t>(bytes));
-    };
-    weight_source = back(weight_source, kSteps * (kStepK / 2));
-    token_source = back(token_source, kSteps * kStepK);
-    scale_source = back(scale_source, kSteps * kScaleStepBytes);
-  }
   const auto copy_next_slot = [&] {
-    if constexpr (kOptions.slot_codes) {
-      weight_source += kSteps * (kStepK / 2);
-      token_source += kSteps * kStepK;
-      scale_source += kSteps * kScaleStepBytes;
-    }
     const uint32_t weight_base = weight_slot_address(copy_position);
     const bool copies_weights = copied_slot < weight_slots;
 #pragma unroll
@@ -2254,11 +2210,9 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
                       scale_source + q * kScaleStepBytes);
     }
     commit_copies();
-    if constexpr (!kOptions.slot_codes) {
-      weight_source += kSteps * (kStepK / 2);
-      token_source += kSteps * kStepK;
-      scale_source += kSteps * kScaleStepBytes;
-    }
+    weight_source += kSteps * (kStepK / 2);
+    token_source += kSteps * kStepK;
+    scale_source += kSteps * kScaleStepBytes;
     ++copied_slot;
     copy_position = copy_position == Shape::kSlots - 1 ? 0 : copy_position + 1;
   };
@@ -2267,9 +2221,7 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   // rebuild them from threadIdx); a load's address is one of them plus the slot's uniform base
   // plus a constant, which the loads take as their address operands.
   uint32_t raw_offset = Shape::kRawOffset + decode_map::matrix_row(warp, lane);
-  uint32_t codes_offset =
-      Shape::kCodesOffset + (kOptions.slot_codes ? decode_map::slot_codes_read(warp, lane)
-                                                 : decode_map::paired_codes_read(warp, lane));
+  uint32_t codes_offset = Shape::kCodesOffset + decode_map::paired_codes_read(warp, lane);
   uint32_t token_scales_offset = Shape::kTokenScalesOffset + 8 * quad;
   asm volatile("" : "+r"(raw_offset), "+r"(codes_offset), "+r"(token_scales_offset));
   const auto slot_addresses = [&](int position) {
@@ -2279,22 +2231,9 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
     return at;
   };
 
-  uint32_t two16 = 1u << 16;
-  if constexpr (kOptions.fma_shift) asm volatile("" : "+r"(two16));
-  uint2 second_step_codes = make_uint2(0, 0);  // slot_codes: the slot's step 1 pair
   const auto load_step = [&](const SlotAddresses& at, int q) {
     StepLoads loads;
-    if constexpr (kOptions.slot_codes) {
-      if (q == 0) {
-        const uint4 both = load_u32x4(at.weights + codes_offset);
-        loads.codes = make_uint2(both.x, both.y);
-        second_step_codes = make_uint2(both.z, both.w);
-      } else {
-        loads.codes = second_step_codes;
-      }
-    } else {
-      loads.codes = load_u32x2(at.weights + codes_offset + q * kCodeStepBytes);
-    }
+    loads.codes = load_u32x2(at.weights + codes_offset + q * kCodeStepBytes);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       load_matrix_x4(
@@ -2323,13 +2262,8 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
 #pragma unroll
       for (int b = 0; b < kStepBlocks; ++b) {
         const uint2 entry = load_u32x2(top_entry - 8 * code[b]);
-        if constexpr (kOptions.fma_shift) {
-          e2m1x8_to_e4m3_shifted_fma(loads.raw[half][b], entry, two16, weights.a[b][half],
-                                     weights.a[b][2 + half]);
-        } else {
-          e2m1x8_to_e4m3_shifted_by_pairs(loads.raw[half][b], entry, weights.a[b][half],
-                                          weights.a[b][2 + half]);
-        }
+        e2m1x8_to_e4m3_shifted_by_pairs(loads.raw[half][b], entry, weights.a[b][half],
+                                        weights.a[b][2 + half]);
       }
     }
   };
@@ -2372,14 +2306,11 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
     fold(at, q, current);
   };
 
-  // Slot j's loop body: [barrier: every warp folded slot j - 1 (two barriers a slot only)],
-  // issue step (j, 0), load step (j, 1), [refill slot j - 1's place with slot j + 3 (two
-  // barriers)], convert (j, 1), wait for and fold (j, 0); wait for this thread's copies of slot
-  // j + 1, fence them for the async proxy, barrier, issue (j, 1), load (j + 1, 0), [refill slot
-  // j - 1's place (one barrier)], convert (j + 1, 0), wait for and fold (j, 1).
-  constexpr bool kOneBarrier = kOptions.one_barrier;
-  constexpr int kPendingAtWait = kOneBarrier ? Shape::kSlotsAhead - 2 : Shape::kSlotsAhead - 1;
-  static_assert(kPendingAtWait >= 0, "a slot in flight besides the one waited for");
+  // Slot j's loop body (lean's schedule): barrier (every warp folded slot j - 1), issue step
+  // (j, 0), load step (j, 1), refill slot j - 1's place with slot j + 3, convert (j, 1), wait for
+  // and fold (j, 0); wait for this thread's copies of slot j + 1, fence them for the async proxy,
+  // barrier, issue (j, 1), load (j + 1, 0), convert (j + 1, 0), wait for and fold (j, 1).
+  constexpr int kPendingAtWait = Shape::kSlotsAhead - 1;
 #pragma unroll
   for (int s = 0; s < Shape::kSlotsAhead; ++s) copy_next_slot();
   wait_copies<Shape::kSlotsAhead - 1>();  // slot 0
@@ -2391,10 +2322,10 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   convert_step(load_step(current, 0), weights[0]);
   const int last_slot = slots - 1;
   for (int slot = 0; slot < last_slot; ++slot) {
-    if constexpr (!kOneBarrier) __syncthreads();
+    __syncthreads();
     issue_step(current, 0, weights[0]);
     StepLoads loads = load_step(current, 1);
-    if constexpr (!kOneBarrier) copy_next_slot();
+    copy_next_slot();
     convert_step(loads, weights[1]);
     finish_step(current, 0, weights[0]);
     wait_copies<kPendingAtWait>();
@@ -2404,7 +2335,6 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
     read_position = read_position == Shape::kSlots - 1 ? 0 : read_position + 1;
     const SlotAddresses next = slot_addresses(read_position);
     loads = load_step(next, 0);
-    if constexpr (kOneBarrier) copy_next_slot();
     convert_step(loads, weights[0]);
     finish_step(current, 1, weights[1]);
     current = next;
@@ -2426,14 +2356,8 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
 
 // Persistent blocks walk the items (token tile, table, 64 weight rows; weight rows fastest, as
 // for_each_prefill_item) in list order, so the items in flight share few experts' weights.
-// The decode steps (DEEPINFER_MOE_DECODE_STEP): lean, lean3, lean3 with one barrier a slot.
-enum class DecodeStep {
-  kLean = 1,
-  kLean3 = 3,
-  kLean3OneBarrier = 4,
-  kLean3FmaShift = 5,
-  kLean3SlotCodes = 6,
-};
+// The decode steps (DEEPINFER_MOE_DECODE_STEP).
+enum class DecodeStep { kLean = 1, kLean3 = 3 };
 
 template <DecodeStep kStep, typename Shape, int kTokens>
 __device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
@@ -2442,11 +2366,7 @@ __device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
   if constexpr (kStep == DecodeStep::kLean) {
     lean::decode_tile_lean<Shape, kTokens>(args, tile, row_tile, shared);
   } else {
-    constexpr lean3::Lean3Options kOptions{
-        .one_barrier = kStep == DecodeStep::kLean3OneBarrier,
-        .fma_shift = kStep == DecodeStep::kLean3FmaShift || kStep == DecodeStep::kLean3SlotCodes,
-        .slot_codes = kStep == DecodeStep::kLean3SlotCodes};
-    lean3::decode_tile_lean3<Shape, kTokens, kOptions>(args, tile, row_tile, shared);
+    lean3::decode_tile_lean3<Shape, kTokens>(args, tile, row_tile, shared);
   }
 }
 
@@ -2498,13 +2418,11 @@ using DecodeSlots = DecodeShape<2, 4, 4>;
 static_assert(DecodeSlots::kBlocksPerSm * (DecodeSlots::kSharedAllocation + 1024) <= 228 * 1024,
               "the tables fit beside kBlocksPerSm blocks an SM");
 
-// The routed experts' wgmma decode tile's step (decode_a), all with the same bits: 3 lean3 (the
+// The routed experts' wgmma decode tile's step (decode_a), both with the same bits: 3 lean3 (the
 // default: lean's copies and arithmetic, ldmatrix raw words, paired codes, loads before
-// branchless copies, the last slot peeled), 1 lean (the step before it), 4 lean3 with one barrier
-// a slot, 5 lean3 with the conversion's selector shift on the FMA pipe, 6 that with a slot's codes
-// in one load and the copies' sources advanced first (lean3::Lean3Options). 2 (lean2) was
-// measured slower and removed.
-RuntimeSetting kMoeDecodeStep{"DEEPINFER_MOE_DECODE_STEP", 3, 1, 6};
+// branchless copies, the last slot peeled), 1 lean (the step before it, for the A/B in
+// cuda_layer_bench). 2 (lean2) was measured slower and removed.
+RuntimeSetting kMoeDecodeStep{"DEEPINFER_MOE_DECODE_STEP", 3, 1, 3};
 
 template <DecodeStep kStep>
 void launch_step(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles,
@@ -2534,18 +2452,9 @@ void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const i
     case static_cast<int>(DecodeStep::kLean3):
       launch_step<DecodeStep::kLean3>(args, tiles, tile_count, max_items, sms);
       return;
-    case static_cast<int>(DecodeStep::kLean3OneBarrier):
-      launch_step<DecodeStep::kLean3OneBarrier>(args, tiles, tile_count, max_items, sms);
-      return;
-    case static_cast<int>(DecodeStep::kLean3FmaShift):
-      launch_step<DecodeStep::kLean3FmaShift>(args, tiles, tile_count, max_items, sms);
-      return;
-    case static_cast<int>(DecodeStep::kLean3SlotCodes):
-      launch_step<DecodeStep::kLean3SlotCodes>(args, tiles, tile_count, max_items, sms);
-      return;
     default:
       DI_THROW("DEEPINFER_MOE_DECODE_STEP=", kMoeDecodeStep.value(),
-               " is not accepted: 1 (lean) or 3 to 6 (lean3's variants)");
+               " is not accepted: 3 (lean3, the default) or 1 (lean)");
   }
 }
 
