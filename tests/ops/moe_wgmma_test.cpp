@@ -304,8 +304,7 @@ TEST(MoeDecodeMapTest, CopiesAndReadsAgree) {
     for (int lane = 0; lane < 32; ++lane) {
       for (int half = 0; half < 2; ++half) {
         for (int block = 0; block < dm::kBlocks; ++block) {
-          EXPECT_EQ(dm::matrix_word(warp, lane, half, block),
-                    dm::raw_word(warp, lane, half, block))
+          EXPECT_EQ(dm::matrix_word(warp, lane, half, block), dm::raw_word(warp, lane, half, block))
               << "warp " << warp << " lane " << lane << " half " << half << " block " << block;
         }
       }
@@ -328,8 +327,8 @@ TEST(MoeDecodeMapTest, CopiesAndReadsAgree) {
     for (int i = 0; i < 4; ++i) {
       const int r = dm::copy_row(thread, i);
       ASSERT_LT(r, dm::kRows);
-      const int destination = dm::copy_step(thread) * dm::kStepRawBytes +
-                              dm::raw_offset(r, dm::copy_chunk(thread));
+      const int destination =
+          dm::copy_step(thread) * dm::kStepRawBytes + dm::raw_offset(r, dm::copy_chunk(thread));
       ++written[destination / 16];
       EXPECT_EQ(dm::raw_offset(dm::copy_row(thread, 0), dm::copy_chunk(thread)) + i * 1024,
                 dm::raw_offset(r, dm::copy_chunk(thread)))

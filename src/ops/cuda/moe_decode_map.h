@@ -16,9 +16,9 @@
 
 namespace deepinfer::ops::cuda::decode_map {
 
-inline constexpr int kRows = 64;           // weight rows of a work item (one warpgroup's M)
-inline constexpr int kRowBytes = 64;       // a row's 128 fp4 values of one K step
-inline constexpr int kBlocks = 4;          // 32-blocks (16-byte chunks) of a row's step
+inline constexpr int kRows = 64;      // weight rows of a work item (one warpgroup's M)
+inline constexpr int kRowBytes = 64;  // a row's 128 fp4 values of one K step
+inline constexpr int kBlocks = 4;     // 32-blocks (16-byte chunks) of a row's step
 inline constexpr int kStepRawBytes = kRows * kRowBytes;
 inline constexpr int kSecondHalfRows = 8;  // a thread's two rows: g and g + 8 of its warp's 16
 
@@ -57,8 +57,12 @@ inline constexpr int kCopyRowStep = 16;
 DEEPINFER_DECODE_MAP int copy_row(int thread, int i) {
   return thread / kCopyThreadsPerRow + kCopyRowStep * i;
 }
-DEEPINFER_DECODE_MAP int copy_step(int thread) { return (thread % kCopyThreadsPerRow) / 4; }
-DEEPINFER_DECODE_MAP int copy_chunk(int thread) { return thread & 3; }
+DEEPINFER_DECODE_MAP int copy_step(int thread) {
+  return (thread % kCopyThreadsPerRow) / 4;
+}
+DEEPINFER_DECODE_MAP int copy_chunk(int thread) {
+  return thread & 3;
+}
 
 // A step's codes (4 bytes a row): lean keeps them in row order; lean3 pairs row g and row g + 8
 // of each warp's 16, so one 8-byte load gives a thread both rows' codes.

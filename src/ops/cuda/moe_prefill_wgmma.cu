@@ -46,8 +46,8 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
-#include "ops/cuda/moe_expert_rows.cuh"
 #include "ops/cuda/moe_decode_map.h"
+#include "ops/cuda/moe_expert_rows.cuh"
 #include "ops/cuda/moe_prefill_items.cuh"
 #include "ops/cuda/moe_prefill_wgmma.h"
 
@@ -2127,9 +2127,8 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
   constexpr int kWeightCopies = 2 * kSteps;
   const int weight_step = decode_map::copy_step(thread);
   const int weight_chunk = decode_map::copy_chunk(thread);
-  uint32_t weight_shared =
-      Shape::kRawOffset + weight_step * kRawStepBytes +
-      decode_map::raw_offset(decode_map::copy_row(thread, 0), weight_chunk);
+  uint32_t weight_shared = Shape::kRawOffset + weight_step * kRawStepBytes +
+                           decode_map::raw_offset(decode_map::copy_row(thread, 0), weight_chunk);
   // 32 bits (3 x 16 rows of at most 2.5 KB) and opaque, so ptxas neither widens nor rebuilds it.
   uint32_t weight_row_stride = static_cast<uint32_t>(decode_map::kCopyRowStep * w_row_bytes);
   constexpr uint32_t kWeightSharedRowStep = decode_map::kCopyRowStep * decode_map::kRowBytes;
@@ -2163,22 +2162,22 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
 #pragma unroll
   for (int q = 0; q < kSteps; ++q) {
     scale_slots[q] = copies_scale ? slots_with_step(q) : 0;
-    scale_shared[q] = copies_row_codes
-                          ? Shape::kCodesOffset + q * kCodeStepBytes +
-                                decode_map::paired_codes(thread)
-                          : Shape::kTokenScalesOffset + q * kTokenScaleStepBytes +
-                                (copies_token_scale ? thread - kRows : 0) * 4;
+    scale_shared[q] = copies_row_codes ? Shape::kCodesOffset + q * kCodeStepBytes +
+                                             decode_map::paired_codes(thread)
+                                       : Shape::kTokenScalesOffset + q * kTokenScaleStepBytes +
+                                             (copies_token_scale ? thread - kRows : 0) * 4;
   }
   asm volatile("" : "+r"(weight_row_stride), "+r"(weight_shared));
 #pragma unroll
-  for (int i = 0; i < kTokenCopies; ++i) asm volatile("" : "+r"(token_shared[i]), "+r"(token_delta[i]));
+  for (int i = 0; i < kTokenCopies; ++i)
+    asm volatile("" : "+r"(token_shared[i]), "+r"(token_delta[i]));
 #pragma unroll
   for (int q = 0; q < kSteps; ++q) asm volatile("" : "+r"(scale_shared[q]));
 
   const uint8_t* weight_source = rows.weight + decode_map::copy_row(thread, 0) * w_row_bytes +
                                  weight_step * (kStepK / 2) + weight_chunk * 16;
-  const uint8_t* token_source = args.x_codes + token_row(first_token) * args.k +
-                                token_step * kStepK + token_chunk * 16;
+  const uint8_t* token_source =
+      args.x_codes + token_row(first_token) * args.k + token_step * kStepK + token_chunk * 16;
   const uint8_t* scale_source =
       copies_row_codes
           ? rows.w_scales + thread * k_blocks
@@ -2194,8 +2193,7 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
 #pragma unroll
     for (int i = 0; i < kWeightCopies; ++i) {
       copy_16_async_if(copies_weights, weight_base + weight_shared + i * kWeightSharedRowStep,
-                       i == 0 ? weight_source
-                              : wide_offset(weight_source, weight_row_stride, i));
+                       i == 0 ? weight_source : wide_offset(weight_source, weight_row_stride, i));
     }
     const uint32_t token_base = token_slot_address(copy_position);
     const bool copies_tokens = copied_slot < token_slots;
@@ -2425,8 +2423,8 @@ static_assert(DecodeSlots::kBlocksPerSm * (DecodeSlots::kSharedAllocation + 1024
 RuntimeSetting kMoeDecodeStep{"DEEPINFER_MOE_DECODE_STEP", 3, 1, 3};
 
 template <DecodeStep kStep>
-void launch_step(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles,
-                 const int* tile_count, int64_t max_items, int sms) {
+void launch_step(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
+                 int64_t max_items, int sms) {
   using Shape = DecodeSlots;
   const auto blocks = static_cast<unsigned>(
       std::min<int64_t>(max_items, static_cast<int64_t>(sms) * Shape::kBlocksPerSm));
