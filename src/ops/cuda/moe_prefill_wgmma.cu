@@ -2053,7 +2053,8 @@ struct SlotAddresses {
   uint32_t descriptor_low;
 };
 
-// p + a * b (a 32-bit product) in one mad.wide.u32.
+// p + a * b (a 32-bit product, no 64-bit multiply) as a mad.wide.u32; ptxas still turns the
+// constant factors 1 and 2 into an add or an LEA pair.
 __device__ __forceinline__ const uint8_t* wide_offset(const uint8_t* p, uint32_t a, uint32_t b) {
   uint64_t address;
   asm("mad.wide.u32 %0, %1, %2, %3;"
