@@ -19,6 +19,7 @@
 #include "ops/batch_invariance.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
+#include "ops/cuda/moe_decode_map.h"
 #include "ops/cuda/moe_grouped_gemm.h"
 #include "ops/cuda/moe_prefill_wgmma.h"
 #include "ops/cuda/runtime_switch.h"
@@ -244,17 +245,26 @@ TEST_F(MoeWgmmaTest, GroupedGemmSizedTiles) {
 // wgmma numerics too: the decode tile (DEEPINFER_MOE_WGMMA_DECODE=2: 64 rows x 16 or 8 tokens)
 // computes register_a's products and folds in its order, so it must give the prefill tiles' bits
 // (=1: register_a's 32-token tiles), and both lie within the wgmma bound of the reference.
+// The decode tile's steps (DEEPINFER_MOE_DECODE_STEP): lean3 (the default) and lean. Each is
+// register_a's arithmetic in its order, so each must give the prefill tiles' bits.
+constexpr int kDecodeSteps[] = {3, 1};
+
 template <typename Run>
-Tensor run_wgmma_decode(int setting, const Run& run) {
+Tensor run_wgmma_decode(int setting, const Run& run, int step = 3) {
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", setting);
+  const rt::ScopedSetting decode_step("DEEPINFER_MOE_DECODE_STEP", step);
   return run_wgmma_numerics(run);
 }
 
-// The decode tile against the prefill tiles, bit for bit.
+// The decode tile (every step) against the prefill tiles, bit for bit.
 template <typename Run>
 void expect_decode_tile_matches_prefill_tiles(const Run& run, const std::string& what) {
-  EXPECT_TRUE(same_bits(run_wgmma_decode(2, run), run_wgmma_decode(1, run)))
-      << what << ": the wgmma decode tile against the prefill tiles";
+  const Tensor prefill_tiles = run_wgmma_decode(1, run);
+  for (const int step : kDecodeSteps) {
+    EXPECT_TRUE(same_bits(run_wgmma_decode(2, run, step), prefill_tiles))
+        << what << ": the wgmma decode tile (DEEPINFER_MOE_DECODE_STEP=" << step
+        << ") against the prefill tiles";
+  }
 }
 
 // With batch invariance on the setting changes nothing: the mma.sync decode tile's bits.
@@ -300,6 +310,72 @@ TEST_F(MoeWgmmaTest, DecodeGemmSmallShapes) {
 TEST_F(MoeWgmmaTest, DecodeGemmV41FlashShapes) {
   check_decode_gemm(make_problem(2304, 5120, {1, 4, 16, 0, 9}, 64), "decode w1 2304 x 5120");
   check_decode_gemm(make_problem(5120, 2304, {15, 2, 0, 8, 1}, 65), "decode w2 5120 x 2304");
+}
+
+// Other ring lengths (the grouped GEMM takes K % 256 == 0, so every slot holds two steps): 6
+// steps (3 slots, the ring of 4 never wraps) and 56 (28 slots: the ring wraps 7 times before
+// the peeled last slot).
+TEST_F(MoeWgmmaTest, DecodeGemmRingLengths) {
+  check_decode_gemm(make_problem(256, 768, {3, 16, 0, 9}, 66), "decode 256 x 768");
+  check_decode_gemm(make_problem(128, 7168, {1, 12, 5, 17}, 67), "decode 128 x 7168");
+}
+
+// The decode tile's shared-memory maps (host only, no GPU): what ldmatrix gives each lane on
+// lean3's row addresses is the word lean's 32-bit loads read, the copies put each 16-byte chunk
+// of a row's step at raw_offset, the chunks of a matrix's 8 rows take 8 different bank groups
+// (conflict-free), and the paired codes hold each row once, a thread's two rows side by side.
+TEST(MoeDecodeMapTest, CopiesAndReadsAgree) {
+  namespace dm = cuda::decode_map;
+  for (int warp = 0; warp < 4; ++warp) {
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int half = 0; half < 2; ++half) {
+        for (int block = 0; block < dm::kBlocks; ++block) {
+          EXPECT_EQ(dm::matrix_word(warp, lane, half, block), dm::raw_word(warp, lane, half, block))
+              << "warp " << warp << " lane " << lane << " half " << half << " block " << block;
+        }
+      }
+    }
+    for (int m = 0; m < dm::kBlocks; ++m) {
+      for (int half = 0; half < 2; ++half) {
+        std::vector<bool> bank_groups(8, false);
+        for (int r = 0; r < 8; ++r) {
+          const int address = dm::matrix_row(warp, 8 * m + r) + dm::kMatrixSecondHalf * half;
+          EXPECT_EQ(address % 16, 0);
+          EXPECT_FALSE(bank_groups[(address / 16) % 8]) << "matrix " << m << " row " << r;
+          bank_groups[(address / 16) % 8] = true;
+        }
+      }
+    }
+  }
+  // Every chunk of every row once, at raw_offset, from the row's bytes 64 step + 16 chunk.
+  std::vector<int> written(dm::kStepRawBytes / 16 * 2, 0);
+  for (int thread = 0; thread < 128; ++thread) {
+    for (int i = 0; i < 4; ++i) {
+      const int r = dm::copy_row(thread, i);
+      ASSERT_LT(r, dm::kRows);
+      const int destination =
+          dm::copy_step(thread) * dm::kStepRawBytes + dm::raw_offset(r, dm::copy_chunk(thread));
+      ++written[destination / 16];
+      EXPECT_EQ(dm::raw_offset(dm::copy_row(thread, 0), dm::copy_chunk(thread)) + i * 1024,
+                dm::raw_offset(r, dm::copy_chunk(thread)))
+          << "the copies' shared offsets step 1 KB a copy";
+    }
+  }
+  for (size_t chunk = 0; chunk < written.size(); ++chunk) EXPECT_EQ(written[chunk], 1) << chunk;
+  std::vector<int> codes(dm::kRows, 0);
+  for (int r = 0; r < dm::kRows; ++r) {
+    ASSERT_EQ(dm::paired_codes(r) % 4, 0);
+    ASSERT_LT(dm::paired_codes(r) / 4, dm::kRows);
+    ++codes[dm::paired_codes(r) / 4];
+  }
+  for (int r = 0; r < dm::kRows; ++r) EXPECT_EQ(codes[r], 1) << r;
+  for (int warp = 0; warp < 4; ++warp) {
+    for (int lane = 0; lane < 32; ++lane) {
+      const int row = 16 * warp + lane / 4;
+      EXPECT_EQ(dm::paired_codes_read(warp, lane), dm::paired_codes(row));
+      EXPECT_EQ(dm::paired_codes_read(warp, lane) + 4, dm::paired_codes(row + 8));
+    }
+  }
 }
 
 // ---- the routed experts' op (ops::cuda::moe_experts) ---------------------------------------

@@ -47,6 +47,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/linear.cuh"
+#include "ops/cuda/moe_decode_map.h"
 #include "ops/cuda/moe_expert_rows.cuh"
 #include "ops/cuda/moe_prefill_items.cuh"
 #include "ops/cuda/moe_prefill_wgmma.h"
@@ -2278,9 +2279,373 @@ __device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
 
 }  // namespace lean
 
+// ---- lean3: lean's copy map and arithmetic, the step's latency shortened ----------------------
+// lean issues ~180 warp instructions a step (8 tokens) at 2.2 a cycle an SM (ncu, b256: eligible
+// 1.05 warps a scheduler); lean2 (fewer instructions, sector-wide copies, shifts through a shared
+// buffer, one barrier a slot) ran 25% slower, so lean3 keeps lean's line-wide copies, shift
+// table and arithmetic (the same bits) and changes what sits on a step's critical path: a step's
+// raw words come from two ldmatrix.x4 (8 loads before) and both rows' codes from one 8-byte load
+// (the codes copied in row pairs: decode_map::paired_codes); the loads of a step are issued
+// first and the slot's copies go between them and the conversion that waits on them, so the
+// copies fill the loads' latency instead of delaying them in the LSU queue; the last slot is
+// peeled out of the loop (no per-step tests of the tail); the copies are predicated per thread
+// on a slot count (no branch around them, so ptxas interleaves them with the conversion) and
+// the loads address a slot as a uniform base plus per-thread offsets. SASS (the main loop's two
+// steps over 2): 161.5 instructions a step with 8 tokens (lean 180.5), 177.5 with 16 (193.5);
+// 123 registers, no spills. H200, 2026-12-02 06:24 call (docs/BENCHMARKS.md): one layer's routed
+// experts at b256 2.525 -> 2.231 ms (63.5% -> 71.9% of the HBM floor), b64 1.641 -> 1.444, b16
+// 0.576 -> 0.513; ncu of the op's w1|w3 launch at b256 1.565 -> 1.407 ms with the same IPC (2.20):
+// the time went with the instructions. Where the rest goes (ncu, cycles a warp per issued
+// instruction, 5.9 in all): long scoreboard 0.85 (copies still in flight at a slot's wait, and
+// registers an LDGSTS has not yet read, rewritten soon after it), short scoreboard 0.72 (the
+// codes -> shift entry -> lookup chain), math-pipe throttle 0.65 (PRMT / LOP3 keep the ALU pipe
+// 58% busy), barrier 0.49, MIO throttle 0.47. Measured on the same call and not kept (all the
+// same bits, removed): one barrier a slot (the refill behind the second barrier; the warpgroup
+// then met at the first wgmma instead: b256 2.284 ms), the second selector's >> 16 as an IMAD.HI
+// on the FMA pipe (dispatch stalls 0.14 -> 0.39: 2.342 ms), and that with a slot's codes in one
+// 16-byte load and the copies' sources advanced first (ncu 1.418 ms against lean3's 1.407).
+namespace lean3 {
+
+// ldmatrix.x4 (.m8n8.b16, no transpose): lane i gives the row address of row i % 8 of matrix
+// i / 8, and register m of lane t is the 4 bytes at 4 (t % 4) of row t / 4 of matrix m
+// (decode_map::matrix_word emulates it for the test).
+__device__ __forceinline__ void load_matrix_x4(uint32_t address, uint32_t (&d)[kStepBlocks]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(address)
+               : "memory");
+}
+
+// A step's shared-memory reads that do not depend on each other: both rows' codes and the raw
+// words of row half h and 32-block b (raw[h][b]).
+struct StepLoads {
+  uint2 codes;
+  uint32_t raw[2][kStepBlocks];
+};
+
+// One slot's uniform addresses: its weight slot and its token lines' descriptor word.
+struct SlotAddresses {
+  uint32_t weights;
+  uint32_t descriptor_low;
+};
+
+// p + a * b (a 32-bit product, no 64-bit multiply) as a mad.wide.u32; ptxas still turns the
+// constant factors 1 and 2 into an add or an LEA pair.
+__device__ __forceinline__ const uint8_t* wide_offset(const uint8_t* p, uint32_t a, uint32_t b) {
+  uint64_t address;
+  asm("mad.wide.u32 %0, %1, %2, %3;"
+      : "=l"(address)
+      : "r"(a), "r"(b), "l"(reinterpret_cast<uint64_t>(p)));
+  return reinterpret_cast<const uint8_t*>(address);
+}
+
+template <typename Shape, int kTokens>
+__device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
+                                                  const PrefillTokenTile& tile, int row_tile,
+                                                  uint8_t* shared) {
+  using lean::copy_16_async_if;
+  using lean::copy_4_async_if;
+  using lean::load_f32;
+  using lean::load_f32x2;
+  using lean::load_u32x2;
+  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
+  constexpr int kSteps = Shape::kSteps;
+  static_assert(kSteps == 2, "a slot's two steps are the main loop's two halves");
+  static_assert(decode_map::kRows == kRows && decode_map::kRowBytes == kStepK / 2 &&
+                    decode_map::kBlocks == kStepBlocks &&
+                    decode_map::kStepRawBytes == kRawStepBytes,
+                "decode_map's step");
+  static_assert(decode_map::kCopyThreadsPerRow == 4 * kSteps &&
+                    decode_map::kCopyRowStep * 2 * kSteps == kRows,
+                "decode_map's copy map covers a slot's rows in 2 kSteps copies a thread");
+  TileRows rows;
+  rows.n_first = static_cast<int64_t>(row_tile) * kRows;
+  rows.tokens = min(tile.end - tile.first, kTokens);
+  const int64_t k_blocks = args.k / kScaleBlock;
+  const int64_t w_row_bytes = args.k / 2;
+  if (args.experts != nullptr) {
+    rows.weight = args.experts[tile.expert].bytes + rows.n_first * w_row_bytes;
+    rows.w_scales = args.experts[tile.expert].scale + rows.n_first * k_blocks;
+  } else {
+    const int64_t first = tile.expert * args.n + rows.n_first;
+    rows.weight = args.weight + first * w_row_bytes;
+    rows.w_scales = args.w_scales + first * k_blocks;
+  }
+  const int thread = threadIdx.x;
+  const int warp = thread / 32;
+  const int lane = thread & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  // This thread's accumulator rows within the item: row and row + 8.
+  const int row = warp * 16 + group;
+  const int steps = static_cast<int>(args.k / kStepK);
+  const int slots = (steps + kSteps - 1) / kSteps;
+  const auto token_row = [&](int token) -> int64_t {
+    return tile.first + min(token, rows.tokens - 1);
+  };
+  const uint32_t shared_base = shared_address(shared);
+  const uint32_t shift_table = shared_base + Shape::kShiftTableOffset;
+  const uint32_t scale_table = shared_base + Shape::kScaleTableOffset;
+  const auto token_slot_address = [&](int position) {
+    return shared_base + static_cast<uint32_t>(position * Shape::kTokenSlotBytes);
+  };
+  const auto weight_slot_address = [&](int position) {
+    return shared_base +
+           static_cast<uint32_t>(Shape::kWeightRingOffset + position * Shape::kWeightSlotBytes);
+  };
+
+  // The copies: lean's map (decode_map's weight map, 16-byte chunks of whole token lines, 4
+  // bytes of codes and token scales a step), the codes in row pairs, written for few
+  // instructions and no branch, so ptxas can spread them among the conversion's: each copy's
+  // predicate is one compare of the slot against a per-thread count of the slots that hold its
+  // step, the sources are three pointers advanced once a slot (the other weight rows one
+  // mad.wide each from the first), and the slot's place is a uniform base plus per-thread
+  // offsets.
+  constexpr int kWeightCopies = 2 * kSteps;
+  const int weight_step = decode_map::copy_step(thread);
+  const int weight_chunk = decode_map::copy_chunk(thread);
+  uint32_t weight_shared = Shape::kRawOffset + weight_step * kRawStepBytes +
+                           decode_map::raw_offset(decode_map::copy_row(thread, 0), weight_chunk);
+  // 32 bits (3 x 16 rows of at most 2.5 KB) and opaque, so ptxas neither widens nor rebuilds it.
+  uint32_t weight_row_stride = static_cast<uint32_t>(decode_map::kCopyRowStep * w_row_bytes);
+  constexpr uint32_t kWeightSharedRowStep = decode_map::kCopyRowStep * decode_map::kRowBytes;
+  // Slots [0, n) hold step `q` of theirs when 2 slot + q < steps.
+  const auto slots_with_step = [&](int q) { return (steps - q + 1) / 2; };
+  const int weight_slots = slots_with_step(weight_step);
+  constexpr int kTokenChunks = kTokens * kSteps * kStepK / 16;
+  constexpr int kTokenCopies = (kTokenChunks + kThreads - 1) / kThreads;
+  constexpr int kTokenRowStep = 16 / kSteps;
+  const int token_step = thread % (8 * kSteps) / 8;
+  const int token_chunk = thread & 7;
+  const int token_slots = thread < kTokenChunks ? slots_with_step(token_step) : 0;
+  uint32_t token_shared[kTokenCopies];
+  // Token row offsets from copy 0's (token_row is non-decreasing in the token, so >= 0).
+  uint32_t token_delta[kTokenCopies];
+  const int first_token = thread / (8 * kSteps);
+#pragma unroll
+  for (int i = 0; i < kTokenCopies; ++i) {
+    const int token = first_token + kTokenRowStep * i;
+    token_shared[i] =
+        token_step * kTokenStepBytes + token * kStepK + ((token_chunk ^ (token & 7)) << 4);
+    token_delta[i] = static_cast<uint32_t>((token_row(token) - token_row(first_token)) * args.k);
+  }
+  const bool copies_row_codes = thread < kRows;
+  const bool copies_token_scale = !copies_row_codes && thread - kRows < kTokens;
+  const bool copies_scale = copies_row_codes || copies_token_scale;
+  constexpr int kScaleStepBytes = 4;
+  static_assert(kStepBlocks == kScaleStepBytes, "one scale copy map for rows and tokens");
+  int scale_slots[kSteps];
+  uint32_t scale_shared[kSteps];
+#pragma unroll
+  for (int q = 0; q < kSteps; ++q) {
+    scale_slots[q] = copies_scale ? slots_with_step(q) : 0;
+    scale_shared[q] = copies_row_codes ? Shape::kCodesOffset + q * kCodeStepBytes +
+                                             decode_map::paired_codes(thread)
+                                       : Shape::kTokenScalesOffset + q * kTokenScaleStepBytes +
+                                             (copies_token_scale ? thread - kRows : 0) * 4;
+  }
+  asm volatile("" : "+r"(weight_row_stride), "+r"(weight_shared));
+#pragma unroll
+  for (int i = 0; i < kTokenCopies; ++i)
+    asm volatile("" : "+r"(token_shared[i]), "+r"(token_delta[i]));
+#pragma unroll
+  for (int q = 0; q < kSteps; ++q) asm volatile("" : "+r"(scale_shared[q]));
+
+  const uint8_t* weight_source = rows.weight + decode_map::copy_row(thread, 0) * w_row_bytes +
+                                 weight_step * (kStepK / 2) + weight_chunk * 16;
+  const uint8_t* token_source =
+      args.x_codes + token_row(first_token) * args.k + token_step * kStepK + token_chunk * 16;
+  const uint8_t* scale_source =
+      copies_row_codes
+          ? rows.w_scales + thread * k_blocks
+          : reinterpret_cast<const uint8_t*>(
+                args.x_step_scales + token_row(copies_token_scale ? thread - kRows : 0) * steps);
+  int copied_slot = 0;
+  int copy_position = 0;  // copied_slot % kSlots
+  // Slot copied_slot into its place (predicated: past the last slot it copies nothing), then a
+  // commit (empty past the last slot, so the waits' counts stay constant).
+  const auto copy_next_slot = [&] {
+    const uint32_t weight_base = weight_slot_address(copy_position);
+    const bool copies_weights = copied_slot < weight_slots;
+#pragma unroll
+    for (int i = 0; i < kWeightCopies; ++i) {
+      copy_16_async_if(copies_weights, weight_base + weight_shared + i * kWeightSharedRowStep,
+                       i == 0 ? weight_source : wide_offset(weight_source, weight_row_stride, i));
+    }
+    const uint32_t token_base = token_slot_address(copy_position);
+    const bool copies_tokens = copied_slot < token_slots;
+#pragma unroll
+    for (int i = 0; i < kTokenCopies; ++i) {
+      copy_16_async_if(copies_tokens, token_base + token_shared[i],
+                       i == 0 ? token_source : wide_offset(token_source, token_delta[i], 1));
+    }
+#pragma unroll
+    for (int q = 0; q < kSteps; ++q) {
+      copy_4_async_if(copied_slot < scale_slots[q], weight_base + scale_shared[q],
+                      scale_source + q * kScaleStepBytes);
+    }
+    commit_copies();
+    weight_source += kSteps * (kStepK / 2);
+    token_source += kSteps * kStepK;
+    scale_source += kSteps * kScaleStepBytes;
+    ++copied_slot;
+    copy_position = copy_position == Shape::kSlots - 1 ? 0 : copy_position + 1;
+  };
+
+  // This thread's offsets inside a weight slot, in registers (an empty asm, so ptxas does not
+  // rebuild them from threadIdx); a load's address is one of them plus the slot's uniform base
+  // plus a constant, which the loads take as their address operands.
+  uint32_t raw_offset = Shape::kRawOffset + decode_map::matrix_row(warp, lane);
+  uint32_t codes_offset = Shape::kCodesOffset + decode_map::paired_codes_read(warp, lane);
+  uint32_t token_scales_offset = Shape::kTokenScalesOffset + 8 * quad;
+  asm volatile("" : "+r"(raw_offset), "+r"(codes_offset), "+r"(token_scales_offset));
+  const auto slot_addresses = [&](int position) {
+    SlotAddresses at;
+    at.weights = weight_slot_address(position);
+    at.descriptor_low = lean::descriptor_low(token_slot_address(position));
+    return at;
+  };
+
+  const auto load_step = [&](const SlotAddresses& at, int q) {
+    StepLoads loads;
+    loads.codes = load_u32x2(at.weights + codes_offset + q * kCodeStepBytes);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      load_matrix_x4(
+          at.weights + raw_offset + q * kRawStepBytes + half * decode_map::kMatrixSecondHalf,
+          loads.raw[half]);
+    }
+    return loads;
+  };
+
+  // lean's conversion of the loaded words (the same table entries and codes).
+  const auto convert_step = [&](const StepLoads& loads, register_a::StepWeights& weights) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t codes = half == 0 ? loads.codes.x : loads.codes.y;
+      uint32_t code[kStepBlocks];
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) code[b] = lean::byte_at(codes, b);
+      const uint32_t top = max(max(code[0], code[1]), max(code[2], code[3]));
+      const float scale = load_f32(scale_table + 4 * top);
+      if (half == 0) {
+        weights.scale_lo = scale;
+      } else {
+        weights.scale_hi = scale;
+      }
+      const uint32_t top_entry = shift_table + 8 * top;
+#pragma unroll
+      for (int b = 0; b < kStepBlocks; ++b) {
+        const uint2 entry = load_u32x2(top_entry - 8 * code[b]);
+        e2m1x8_to_e4m3_shifted_by_pairs(loads.raw[half][b], entry, weights.a[b][half],
+                                        weights.a[b][2 + half]);
+      }
+    }
+  };
+
+  float acc[kPartial] = {};
+  float partial[kPartial];
+  const auto fold = [&](const SlotAddresses& at, int q, const register_a::StepWeights& weights) {
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+      const float2 x_scales =
+          load_f32x2(at.weights + token_scales_offset + q * kTokenScaleStepBytes + 32 * j);
+      acc[4 * j + 0] += partial[4 * j + 0] * (x_scales.x * weights.scale_lo);
+      acc[4 * j + 1] += partial[4 * j + 1] * (x_scales.y * weights.scale_lo);
+      acc[4 * j + 2] += partial[4 * j + 2] * (x_scales.x * weights.scale_hi);
+      acc[4 * j + 3] += partial[4 * j + 3] * (x_scales.y * weights.scale_hi);
+    }
+  };
+
+  // The descriptors as 64-bit values plus constants (uniform adds, no rebuild per wgmma).
+  const auto issue_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& weights) {
+    const uint64_t step_descriptor =
+        lean::descriptor(at.descriptor_low) + static_cast<uint64_t>(q * (kTokenStepBytes >> 4));
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(weights.a[b]);
+    wgmma_fence();  // the A registers were written, the partial read by the last fold
+    wgmma_rs<kTokens, true>(partial, weights.a[0], step_descriptor);
+#pragma unroll
+    for (int b = 1; b < kStepBlocks; ++b) {
+      wgmma_rs<kTokens, false>(partial, weights.a[b],
+                               step_descriptor + static_cast<uint64_t>(b * kScaleBlock / 16));
+    }
+    wgmma_commit();
+  };
+
+  const auto finish_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& current) {
+    wgmma_wait<0>();
+    hold_after_wait(partial);
+#pragma unroll
+    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(current.a[b]);
+    fold(at, q, current);
+  };
+
+  // Slot j's loop body (lean's schedule): barrier (every warp folded slot j - 1), issue step
+  // (j, 0), load step (j, 1), refill slot j - 1's place with slot j + 3, convert (j, 1), wait for
+  // and fold (j, 0); wait for this thread's copies of slot j + 1, fence them for the async proxy,
+  // barrier, issue (j, 1), load (j + 1, 0), convert (j + 1, 0), wait for and fold (j, 1).
+  constexpr int kPendingAtWait = Shape::kSlotsAhead - 1;
+#pragma unroll
+  for (int s = 0; s < Shape::kSlotsAhead; ++s) copy_next_slot();
+  wait_copies<Shape::kSlotsAhead - 1>();  // slot 0
+  fence_shared_for_wgmma();
+  __syncthreads();
+  register_a::StepWeights weights[2];
+  int read_position = 0;
+  SlotAddresses current = slot_addresses(read_position);
+  convert_step(load_step(current, 0), weights[0]);
+  const int last_slot = slots - 1;
+  for (int slot = 0; slot < last_slot; ++slot) {
+    __syncthreads();
+    issue_step(current, 0, weights[0]);
+    StepLoads loads = load_step(current, 1);
+    copy_next_slot();
+    convert_step(loads, weights[1]);
+    finish_step(current, 0, weights[0]);
+    wait_copies<kPendingAtWait>();
+    fence_shared_for_wgmma();
+    __syncthreads();
+    issue_step(current, 1, weights[1]);
+    read_position = read_position == Shape::kSlots - 1 ? 0 : read_position + 1;
+    const SlotAddresses next = slot_addresses(read_position);
+    loads = load_step(next, 0);
+    convert_step(loads, weights[0]);
+    finish_step(current, 1, weights[1]);
+    current = next;
+  }
+  // The last slot (one or two steps): its copies landed before the loop's last barrier (or the
+  // prologue's), and nothing is copied any more, so it meets at no barrier.
+  issue_step(current, 0, weights[0]);
+  const bool has_second = 2 * last_slot + 1 < steps;
+  if (has_second) convert_step(load_step(current, 1), weights[1]);
+  finish_step(current, 0, weights[0]);
+  if (has_second) {
+    issue_step(current, 1, weights[1]);
+    finish_step(current, 1, weights[1]);
+  }
+  store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
+}
+
+}  // namespace lean3
+
 // Persistent blocks walk the items (token tile, table, 64 weight rows; weight rows fastest, as
 // for_each_prefill_item) in list order, so the items in flight share few experts' weights.
-template <typename Shape>
+// The decode steps (DEEPINFER_MOE_DECODE_STEP).
+enum class DecodeStep { kLean = 1, kLean3 = 3 };
+
+template <DecodeStep kStep, typename Shape, int kTokens>
+__device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
+                                            const PrefillTokenTile& tile, int row_tile,
+                                            uint8_t* shared) {
+  if constexpr (kStep == DecodeStep::kLean) {
+    lean::decode_tile_lean<Shape, kTokens>(args, tile, row_tile, shared);
+  } else {
+    lean3::decode_tile_lean3<Shape, kTokens>(args, tile, row_tile, shared);
+  }
+}
+
+template <typename Shape, DecodeStep kStep>
 __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
     decode_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
                         const int* tile_count) {
@@ -2301,10 +2666,9 @@ __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
       table.out = args.second_out;
     }
     if (tile.small != 0) {
-      lean::decode_tile_lean<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles,
-                                                            shared);
+      decode_tile<kStep, Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles, shared);
     } else {
-      lean::decode_tile_lean<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles, shared);
+      decode_tile<kStep, Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles, shared);
     }
     // The next item's first copies overwrite slots that slow warps may still read.
     __syncthreads();
@@ -2329,22 +2693,44 @@ using DecodeSlots = DecodeShape<2, 4, 4>;
 static_assert(DecodeSlots::kBlocksPerSm * (DecodeSlots::kSharedAllocation + 1024) <= 228 * 1024,
               "the tables fit beside kBlocksPerSm blocks an SM");
 
-void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
-            int64_t max_items, int sms) {
+// The routed experts' wgmma decode tile's step (decode_a), both with the same bits: 3 lean3 (the
+// default: lean's copies and arithmetic, ldmatrix raw words, paired codes, loads before
+// branchless copies, the last slot peeled), 1 lean (the step before it, for the A/B in
+// cuda_layer_bench). 2 (lean2) was measured slower and removed.
+RuntimeSetting kMoeDecodeStep{"DEEPINFER_MOE_DECODE_STEP", 3, 1, 3};
+
+template <DecodeStep kStep>
+void launch_step(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
+                 int64_t max_items, int sms) {
   using Shape = DecodeSlots;
   const auto blocks = static_cast<unsigned>(
       std::min<int64_t>(max_items, static_cast<int64_t>(sms) * Shape::kBlocksPerSm));
   if (blocks == 0) return;
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_wgmma_kernel<Shape>,
+    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_wgmma_kernel<Shape, kStep>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Shape::kSharedAllocation));
     return true;
   }();
   (void)configured;
-  decode_wgmma_kernel<Shape>
+  decode_wgmma_kernel<Shape, kStep>
       <<<blocks, kThreads, Shape::kSharedAllocation, current_stream()>>>(args, tiles, tile_count);
   DI_CUDA_LAUNCHED(decode_wgmma_kernel);
+}
+
+void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
+            int64_t max_items, int sms) {
+  switch (kMoeDecodeStep.value()) {
+    case static_cast<int>(DecodeStep::kLean):
+      launch_step<DecodeStep::kLean>(args, tiles, tile_count, max_items, sms);
+      return;
+    case static_cast<int>(DecodeStep::kLean3):
+      launch_step<DecodeStep::kLean3>(args, tiles, tile_count, max_items, sms);
+      return;
+    default:
+      DI_THROW("DEEPINFER_MOE_DECODE_STEP=", kMoeDecodeStep.value(),
+               " is not accepted: 3 (lean3, the default) or 1 (lean)");
+  }
 }
 
 }  // namespace decode_a
