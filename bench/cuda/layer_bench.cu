@@ -638,9 +638,8 @@ void bench_dense(const Roofline& roof, cublasLtHandle_t handle, void* workspace)
 // The routed experts with batch invariance off (ops::batch_invariant() false): at prefill the
 // wgmma tile (moe_prefill_wgmma.h), folding once per 128 of K (the default) or, for comparison,
 // per 32-block (its first version); decode batches (fewer than 16 rows per expert) take the
-// wgmma decode tile from 64 rows on and the mma.sync decode tile below
-// (DEEPINFER_MOE_WGMMA_DECODE unset), or for comparison always the mma.sync decode tile (0) or
-// the wgmma decode tile (2).
+// wgmma decode tile at every row count (DEEPINFER_MOE_WGMMA_DECODE unset; from 64 rows before the
+// lean3 step), or for comparison the mma.sync decode tile (0) or the wgmma decode tile (2).
 struct NonInvariantRun {
   const char* impl;
   int fold;         // DEEPINFER_MOE_WGMMA_FOLD

@@ -1031,10 +1031,12 @@ const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* wha
 // 2.6523. The decode tile's first version (removed) was 2.89 ms at b256; 1 (the prefill tiles,
 // one 256-thread block an SM) was 5.26 ms there, latency bound.
 RuntimeSetting kMoeWgmmaDecode{"DEEPINFER_MOE_WGMMA_DECODE", -1, -1, 2};
-// The automatic choice's threshold: the op on the wgmma decode tile was 4% slower at 6 rows (b1;
-// its quantizer writes per-128 scales, the tile's 64-row items leave blocks idle) and 13% faster
-// at 96 (b16); nothing was measured in between: 64 is a guess between them.
-constexpr int64_t kWgmmaDecodeMinRows = 64;
+// The automatic choice's threshold. With the decode tile's lean step the op on it was 4% slower
+// at 6 rows (b1) than on the mma.sync tile and 13% faster at 96 (b16), so the threshold sat at 64;
+// the lean3 step (DEEPINFER_MOE_DECODE_STEP) made it faster at 6 rows too (H200, 2026-12-02 06:24
+// call, cuda_layer_bench: the op 0.0751 against 0.0862 ms, the routed GEMMs 0.0652 against
+// 0.0777), so every row count takes it.
+constexpr int64_t kWgmmaDecodeMinRows = 1;
 
 // Which kernel and token tile a call takes, and so which code layout its quantizer writes.
 struct KernelChoice {

@@ -26,9 +26,9 @@ namespace deepinfer::ops::cuda {
 // With ops::batch_invariant() off on an sm_90 device the prefill regime (below) runs on the wgmma
 // tile instead, which promotes its FP8 accumulator once per 128 of K (moe_prefill_wgmma.h): a
 // different function in the last bits (per-128 activation scales, FP8 accumulation within 128).
-// So does the decode regime (fewer than 16 rows per expert, aligned weights, N % 64 == 0) from
-// 64 rows on, on the wgmma decode tile (launch_moe_decode_wgmma), which gives the prefill tiles'
-// bits row for row; below it keeps the decode tile described next.
+// So does the decode regime (fewer than 16 rows per expert, aligned weights, N % 64 == 0), on the
+// wgmma decode tile (launch_moe_decode_wgmma), which gives the prefill tiles' bits row for row;
+// with batch invariance on it keeps the decode tile described next.
 // The tile (8 rows per warp when R / E is small, as in decode; with R >= 16 E, N % 128 == 0 and
 // aligned weights, as in prefill, a shared-memory tile of 128 weight rows x 128 or 32 tokens; a
 // 64-token register tile otherwise) only changes which rows share a weight load, not any row's
@@ -48,7 +48,7 @@ void linear_fp8_mma(const TensorView& x, const LinearWeight& weight, const Tenso
 //    shared memory (decode_tile_kernel);
 //  DEEPINFER_MOE_WGMMA=0 / DEEPINFER_MOE_WGMMA_FOLD=32: with batch invariance off, the prefill
 //    regime keeps the mma.sync tile / takes the wgmma tile's fold-per-32 version (other bits);
-//  DEEPINFER_MOE_WGMMA_DECODE=0 / 1 / 2 (unset or -1: 2 from 64 rows on, else 0): with batch
+//  DEEPINFER_MOE_WGMMA_DECODE=0 / 1 / 2 (unset or -1: 2): with batch
 //    invariance off and the fold per 128, the decode regime keeps the mma.sync decode tile / takes
 //    the wgmma prefill tiles / the wgmma decode tile (1 and 2: the same bits);
 //  DEEPINFER_MOE_FUSED=0: ops::cuda::moe_experts runs FP4 experts under the released numerics
