@@ -45,7 +45,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/runtime_switch.h"
-#include "ops/cuda/wgmma_bf16.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {

@@ -28,12 +28,12 @@
 //
 // Key rows that are not bf16-exact: the producer flags the tile, the consumers flag the token for
 // the one-block tensor-core kernel (redo_tokens), as the cluster kernel does, so such a token gets
-// exactly the old path's bits. (attention.cu includes wgmma_bf16.cuh at its top: it cannot be
+// exactly the old path's bits. (attention.cu includes wgmma.cuh at its top: it cannot be
 // included in a namespace.)
 
 namespace prefill_wgmma {
 
-namespace wg = deepinfer::cuda::wgmma_bf16;
+namespace wg = deepinfer::cuda::wgmma;
 
 constexpr int kHeads = 64;  // wgmma's M
 constexpr int kDim = kGroupHeadDim;

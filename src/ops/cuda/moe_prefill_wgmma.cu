@@ -51,6 +51,7 @@
 #include "ops/cuda/moe_expert_rows.cuh"
 #include "ops/cuda/moe_prefill_items.cuh"
 #include "ops/cuda/moe_prefill_wgmma.h"
+#include "ops/cuda/wgmma.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -135,24 +136,10 @@ __device__ __forceinline__ uint64_t swizzled_operand(uint32_t address) {
          (uint64_t{kSwizzleAtom >> 4} << 32) | (uint64_t{1} << 62);
 }
 
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-
-// After wgmma_wait: the registers' values are read only after this point (the compiler sees
-// the wgmma as producing them when it is issued).
-template <int kCount>
-__device__ __forceinline__ void hold_after_wait(float (&d)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
+using deepinfer::cuda::wgmma::hold_after_wait;
+using deepinfer::cuda::wgmma::wgmma_commit;
+using deepinfer::cuda::wgmma::wgmma_fence;
+using deepinfer::cuda::wgmma::wgmma_wait;
 
 // d (64 x N) = A . B (fresh: scale-d false, the registers' old values unused, so they are outputs
 // only and need not stay live until the wgmma is issued; in_place: the same product with d as

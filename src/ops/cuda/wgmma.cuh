@@ -1,7 +1,9 @@
-// Generic pieces of Hopper's warpgroup MMA (wgmma, sm_90a) on bf16 operands, with the
-// mbarrier, proxy-fence and register-reallocation instructions a warp-specialized kernel around
-// them needs. Used by the prefill attention kernel (attention_prefill_wgmma.cuh); nothing here
-// knows about attention.
+// Generic pieces of Hopper's warpgroup MMA (wgmma, sm_90a): the 128-byte-swizzle operand layout
+// and its descriptors, the fence / commit / wait instructions, the mbarrier, proxy-fence and
+// register-reallocation instructions a warp-specialized kernel around them needs, and the bf16
+// MMAs of the prefill attention kernel (attention_prefill_wgmma.cuh). The routed experts' FP8
+// tiles (moe_prefill_wgmma.cu) take the fences from here and keep their own FP8 MMAs and
+// descriptors. Nothing here knows about attention or experts.
 //
 // Operand layout (both descriptors below): a bf16 matrix stored as blocks of 64 columns; each
 // block is `rows` lines of 128 bytes (64 bf16), line r at r * 128 bytes, and the 16-byte chunk c
@@ -13,7 +15,7 @@
 
 #include <cstdint>
 
-namespace deepinfer::cuda::wgmma_bf16 {
+namespace deepinfer::cuda::wgmma {
 
 constexpr int kLineBytes = 128;
 constexpr int kAtomBytes = 8 * kLineBytes;  // the swizzle repeats every 8 lines
@@ -217,4 +219,4 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
       : "memory");
 }
 
-}  // namespace deepinfer::cuda::wgmma_bf16
+}  // namespace deepinfer::cuda::wgmma
