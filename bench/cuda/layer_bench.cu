@@ -646,14 +646,13 @@ struct NonInvariantRun {
   bool register_a;  // DEEPINFER_MOE_WGMMA_REGISTER_A (fold 128: the weights in A registers)
   bool software_quantizer = false;  // DEEPINFER_MOE_QUANT_HW_CVT=0
   int wgmma_decode = -1;            // DEEPINFER_MOE_WGMMA_DECODE (-1: by rows, the default)
-  int tiles = -1;       // DEEPINFER_MOE_WGMMA_TILES (-1: the default; 0: the 128 / 32 token tiles)
-  int decode_step = 0;  // DEEPINFER_MOE_DECODE_STEP, the wgmma decode tile's step (0: default)
+  int tiles = -1;  // DEEPINFER_MOE_WGMMA_TILES (-1: the default; 0: the 128 / 32 token tiles)
 };
 // The defaults, then the paths they replaced or choose between (the register tile's token tiles:
-// the 128 / 32 tiles, or sized tiles up to 128, 144 or 160 tokens, DEEPINFER_MOE_WGMMA_TILES; the
-// decode tile's steps, lean3 (the default) and lean before it). Measured and removed on
-// 2026-12-02: lean3 with one barrier a slot, with the selector shift on the FMA pipe, and with a
-// slot's codes in one load. Measured and decided (rows removed, figures in docs/BENCHMARKS.md):
+// the 128 / 32 tiles, or sized tiles up to 128, 144 or 160 tokens, DEEPINFER_MOE_WGMMA_TILES).
+// Measured and removed on 2026-12-02: the decode tile's lean step (lean3 faster at every batch),
+// lean3 with one barrier a slot, with the selector shift on the FMA pipe, and with a slot's codes
+// in one load. Measured and decided (rows removed, figures in docs/BENCHMARKS.md):
 // the software quantizer, fold per 32, the prefill tiles at decode, decode slots of 1 and 4 K
 // steps. The register tile's row-wide weight scales, its step before the lean rewrite and the
 // decode tile's first step were measured and removed from the code (2026-12-02).
@@ -665,9 +664,7 @@ constexpr NonInvariantRun kNonInvariantRuns[] = {
     {.impl = "ours, off, tiles 128/32", .fold = 128, .register_a = true, .tiles = 0},
     {.impl = "ours, off, sized to 128", .fold = 128, .register_a = true, .tiles = 128},
     {.impl = "ours, off, sized to 144", .fold = 128, .register_a = true, .tiles = 144},
-    {.impl = "ours, off, sized to 160", .fold = 128, .register_a = true, .tiles = 160},
-    {.impl = "ours, off, decode lean", .fold = 128, .register_a = true, .decode_step = 1},
-    {.impl = "ours, off, decode lean3", .fold = 128, .register_a = true, .decode_step = 3}};
+    {.impl = "ours, off, sized to 160", .fold = 128, .register_a = true, .tiles = 160}};
 
 // time_ms of `call` with batch invariance off and the run's tile.
 double time_non_invariant(const NonInvariantRun& run, const std::function<void(int)>& call) {
@@ -679,8 +676,6 @@ double time_non_invariant(const NonInvariantRun& run, const std::function<void(i
   const int tiles =
       run.tiles >= 0 ? run.tiles : rt::RuntimeSetting::find("DEEPINFER_MOE_WGMMA_TILES").value();
   const rt::ScopedSetting tile_sizes("DEEPINFER_MOE_WGMMA_TILES", tiles);
-  std::optional<rt::ScopedSetting> decode_step;
-  if (run.decode_step != 0) decode_step.emplace("DEEPINFER_MOE_DECODE_STEP", run.decode_step);
   return time_ms(call);
 }
 

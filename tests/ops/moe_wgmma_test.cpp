@@ -245,26 +245,17 @@ TEST_F(MoeWgmmaTest, GroupedGemmSizedTiles) {
 // wgmma numerics too: the decode tile (DEEPINFER_MOE_WGMMA_DECODE=2: 64 rows x 16 or 8 tokens)
 // computes register_a's products and folds in its order, so it must give the prefill tiles' bits
 // (=1: register_a's 32-token tiles), and both lie within the wgmma bound of the reference.
-// The decode tile's steps (DEEPINFER_MOE_DECODE_STEP): lean3 (the default) and lean. Each is
-// register_a's arithmetic in its order, so each must give the prefill tiles' bits.
-constexpr int kDecodeSteps[] = {3, 1};
-
 template <typename Run>
-Tensor run_wgmma_decode(int setting, const Run& run, int step = 3) {
+Tensor run_wgmma_decode(int setting, const Run& run) {
   const rt::ScopedSetting decode("DEEPINFER_MOE_WGMMA_DECODE", setting);
-  const rt::ScopedSetting decode_step("DEEPINFER_MOE_DECODE_STEP", step);
   return run_wgmma_numerics(run);
 }
 
-// The decode tile (every step) against the prefill tiles, bit for bit.
+// The decode tile against the prefill tiles, bit for bit.
 template <typename Run>
 void expect_decode_tile_matches_prefill_tiles(const Run& run, const std::string& what) {
-  const Tensor prefill_tiles = run_wgmma_decode(1, run);
-  for (const int step : kDecodeSteps) {
-    EXPECT_TRUE(same_bits(run_wgmma_decode(2, run, step), prefill_tiles))
-        << what << ": the wgmma decode tile (DEEPINFER_MOE_DECODE_STEP=" << step
-        << ") against the prefill tiles";
-  }
+  EXPECT_TRUE(same_bits(run_wgmma_decode(2, run), run_wgmma_decode(1, run)))
+      << what << ": the wgmma decode tile against the prefill tiles";
 }
 
 // With batch invariance on the setting changes nothing: the mma.sync decode tile's bits.

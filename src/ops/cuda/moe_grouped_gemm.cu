@@ -1033,7 +1033,7 @@ const uint8_t* device_bytes(const TensorView& view, DType dtype, const char* wha
 RuntimeSetting kMoeWgmmaDecode{"DEEPINFER_MOE_WGMMA_DECODE", -1, -1, 2};
 // The automatic choice's threshold. With the decode tile's lean step the op on it was 4% slower
 // at 6 rows (b1) than on the mma.sync tile and 13% faster at 96 (b16), so the threshold sat at 64;
-// the lean3 step (DEEPINFER_MOE_DECODE_STEP) made it faster at 6 rows too (H200, 2026-12-02 06:24
+// the lean3 step made it faster at 6 rows too (H200, 2026-12-02 06:24
 // call, cuda_layer_bench: the op 0.0751 against 0.0862 ms, the routed GEMMs 0.0652 against
 // 0.0777), so every row count takes it.
 constexpr int64_t kWgmmaDecodeMinRows = 1;

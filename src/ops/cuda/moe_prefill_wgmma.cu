@@ -1999,271 +1999,6 @@ struct SlotAddresses {
   uint32_t descriptor_low;
 };
 
-template <typename Shape, int kTokens>
-__device__ __forceinline__ void decode_tile_lean(const PrefillWgmmaArgs& args,
-                                                 const PrefillTokenTile& tile, int row_tile,
-                                                 uint8_t* shared) {
-  constexpr int kPartial = kTokens / 2;  // f32 registers of one m64nNk32 result per thread
-  constexpr int kSteps = Shape::kSteps;
-  static_assert(kSteps == 2, "a slot's two steps are the main loop's two halves");
-  TileRows rows;
-  rows.n_first = static_cast<int64_t>(row_tile) * kRows;
-  rows.tokens = min(tile.end - tile.first, kTokens);
-  const int64_t k_blocks = args.k / kScaleBlock;
-  const int64_t w_row_bytes = args.k / 2;
-  if (args.experts != nullptr) {
-    rows.weight = args.experts[tile.expert].bytes + rows.n_first * w_row_bytes;
-    rows.w_scales = args.experts[tile.expert].scale + rows.n_first * k_blocks;
-  } else {
-    const int64_t first = tile.expert * args.n + rows.n_first;
-    rows.weight = args.weight + first * w_row_bytes;
-    rows.w_scales = args.w_scales + first * k_blocks;
-  }
-  const int thread = threadIdx.x;
-  const int lane = thread & 31;
-  const int group = lane >> 2;
-  const int quad = lane & 3;
-  // This thread's accumulator rows within the item: row and row + 8.
-  const int row = (thread / 32) * 16 + group;
-  const int steps = static_cast<int>(args.k / kStepK);
-  const int slots = (steps + kSteps - 1) / kSteps;
-  const auto token_row = [&](int token) -> int64_t {
-    return tile.first + min(token, rows.tokens - 1);
-  };
-  const uint32_t shared_base = shared_address(shared);
-  const uint32_t shift_table = shared_base + Shape::kShiftTableOffset;
-  const uint32_t scale_table = shared_base + Shape::kScaleTableOffset;
-  // Ring position p's token lines and weight slot.
-  const auto token_slot_address = [&](int position) {
-    return shared_base + static_cast<uint32_t>(position * Shape::kTokenSlotBytes);
-  };
-  const auto weight_slot_address = [&](int position) {
-    return shared_base +
-           static_cast<uint32_t>(Shape::kWeightRingOffset + position * Shape::kWeightSlotBytes);
-  };
-
-  // The copies: 16-byte chunks of the weight rows and token lines, 4 bytes of codes and token
-  // scales a step; the slot's place from a ring position.
-  constexpr int kWeightCopies = 2 * kSteps;
-  constexpr int kWeightRowStep = 32 / kSteps;
-  const int weight_row = thread / (4 * kSteps);
-  const int weight_step = thread % (4 * kSteps) / 4;
-  const int weight_chunk = thread & 3;
-  uint32_t weight_shared = Shape::kRawOffset + weight_step * kRawStepBytes +
-                           register_a::raw_chunk(weight_row, weight_chunk);
-  const uint8_t* weight_global =
-      rows.weight + weight_row * w_row_bytes + weight_step * (kStepK / 2) + weight_chunk * 16;
-  // 32 bits (16 rows of at most 2.5 KB) and opaque, so ptxas neither widens nor rebuilds it.
-  uint32_t weight_global_row_step = static_cast<uint32_t>(kWeightRowStep * w_row_bytes);
-  asm volatile("" : "+r"(weight_global_row_step));
-  constexpr int kTokenChunks = kTokens * kSteps * kStepK / 16;
-  constexpr int kTokenCopies = (kTokenChunks + kThreads - 1) / kThreads;
-  constexpr int kTokenRowStep = 16 / kSteps;
-  const bool copies_token_chunks = thread < kTokenChunks;
-  const int token_step = thread % (8 * kSteps) / 8;
-  const int token_chunk = thread & 7;
-  uint32_t token_shared[kTokenCopies];
-  uint32_t token_offset[kTokenCopies];
-#pragma unroll
-  for (int i = 0; i < kTokenCopies; ++i) {
-    const int token = thread / (8 * kSteps) + kTokenRowStep * i;
-    token_shared[i] =
-        token_step * kTokenStepBytes + token * kStepK + ((token_chunk ^ (token & 7)) << 4);
-    token_offset[i] = static_cast<uint32_t>((token_row(token) - tile.first) * args.k);
-  }
-  const uint8_t* token_global =
-      args.x_codes + tile.first * args.k + token_step * kStepK + token_chunk * 16;
-  const bool copies_row_codes = thread < kRows;
-  const bool copies_token_scale = !copies_row_codes && thread - kRows < kTokens;
-  const uint8_t* scale_global =
-      copies_row_codes
-          ? rows.w_scales + thread * k_blocks
-          : reinterpret_cast<const uint8_t*>(
-                args.x_step_scales + token_row(copies_token_scale ? thread - kRows : 0) * steps);
-  // A row's four codes and a token's f32 step scale are both 4 bytes a step.
-  constexpr int kScaleStepBytes = 4;
-  static_assert(kStepBlocks == kScaleStepBytes, "one scale copy map for rows and tokens");
-  const bool copies_scale = copies_row_codes || copies_token_scale;
-  uint32_t scale_shared[kSteps];
-#pragma unroll
-  for (int q = 0; q < kSteps; ++q) {
-    scale_shared[q] = copies_row_codes
-                          ? Shape::kCodesOffset + q * kCodeStepBytes + thread * kStepBlocks
-                          : Shape::kTokenScalesOffset + q * kTokenScaleStepBytes +
-                                (copies_token_scale ? thread - kRows : 0) * 4;
-  }
-
-  const uint8_t* weight_source = weight_global;
-  const uint8_t* token_source = token_global;
-  const uint8_t* scale_source = scale_global;
-  int copied_slot = 0;
-  int copy_position = 0;  // copied_slot % kSlots
-  // Predicated copies (no branches): a slot's steps past the last copy nothing.
-  const auto copy_slot = [&] {
-    const int first_step = copied_slot * kSteps;
-    const uint32_t weight_base = weight_slot_address(copy_position);
-    const bool copies_weights = first_step + weight_step < steps;
-    const uint8_t* weight_row_source = weight_source;
-#pragma unroll
-    for (int i = 0; i < kWeightCopies; ++i) {
-      copy_16_async_if(copies_weights,
-                       weight_base + weight_shared + i * kWeightRowStep * (kStepK / 2),
-                       weight_row_source);
-      weight_row_source += weight_global_row_step;
-    }
-    const uint32_t token_base = token_slot_address(copy_position);
-    const bool copies_tokens = copies_token_chunks && first_step + token_step < steps;
-#pragma unroll
-    for (int i = 0; i < kTokenCopies; ++i) {
-      copy_16_async_if(copies_tokens, token_base + token_shared[i], token_source + token_offset[i]);
-    }
-#pragma unroll
-    for (int q = 0; q < kSteps; ++q) {
-      copy_4_async_if(copies_scale && first_step + q < steps, weight_base + scale_shared[q],
-                      scale_source + q * kScaleStepBytes);
-    }
-    weight_source += kSteps * (kStepK / 2);
-    token_source += kSteps * kStepK;
-    scale_source += kSteps * kScaleStepBytes;
-    ++copied_slot;
-    copy_position = copy_position == Shape::kSlots - 1 ? 0 : copy_position + 1;
-    asm volatile("" : "+r"(weight_shared));
-#pragma unroll
-    for (int q = 0; q < kSteps; ++q) asm volatile("" : "+r"(scale_shared[q]));
-#pragma unroll
-    for (int i = 0; i < kTokenCopies; ++i) asm volatile("" : "+r"(token_shared[i]));
-  };
-
-  // This thread's offsets inside a weight slot, kept in registers (an empty asm, so ptxas does not
-  // rebuild them from threadIdx): row's raw word `quad` of each K block (row + 8's is 512 bytes
-  // on: raw_chunk's xor is the same for both), row's codes (row + 8's 32 bytes on), the token
-  // scales of its quad (tokens 8 j + 2 quad + {0, 1}).
-  uint32_t raw_offset[kStepBlocks];
-#pragma unroll
-  for (int b = 0; b < kStepBlocks; ++b) {
-    raw_offset[b] = Shape::kRawOffset + register_a::raw_chunk(row, b) + 4 * quad;
-    asm volatile("" : "+r"(raw_offset[b]));
-  }
-  uint32_t codes_offset = Shape::kCodesOffset + row * kStepBlocks;
-  uint32_t token_scales_offset = Shape::kTokenScalesOffset + 8 * quad;
-  asm volatile("" : "+r"(codes_offset), "+r"(token_scales_offset));
-  constexpr uint32_t kSecondRowRaw = 8 * (kStepK / 2);
-  constexpr uint32_t kSecondRowCodes = 8 * kStepBlocks;
-  const auto slot_addresses = [&](int position) {
-    SlotAddresses at;
-    const uint32_t weights = weight_slot_address(position);
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) at.raw[b] = weights + raw_offset[b];
-    at.codes = weights + codes_offset;
-    at.token_scales = weights + token_scales_offset;
-    at.descriptor_low = descriptor_low(token_slot_address(position));
-    return at;
-  };
-
-  // Step q of a slot -> this thread's A registers and rows' scales.
-  const auto convert_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& weights) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint32_t codes = load_u32(at.codes + q * kCodeStepBytes + half * kSecondRowCodes);
-      uint32_t code[kStepBlocks];
-#pragma unroll
-      for (int b = 0; b < kStepBlocks; ++b) code[b] = byte_at(codes, b);
-      const uint32_t top = max(max(code[0], code[1]), max(code[2], code[3]));
-      const float scale = load_f32(scale_table + 4 * top);
-      if (half == 0) {
-        weights.scale_lo = scale;
-      } else {
-        weights.scale_hi = scale;
-      }
-      // Entry top - code[b] of the shift table: (table + 8 top) - 8 code[b].
-      const uint32_t top_entry = shift_table + 8 * top;
-#pragma unroll
-      for (int b = 0; b < kStepBlocks; ++b) {
-        const uint2 entry = load_u32x2(top_entry - 8 * code[b]);
-        const uint32_t word = load_u32(at.raw[b] + q * kRawStepBytes + half * kSecondRowRaw);
-        e2m1x8_to_e4m3_shifted_by_pairs(word, entry, weights.a[b][half], weights.a[b][2 + half]);
-      }
-    }
-  };
-
-  float acc[kPartial] = {};
-  float partial[kPartial];
-  const auto fold = [&](const SlotAddresses& at, int q, const register_a::StepWeights& weights) {
-#pragma unroll
-    for (int j = 0; j < kTokens / 8; ++j) {
-      const float2 x_scales = load_f32x2(at.token_scales + q * kTokenScaleStepBytes + 32 * j);
-      acc[4 * j + 0] += partial[4 * j + 0] * (x_scales.x * weights.scale_lo);
-      acc[4 * j + 1] += partial[4 * j + 1] * (x_scales.y * weights.scale_lo);
-      acc[4 * j + 2] += partial[4 * j + 2] * (x_scales.x * weights.scale_hi);
-      acc[4 * j + 3] += partial[4 * j + 3] * (x_scales.y * weights.scale_hi);
-    }
-  };
-
-  const auto issue_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& weights) {
-    const uint32_t low = at.descriptor_low + static_cast<uint32_t>(q * (kTokenStepBytes >> 4));
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(weights.a[b]);
-    wgmma_fence();  // the A registers were written, the partial read by the last fold
-    wgmma_rs<kTokens, true>(partial, weights.a[0], descriptor(low));
-#pragma unroll
-    for (int b = 1; b < kStepBlocks; ++b) {
-      wgmma_rs<kTokens, false>(partial, weights.a[b],
-                               descriptor(low + static_cast<uint32_t>(b * kScaleBlock / 16)));
-    }
-    wgmma_commit();
-  };
-
-  const auto finish_step = [&](const SlotAddresses& at, int q, register_a::StepWeights& current) {
-    wgmma_wait<0>();
-    hold_after_wait(partial);
-#pragma unroll
-    for (int b = 0; b < kStepBlocks; ++b) register_a::fence_registers(current.a[b]);
-    fold(at, q, current);
-  };
-
-  // The schedule with two-step slots: the first step of slot j meets at a barrier
-  // (every thread folded slot j - 1), issues, refills slot j - 1's place with slot j + kSlotsAhead
-  // and converts the slot's second step; the second waits for this thread's copies of slot j + 1,
-  // fences them for the async proxy, meets at a barrier, issues, converts slot j + 1's first step.
-  constexpr int kPendingAtWait = Shape::kSlotsAhead - 1;
-#pragma unroll
-  for (int s = 0; s < Shape::kSlotsAhead; ++s) {
-    if (copied_slot < slots) copy_slot();
-    commit_copies();
-  }
-  wait_copies<Shape::kSlotsAhead - 1>();  // slot 0
-  fence_shared_for_wgmma();
-  __syncthreads();
-  register_a::StepWeights weights[2];
-  int read_position = 0;
-  SlotAddresses current = slot_addresses(read_position);
-  convert_step(current, 0, weights[0]);
-  for (int slot = 0; slot < slots; ++slot) {
-    const int step = slot * kSteps;
-    const bool has_second = step + 1 < steps;
-    __syncthreads();
-    issue_step(current, 0, weights[0]);
-    if (copied_slot < slots) copy_slot();
-    commit_copies();
-    if (has_second) convert_step(current, 1, weights[1]);
-    finish_step(current, 0, weights[0]);
-    if (!has_second) break;  // the last slot, one step long
-    const bool has_next = step + 2 < steps;
-    if (has_next) {
-      wait_copies<kPendingAtWait>();
-      fence_shared_for_wgmma();
-      __syncthreads();
-    }
-    issue_step(current, 1, weights[1]);
-    read_position = read_position == Shape::kSlots - 1 ? 0 : read_position + 1;
-    const SlotAddresses next = slot_addresses(read_position);
-    if (has_next) convert_step(next, 0, weights[0]);
-    finish_step(current, 1, weights[1]);
-    current = next;
-  }
-  store_tile<kTokens>(args, tile, rows, row, quad, 0, acc);
-}
-
 }  // namespace lean
 
 // ---- lean3: lean's copy map and arithmetic, the step's latency shortened ----------------------
@@ -2618,21 +2353,7 @@ __device__ __forceinline__ void decode_tile_lean3(const PrefillWgmmaArgs& args,
 
 // Persistent blocks walk the items (token tile, table, 64 weight rows; weight rows fastest, as
 // for_each_prefill_item) in list order, so the items in flight share few experts' weights.
-// The decode steps (DEEPINFER_MOE_DECODE_STEP).
-enum class DecodeStep { kLean = 1, kLean3 = 3 };
-
-template <DecodeStep kStep, typename Shape, int kTokens>
-__device__ __forceinline__ void decode_tile(const PrefillWgmmaArgs& args,
-                                            const PrefillTokenTile& tile, int row_tile,
-                                            uint8_t* shared) {
-  if constexpr (kStep == DecodeStep::kLean) {
-    lean::decode_tile_lean<Shape, kTokens>(args, tile, row_tile, shared);
-  } else {
-    lean3::decode_tile_lean3<Shape, kTokens>(args, tile, row_tile, shared);
-  }
-}
-
-template <typename Shape, DecodeStep kStep>
+template <typename Shape>
 __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
     decode_wgmma_kernel(PrefillWgmmaArgs args, const PrefillTokenTile* tiles,
                         const int* tile_count) {
@@ -2653,9 +2374,11 @@ __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
       table.out = args.second_out;
     }
     if (tile.small != 0) {
-      decode_tile<kStep, Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles, shared);
+      lean3::decode_tile_lean3<Shape, kDecodeSmallTileTokens>(table, tile, in_tile % row_tiles,
+                                                              shared);
     } else {
-      decode_tile<kStep, Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles, shared);
+      lean3::decode_tile_lean3<Shape, kDecodeBigTileTokens>(table, tile, in_tile % row_tiles,
+                                                            shared);
     }
     // The next item's first copies overwrite slots that slow warps may still read.
     __syncthreads();
@@ -2680,44 +2403,22 @@ using DecodeSlots = DecodeShape<2, 4, 4>;
 static_assert(DecodeSlots::kBlocksPerSm * (DecodeSlots::kSharedAllocation + 1024) <= 228 * 1024,
               "the tables fit beside kBlocksPerSm blocks an SM");
 
-// The routed experts' wgmma decode tile's step (decode_a), both with the same bits: 3 lean3 (the
-// default: lean's copies and arithmetic, ldmatrix raw words, paired codes, loads before
-// branchless copies, the last slot peeled), 1 lean (the step before it, for the A/B in
-// cuda_layer_bench). 2 (lean2) was measured slower and removed.
-RuntimeSetting kMoeDecodeStep{"DEEPINFER_MOE_DECODE_STEP", 3, 1, 3};
-
-template <DecodeStep kStep>
-void launch_step(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
-                 int64_t max_items, int sms) {
+void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
+            int64_t max_items, int sms) {
   using Shape = DecodeSlots;
   const auto blocks = static_cast<unsigned>(
       std::min<int64_t>(max_items, static_cast<int64_t>(sms) * Shape::kBlocksPerSm));
   if (blocks == 0) return;
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_wgmma_kernel<Shape, kStep>,
+    DI_CUDA_CHECK(cudaFuncSetAttribute(decode_wgmma_kernel<Shape>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Shape::kSharedAllocation));
     return true;
   }();
   (void)configured;
-  decode_wgmma_kernel<Shape, kStep>
+  decode_wgmma_kernel<Shape>
       <<<blocks, kThreads, Shape::kSharedAllocation, current_stream()>>>(args, tiles, tile_count);
   DI_CUDA_LAUNCHED(decode_wgmma_kernel);
-}
-
-void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const int* tile_count,
-            int64_t max_items, int sms) {
-  switch (kMoeDecodeStep.value()) {
-    case static_cast<int>(DecodeStep::kLean):
-      launch_step<DecodeStep::kLean>(args, tiles, tile_count, max_items, sms);
-      return;
-    case static_cast<int>(DecodeStep::kLean3):
-      launch_step<DecodeStep::kLean3>(args, tiles, tile_count, max_items, sms);
-      return;
-    default:
-      DI_THROW("DEEPINFER_MOE_DECODE_STEP=", kMoeDecodeStep.value(),
-               " is not accepted: 3 (lean3, the default) or 1 (lean)");
-  }
 }
 
 }  // namespace decode_a
