@@ -99,7 +99,7 @@ void score(Case& c, bool invariant, bool decode) {
   const ops::ScopedBatchInvariance policy(invariant);
   const rt::ScopedSetting setting("DEEPINFER_INDEXER_DECODE", decode ? 1 : 0);
   ops::cuda::indexer_scores_batch(c.q.view(), c.requests, c.w.view(), c.vis.view(),
-                           1.0f / std::sqrt(static_cast<float>(kDim)), c.scores.view());
+                                  1.0f / std::sqrt(static_cast<float>(kDim)), c.scores.view());
 }
 
 void select(Case& c, bool invariant = true) {

@@ -1041,8 +1041,10 @@ void launch_indexer_decode(const std::vector<DecodeIndexerRow>& rows, int64_t wi
   const int64_t blocks_per_row = std::max<int64_t>(1, (8 * sms + row_count - 1) / row_count);
   const int64_t tiles_per_warp = std::clamp<int64_t>(
       (tiles + kDecodeWarps * blocks_per_row - 1) / (kDecodeWarps * blocks_per_row), 2, 1 << 20);
-  const int64_t key_blocks = (tiles + kDecodeWarps * tiles_per_warp - 1) / (kDecodeWarps * tiles_per_warp);
-  DI_CHECK(rows.size() <= 65535, "indexer_scores_batch: ", rows.size(), " decode rows exceed one launch");
+  const int64_t key_blocks =
+      (tiles + kDecodeWarps * tiles_per_warp - 1) / (kDecodeWarps * tiles_per_warp);
+  DI_CHECK(rows.size() <= 65535, "indexer_scores_batch: ", rows.size(),
+           " decode rows exceed one launch");
   const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(rows.size()));
   indexer_decode_scores_kernel<kDim><<<grid, kDecodeThreads, 0, current_stream()>>>(
       device_rows_table, q, heads, weights, visible, scale, static_cast<int>(tiles_per_warp), out);
