@@ -589,7 +589,10 @@ Tensor indexer_input(Shape shape, uint32_t seed, bool fp4) {
 
 // The GPU batch op against the CPU reference (which is the per-request op), then every
 // request alone on the GPU against its rows of the batched call, bit for bit.
-void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed) {
+// given_visible: per token in request order (placed at the requests' rows); empty: derived from
+// the counts and entries.
+void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed,
+                         const std::vector<int32_t>& given_visible = {}) {
   const size_t request_count = shape.counts.size();
   int64_t tokens = 0;
   int64_t width = 0;
@@ -615,6 +618,14 @@ void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed) {
       if (count >= 3 && i == 0) v = shape.entries[r] + 3;
       if (count >= 3 && i == 1) v = 0;
       visible[static_cast<size_t>(offsets[r] + i)] = static_cast<int32_t>(v);
+    }
+  }
+  if (!given_visible.empty()) {
+    size_t given = 0;
+    for (size_t r = 0; r < request_count; ++r) {
+      for (int64_t i = 0; i < shape.counts[r]; ++i) {
+        visible[static_cast<size_t>(offsets[r] + i)] = given_visible.at(given++);
+      }
     }
   }
   Tensor q = indexer_input({tokens, shape.heads, shape.dim}, seed, shape.fp4);
@@ -687,6 +698,41 @@ TEST_F(BackendOpsTest, IndexerScoresBatchRealShapes) {
   }
 }
 
+TEST_F(BackendOpsTest, IndexerScoresBatchInvarianceOff) {
+  // Batch invariance off: single-token requests of <= 32 heads take the decode kernel (keys as
+  // the MMA's M side, streamed), the others indexer_scores_mma_kernel in the same call. Against
+  // the reference as above; a request alone gives its rows of the batched call bit for bit, and
+  // at <= 2 heads the bits are the reference's. Visible limits inside a 16-key tile, at 0, past
+  // the keys, and requests without keys; a width past every request's keys.
+  const ScopedBatchInvariance off(false);
+  check_indexer_batch({"32 heads x 128 decode",
+                       32,
+                       128,
+                       {1, 1, 1, 1, 1, 1, 2},
+                       {4500, 1, 17, 0, 300, 2049, 600},
+                       13},
+                      90, {4500, 1, 5, 3, 301, 0, 600, 598});
+  check_indexer_batch({"20 heads x 64 decode", 20, 64, {1, 1, 1}, {257, 9, 40}, 0}, 91,
+                      {250, 9, 41});
+  check_indexer_batch({"2 heads x 32 decode", 2, 32, {1, 1, 3}, {300, 33, 70}, 5}, 92);
+  check_indexer_batch({"64 heads x 128 decode (> 32 heads: the MMA kernel)", 64, 128, {1, 1},
+                       {513, 40}, 0},
+                      93);
+  check_indexer_batch({"2 heads x 32", 2, 32, {1, 70, 0, 3}, {300, 40, 5, 0}, 7}, 70);
+  check_indexer_batch({"32 heads x 128", 32, 128, {130, 1}, {300, 600}, 0}, 75);
+  for (const ModelShapes& s : all_shapes()) {
+    const bool tiny = s.name == "tiny";
+    check_indexer_batch({s.name + " decode+prefill",
+                         s.index_heads,
+                         s.index_dim,
+                         {1, tiny ? 40 : 300, 1, 0, 1},
+                         {tiny ? 30 : 4500, tiny ? 20 : 3000, tiny ? 9 : 2049, tiny ? 3 : 17,
+                          tiny ? 40 : 8192},
+                         0},
+                        94);
+  }
+}
+
 // Scores with ties (values on a coarse grid) and -inf tails, for the selections.
 Tensor selection_scores(int64_t rows, int64_t cols, uint32_t seed,
                         const std::vector<int32_t>& visible) {
@@ -728,6 +774,30 @@ TEST_F(BackendOpsTest, CandidateBlocksMaskScoresAndTopK) {
       Tensor didx = gpu_output(DType::kI32, {s.rows, k});
       cuda::topk_indices(dscores, k, didx);
       expect_equal(idx, didx, s.name + " topk_indices k=" + std::to_string(k));
+    }
+  }
+}
+
+TEST_F(BackendOpsTest, TopKIndicesInvarianceOff) {
+  // Batch invariance off: rows up to 32768 entries take the register kernel (4, 8, 16 or 32
+  // entries a thread; float4 loads when the row allows them). The indices must be the
+  // reference's: larger first, ties by lower index, -inf never kept, -1 past the kept ones.
+  const ScopedBatchInvariance off(false);
+  for (int64_t cols : {int64_t{9}, int64_t{1000}, int64_t{4096}, int64_t{8190}, int64_t{16384},
+                       int64_t{20000}, int64_t{30001}, int64_t{32768}}) {
+    const int32_t c = static_cast<int32_t>(cols);
+    std::vector<int32_t> visible = {c, c / 3, 0, 256, 7, c, c - 1};
+    const int64_t rows = static_cast<int64_t>(visible.size());
+    Tensor scores = selection_scores(rows, cols, 51 + static_cast<uint32_t>(cols), visible);
+    for (int64_t j = 0; j < cols; ++j) scores.data<float>()[5 * cols + j] = 0.25f;  // all ties
+    Tensor dscores = gpu(scores);
+    for (int k : {512, 1, 2048}) {
+      Tensor idx = Tensor::empty(DType::kI32, {rows, k});
+      topk_indices(scores, k, idx);
+      Tensor didx = gpu_output(DType::kI32, {rows, k});
+      cuda::topk_indices(dscores, k, didx);
+      expect_equal(idx, didx,
+                   "topk_indices cols=" + std::to_string(cols) + " k=" + std::to_string(k));
     }
   }
 }

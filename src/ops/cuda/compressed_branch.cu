@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/batch_invariance.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8_mma.cuh"
@@ -342,6 +343,161 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   }
 }
 
+// ---- indexer_scores_batch's decode rows, batch invariance off ---------------------------------
+//
+// A decode request (one token) shares nothing across its keys but the token's q, so the block
+// above (256 keys as B fragments, then one token's 64 MMAs a warp) is latency-bound at decode:
+// each block lives for one load of its keys, with its q staging, barriers and conversion in
+// series around it. Here the keys are the MMA's M side (16 keys a tile, A fragments loaded
+// straight from global memory as float4, never staged) and the token's heads its N side (the q
+// B fragments stay in registers for the block's whole key range), and each warp streams its
+// tiles with the next tile's loads in flight while it multiplies the current one. A key's heads
+// reduce within its lane quad (2 shuffles, not the 3-level butterfly over 8 lane groups).
+// The products are the same exact bf16 products; the head sum runs in another fixed order
+// (per lane heads 8n + 2c, 8n + 2c + 1 for n ascending, then lane quads xor 1, xor 2), so the
+// bits differ from indexer_scores_mma_kernel's by the order of the f32 additions alone. The
+// order depends only on the key's index mod 16 and the head count: a row's scores do not depend
+// on the call's other requests or the grid (still batch invariant, but not the invariant path's
+// bits, hence gated on ops::batch_invariant()).
+constexpr int kDecodeWarps = 8;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeKeysPerTile = 16;  // MMA M
+constexpr int kDecodeHeadTiles = 4;     // MMA N tiles of 8 heads: at most 32 heads
+constexpr int kDecodeMaxHeads = kDecodeHeadTiles * 8;
+
+struct DecodeIndexerRow {
+  const float* keys;  // [entries, dim]
+  int64_t key_stride;
+  int64_t entries;
+  int64_t token;  // row of the call
+};
+
+// false (or DEEPINFER_INDEXER_DECODE=0): with batch invariance off, decode requests still take
+// indexer_scores_mma_kernel (the A/B baseline).
+RuntimeSwitch kIndexerDecodeKernel{"DEEPINFER_INDEXER_DECODE", true};
+
+template <int kDim>
+__global__ void __launch_bounds__(kDecodeThreads, 1)
+    indexer_decode_scores_kernel(const DecodeIndexerRow* rows, DeviceRows<const float> q,
+                                 int heads, DeviceRows<const float> weights,
+                                 const int32_t* visible, float scale, int tiles_per_warp,
+                                 DeviceRows<float> out) {
+  static_assert(kDim % 16 == 0, "dim must be a whole number of MMA k steps");
+  constexpr int kKSteps = kDim / 16;
+  constexpr int kRowWords = staged_row_words(kDim);
+  __shared__ uint32_t staged[kDecodeMaxHeads * kRowWords];  // bf16 q rows, zero past `heads`
+  const DecodeIndexerRow row = rows[blockIdx.y];
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 2;
+  const int quad = lane & 3;
+  const int64_t t = row.token;
+  const int64_t limit = deepinfer::cuda::min64(visible[t], row.entries);
+  const int64_t width = out.cols;
+  float* y = out.row(t);
+  const int64_t first_tile = static_cast<int64_t>(blockIdx.x) * kDecodeWarps * tiles_per_warp;
+  const int64_t width_tiles = (width + kDecodeKeysPerTile - 1) / kDecodeKeysPerTile;
+  auto tile_of = [&](int i) { return first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i; };
+  // Keys at or past `limit` load as zeros (their scores are written as -inf).
+  auto load = [&](int64_t tile, float4 (&keys)[kKSteps][2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t key = tile * kDecodeKeysPerTile + group + 8 * half;
+      const bool present = key < limit;
+      const float4* source =
+          reinterpret_cast<const float4*>(row.keys + (present ? key : 0) * row.key_stride) + quad;
+#pragma unroll
+      for (int s = 0; s < kKSteps; ++s) {
+        keys[s][half] = present ? __ldcs(source + 4 * s) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+  };
+  // The first tile's keys are in flight while the block stages q.
+  float4 current[kKSteps][2];
+  float4 next[kKSteps][2];
+  if (tile_of(0) < width_tiles) load(tile_of(0), current);
+
+  const float* q_row = q.row(t);
+  for (int i = threadIdx.x; i < kDecodeMaxHeads * (kDim / 4); i += kDecodeThreads) {
+    const int h = i / (kDim / 4);
+    const int d4 = i - h * (kDim / 4);
+    const float4 v = h < heads ? __ldg(reinterpret_cast<const float4*>(q_row) + h * (kDim / 4) + d4)
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<uint2*>(staged + h * kRowWords + 2 * d4) =
+        make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+  }
+  // The lane's C columns are heads 8n + 2c and 8n + 2c + 1; padding heads weigh zero.
+  float head_weights[kDecodeHeadTiles][2];
+#pragma unroll
+  for (int n = 0; n < kDecodeHeadTiles; ++n) {
+#pragma unroll
+    for (int column = 0; column < 2; ++column) {
+      const int h = 8 * n + 2 * quad + column;
+      head_weights[n][column] = h < heads ? weights.row(t)[h] : 0.0f;
+    }
+  }
+  __syncthreads();
+  uint32_t q_pairs[kDecodeHeadTiles][kKSteps][2];
+#pragma unroll
+  for (int n = 0; n < kDecodeHeadTiles; ++n) {
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s) {
+      const uint2 v =
+          *reinterpret_cast<const uint2*>(staged + (8 * n + group) * kRowWords + 8 * s + 2 * quad);
+      q_pairs[n][s][0] = v.x;
+      q_pairs[n][s][1] = v.y;
+    }
+  }
+
+  // Warp w takes tiles first + w + 8 i, i < tiles_per_warp: the block's warps read adjacent keys.
+  auto score = [&](int64_t tile, const float4 (&keys)[kKSteps][2]) {
+    const int64_t tile_key = tile * kDecodeKeysPerTile;
+    float sums[2] = {0.0f, 0.0f};  // keys tile_key + group, + group + 8
+    if (tile_key < limit) {
+      float acc[kDecodeHeadTiles][4] = {};
+#pragma unroll
+      for (int s = 0; s < kKSteps; ++s) {
+        const float4 upper = keys[s][0];
+        const float4 lower = keys[s][1];
+        const uint32_t a[4] = {pack_bf16x2(upper.x, upper.y), pack_bf16x2(lower.x, lower.y),
+                               pack_bf16x2(upper.z, upper.w), pack_bf16x2(lower.z, lower.w)};
+#pragma unroll
+        for (int n = 0; n < kDecodeHeadTiles; ++n) {
+          mma_bf16_m16n8k16(a, q_pairs[n][s][0], q_pairs[n][s][1], acc[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kDecodeHeadTiles; ++n) {
+#pragma unroll
+        for (int column = 0; column < 2; ++column) {
+          sums[0] = __fadd_rn(sums[0], head_term(acc[n][column], scale, head_weights[n][column]));
+          sums[1] =
+              __fadd_rn(sums[1], head_term(acc[n][column + 2], scale, head_weights[n][column]));
+        }
+      }
+#pragma unroll
+      for (int offset = 1; offset < 4; offset <<= 1) {
+        sums[0] = __fadd_rn(sums[0], __shfl_xor_sync(0xffffffffu, sums[0], offset));
+        sums[1] = __fadd_rn(sums[1], __shfl_xor_sync(0xffffffffu, sums[1], offset));
+      }
+    }
+    // Lanes of quad position 0 write key g, position 1 key g + 8: 16 adjacent scores.
+    if (quad < 2) {
+      const int64_t j = tile_key + group + 8 * quad;
+      if (j < width) y[j] = j < limit ? sums[quad] : -INFINITY;
+    }
+  };
+
+  for (int i = 0; i < tiles_per_warp && tile_of(i) < width_tiles; i += 2) {
+    const bool second = i + 1 < tiles_per_warp && tile_of(i + 1) < width_tiles;
+    if (second) load(tile_of(i + 1), next);
+    score(tile_of(i), current);
+    if (!second) break;
+    if (i + 2 < tiles_per_warp && tile_of(i + 2) < width_tiles) load(tile_of(i + 2), current);
+    score(tile_of(i + 1), next);
+  }
+}
+
 // Float -> unsigned key with the same order (-0 folded onto +0, as float comparison does).
 __device__ __forceinline__ uint32_t order_key(float v) {
   const uint32_t bits = __float_as_uint(v == 0.0f ? 0.0f : v);
@@ -599,6 +755,161 @@ __global__ void __launch_bounds__(kThreads)
 // false (or DEEPINFER_TOPK_SHARED=0): topk_indices_kernel.
 RuntimeSwitch kSharedTopK{"DEEPINFER_TOPK_SHARED", true};
 
+// topk_indices for rows of up to 32768 entries with batch invariance off (the same indices as
+// the kernels above: the selection is a set fixed by the row, written in ascending index). At
+// decode the rows are few and wide (256 rows of 16384-32768 entries at 32k context): the
+// shared-memory kernel takes at most 16384 columns (64 KB of row), and past it the
+// global-memory kernel reads the row six times with 256 threads, ~170 us a call at 256 x 32768.
+// Here 1024 threads a row hold its order keys in registers, kPerThread adjacent entries each
+// (so one block scan of per-thread counts ranks them in index order): one pass of loads, the
+// radix passes over registers (warp-aggregated shared histogram counts, the digit chosen by one
+// warp), and two block scans for the ties and the kept ranks.
+constexpr int kRegisterSelectThreads = 1024;
+constexpr int kRegisterSelectWarps = kRegisterSelectThreads / 32;
+constexpr int64_t kMaxRegisterSelectColumns = 32 * kRegisterSelectThreads;
+using WideBlockScan = cub::BlockScan<int, kRegisterSelectThreads>;
+
+// false (or DEEPINFER_TOPK_REGISTERS=0): with batch invariance off, topk_indices keeps the
+// kernels the invariant path uses.
+RuntimeSwitch kRegisterTopK{"DEEPINFER_TOPK_REGISTERS", true};
+
+template <int kPerThread>
+__global__ void __launch_bounds__(kRegisterSelectThreads, 1)
+    topk_indices_registers_kernel(DeviceRows<const float> scores, int k, bool float4_rows,
+                                  DeviceRows<int32_t> out) {
+  static_assert(kPerThread % 4 == 0, "whole float4 loads");
+  __shared__ typename WideBlockScan::TempStorage scan;
+  __shared__ int histogram[256];
+  __shared__ int warp_valid[kRegisterSelectWarps];
+  __shared__ uint32_t chosen_prefix;
+  __shared__ int chosen_remaining;
+  const unsigned all = 0xffffffffu;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int n = static_cast<int>(scores.cols);
+  const float* source = scores.row(blockIdx.x);
+  const int first = static_cast<int>(threadIdx.x) * kPerThread;
+  // Order keys; 0 marks an entry that is -inf or past the row (every other float's key is
+  // larger: -inf's own key is 0x007fffff).
+  uint32_t keys[kPerThread];
+  if (float4_rows) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; i += 4) {
+      float4 v = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      if (first + i < n) v = *reinterpret_cast<const float4*>(source + first + i);
+      keys[i] = v.x != -INFINITY ? order_key(v.x) : 0u;
+      keys[i + 1] = v.y != -INFINITY ? order_key(v.y) : 0u;
+      keys[i + 2] = v.z != -INFINITY ? order_key(v.z) : 0u;
+      keys[i + 3] = v.w != -INFINITY ? order_key(v.w) : 0u;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const float v = first + i < n ? source[first + i] : -INFINITY;
+      keys[i] = v != -INFINITY ? order_key(v) : 0u;
+    }
+  }
+  int local_valid = 0;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) local_valid += keys[i] != 0u;
+  local_valid = __reduce_add_sync(all, local_valid);
+  if (lane == 0) warp_valid[warp] = local_valid;
+  __syncthreads();
+  int valid = 0;
+  for (int w = 0; w < kRegisterSelectWarps; ++w) valid += warp_valid[w];
+
+  // threshold 0 keeps every valid entry (every valid key is above it).
+  uint32_t threshold = 0;
+  int take_at_threshold = 0;
+  if (valid > k) {
+    uint32_t prefix = 0;
+    uint32_t mask = 0;
+    int remaining = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      if (threadIdx.x < 256) histogram[threadIdx.x] = 0;
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        const uint32_t key = keys[i];
+        const bool counted = key != 0u && (key & mask) == prefix;
+        const unsigned counting = __ballot_sync(all, counted);
+        if (counted) {
+          const uint32_t digit = (key >> shift) & 0xFF;
+          const unsigned same_digit = __match_any_sync(counting, digit);
+          if (lane == __ffs(same_digit) - 1) atomicAdd(&histogram[digit], __popc(same_digit));
+        }
+      }
+      __syncthreads();
+      // Warp 0: lane l sums digits 255 - 8l down to 248 - 8l; the largest digit whose bin,
+      // with every bin above it, holds `remaining` entries (0 when none does).
+      if (warp == 0) {
+        int lane_total = 0;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) lane_total += histogram[255 - 8 * lane - b];
+        int above = lane_total;  // inclusive scan over lanes, then made exclusive
+#pragma unroll
+        for (int offset = 1; offset < 32; offset <<= 1) {
+          const int other = __shfl_up_sync(all, above, offset);
+          if (lane >= offset) above += other;
+        }
+        above -= lane_total;
+        const bool mine = above < remaining && (above + lane_total >= remaining || lane == 31);
+        if (mine) {
+          int digit = 255 - 8 * lane;
+#pragma unroll
+          for (int b = 0; b < 8; ++b) {
+            const int here = histogram[255 - 8 * lane - b];
+            if (digit == 255 - 8 * lane - b && above + here < remaining && b < 7) {
+              above += here;
+              digit -= 1;
+            }
+          }
+          chosen_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
+          chosen_remaining = remaining - above;
+        }
+      }
+      __syncthreads();
+      prefix = chosen_prefix;
+      remaining = chosen_remaining;
+      mask |= 0xFFu << shift;
+    }
+    threshold = prefix;
+    take_at_threshold = remaining;
+  }
+
+  const bool ties_possible = valid > k;
+  int ties = 0;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) ties += ties_possible && keys[i] == threshold;
+  int ties_before = 0;
+  WideBlockScan(scan).ExclusiveSum(ties, ties_before);
+  __syncthreads();
+  int kept = 0;
+  int ties_seen = ties_before;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const bool tie = ties_possible && keys[i] == threshold;
+    kept += keys[i] != 0u && (keys[i] > threshold || (tie && ties_seen < take_at_threshold));
+    ties_seen += tie;
+  }
+  int kept_before = 0;
+  int kept_total = 0;
+  WideBlockScan(scan).ExclusiveSum(kept, kept_before, kept_total);
+  int32_t* y = out.row(blockIdx.x);
+  ties_seen = ties_before;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const bool tie = ties_possible && keys[i] == threshold;
+    if (keys[i] != 0u && (keys[i] > threshold || (tie && ties_seen < take_at_threshold))) {
+      y[kept_before++] = first + i;
+    }
+    ties_seen += tie;
+  }
+  for (int i = kept_total + static_cast<int>(threadIdx.x); i < k; i += kRegisterSelectThreads) {
+    y[i] = -1;
+  }
+}
+
 // Block score = max entry; the block of the newest visible entry is pinned in with +inf.
 __global__ void block_scores_kernel(DeviceRows<const float> scores, const int32_t* visible,
                                     int block_size, int64_t blocks, float* block_scores) {
@@ -709,6 +1020,37 @@ void launch_indexer_mma(const std::vector<IndexerChunk>& chunks, int64_t width,
   DI_CUDA_LAUNCHED(indexer_scores_mma_kernel);
 }
 
+template <int kDim>
+void launch_indexer_decode(const std::vector<DecodeIndexerRow>& rows, int64_t width,
+                           DeviceRows<const float> q, int heads, DeviceRows<const float> weights,
+                           const int32_t* visible, float scale, DeviceRows<float> out) {
+  static const int64_t sms = [] {
+    int device = 0;
+    int count = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return static_cast<int64_t>(count);
+  }();
+  deepinfer::cuda::StreamBuffer table(rows.size() * sizeof(DecodeIndexerRow));
+  const DecodeIndexerRow* device_rows_table =
+      deepinfer::cuda::upload(table, rows.data(), rows.size());
+  // One block per SM fits (the registers): ~8 blocks an SM in all, so the last wave is a small
+  // share of the call, and at least 2 tiles a warp for the double buffer.
+  const int64_t row_count = static_cast<int64_t>(rows.size());
+  const int64_t tiles = (width + kDecodeKeysPerTile - 1) / kDecodeKeysPerTile;
+  const int64_t blocks_per_row = std::max<int64_t>(1, (8 * sms + row_count - 1) / row_count);
+  const int64_t tiles_per_warp = std::clamp<int64_t>(
+      (tiles + kDecodeWarps * blocks_per_row - 1) / (kDecodeWarps * blocks_per_row), 2, 1 << 20);
+  const int64_t key_blocks =
+      (tiles + kDecodeWarps * tiles_per_warp - 1) / (kDecodeWarps * tiles_per_warp);
+  DI_CHECK(rows.size() <= 65535, "indexer_scores_batch: ", rows.size(),
+           " decode rows exceed one launch");
+  const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(rows.size()));
+  indexer_decode_scores_kernel<kDim><<<grid, kDecodeThreads, 0, current_stream()>>>(
+      device_rows_table, q, heads, weights, visible, scale, static_cast<int>(tiles_per_warp), out);
+  DI_CUDA_LAUNCHED(indexer_decode_scores_kernel);
+}
+
 }  // namespace
 
 void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> requests,
@@ -734,6 +1076,8 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
                       heads >= 1 && heads <= kStageRows &&
                       deepinfer::cuda::aligned_to(qr.data, 16) && qr.stride % 4 == 0;
   std::vector<IndexerChunk> chunks;
+  std::vector<DecodeIndexerRow> decode_rows;
+  std::vector<IndexerChunk> other_chunks;  // chunks of the requests not in decode_rows
   std::vector<int32_t> owner(static_cast<size_t>(tokens), -1);
   for (size_t r = 0; r < requests.size(); ++r) {
     const IndexerRequest& request = requests[r];
@@ -760,6 +1104,10 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
       chunk.token_begin = begin;
       chunk.token_end = std::min(begin + kTokensPerBlock, request.offset + request.count);
       chunks.push_back(chunk);
+      if (request.count != 1) other_chunks.push_back(chunk);
+    }
+    if (request.count == 1) {
+      decode_rows.push_back({chunk.keys, chunk.key_stride, chunk.entries, request.offset});
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
@@ -785,6 +1133,18 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
     return;
   }
   const int head_count = static_cast<int>(heads);
+  if (!ops::batch_invariant() && kIndexerDecodeKernel.enabled() && heads <= kDecodeMaxHeads &&
+      !decode_rows.empty()) {
+    if (dim == 32) {
+      launch_indexer_decode<32>(decode_rows, width, qr, head_count, w, vis, scale, o);
+    } else if (dim == 64) {
+      launch_indexer_decode<64>(decode_rows, width, qr, head_count, w, vis, scale, o);
+    } else {
+      launch_indexer_decode<128>(decode_rows, width, qr, head_count, w, vis, scale, o);
+    }
+    chunks.swap(other_chunks);
+    if (chunks.empty()) return;
+  }
   if (dim == 32) {
     launch_indexer_mma<32>(chunks, width, qr, head_count, w, vis, scale, o);
   } else if (dim == 64) {
@@ -828,6 +1188,26 @@ void topk_indices(const TensorView& scores, int k, const TensorView& idx_out) {
   const auto o = device_rows<int32_t>(idx_out, "top-k indices");
   DI_CHECK(o.rows == s.rows && o.cols == k && k >= 0, "topk_indices output ", idx_out.to_string());
   if (s.rows == 0 || k == 0) return;
+  if (!ops::batch_invariant() && kRegisterTopK.enabled() && s.cols <= kMaxRegisterSelectColumns) {
+    const bool float4_rows = s.cols % 4 == 0 && s.stride % 4 == 0 && aligned_to(s.data, 16);
+    const unsigned rows = static_cast<unsigned>(s.rows);
+    const int64_t per_thread = (s.cols + kRegisterSelectThreads - 1) / kRegisterSelectThreads;
+    if (per_thread <= 4) {
+      topk_indices_registers_kernel<4><<<rows, kRegisterSelectThreads, 0, current_stream()>>>(
+          s, k, float4_rows, o);
+    } else if (per_thread <= 8) {
+      topk_indices_registers_kernel<8><<<rows, kRegisterSelectThreads, 0, current_stream()>>>(
+          s, k, float4_rows, o);
+    } else if (per_thread <= 16) {
+      topk_indices_registers_kernel<16><<<rows, kRegisterSelectThreads, 0, current_stream()>>>(
+          s, k, float4_rows, o);
+    } else {
+      topk_indices_registers_kernel<32><<<rows, kRegisterSelectThreads, 0, current_stream()>>>(
+          s, k, float4_rows, o);
+    }
+    DI_CUDA_LAUNCHED(topk_indices_registers_kernel);
+    return;
+  }
   if (kSharedTopK.enabled() && s.cols <= kMaxSharedSelectColumns) {
     const size_t row_bytes = static_cast<size_t>(s.cols) * sizeof(float);
     const bool float4_rows = s.cols % 4 == 0 && s.stride % 4 == 0 && aligned_to(s.data, 16);
