@@ -9,8 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${BUILD_DIR:-build-cuda}
 export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+# The benches' targets exist only with DEEPINFER_BUILD_BENCH (EXTRA_TARGETS names them); only
+# the targets built below are compiled.
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_CUDA=ON \
-  -DDEEPINFER_BUILD_TESTS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  -DDEEPINFER_BUILD_TESTS=ON -DDEEPINFER_BUILD_BENCH=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
 # Every program with GPU tests, and the CLI (the engine script diffs its cpu and nvidia output).
 kernel_tests="moe_grouped_gemm_test moe_wgmma_test linear_bf16_mma_test linear_fp8_dense_test
