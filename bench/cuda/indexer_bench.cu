@@ -169,8 +169,8 @@ int run() {
       const double topk_ms = time_ms([&] { select(c); });
       const double topk_off_ms = time_ms([&] { select(c, false); });
       std::printf("%6lld %8lld | %9.4f %9.4f %9.4f | %8.0f %8.0f | %9.2e %9lld | %9.4f %11.4f\n",
-                  static_cast<long long>(batch), static_cast<long long>(c.entries), inv_ms,
-                  mma_ms, decode_ms, bytes / mma_ms * 1e-6, bytes / decode_ms * 1e-6, worst,
+                  static_cast<long long>(batch), static_cast<long long>(c.entries), inv_ms, mma_ms,
+                  decode_ms, bytes / mma_ms * 1e-6, bytes / decode_ms * 1e-6, worst,
                   static_cast<long long>(selection_rows), topk_ms, topk_off_ms);
     }
   }

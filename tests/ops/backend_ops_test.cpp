@@ -715,21 +715,20 @@ TEST_F(BackendOpsTest, IndexerScoresBatchInvarianceOff) {
   check_indexer_batch({"20 heads x 64 decode", 20, 64, {1, 1, 1}, {257, 9, 40}, 0}, 91,
                       {250, 9, 41});
   check_indexer_batch({"2 heads x 32 decode", 2, 32, {1, 1, 3}, {300, 33, 70}, 5}, 92);
-  check_indexer_batch({"64 heads x 128 decode (> 32 heads: the MMA kernel)", 64, 128, {1, 1},
-                       {513, 40}, 0},
-                      93);
+  check_indexer_batch(
+      {"64 heads x 128 decode (> 32 heads: the MMA kernel)", 64, 128, {1, 1}, {513, 40}, 0}, 93);
   check_indexer_batch({"2 heads x 32", 2, 32, {1, 70, 0, 3}, {300, 40, 5, 0}, 7}, 70);
   check_indexer_batch({"32 heads x 128", 32, 128, {130, 1}, {300, 600}, 0}, 75);
   for (const ModelShapes& s : all_shapes()) {
     const bool tiny = s.name == "tiny";
-    check_indexer_batch({s.name + " decode+prefill",
-                         s.index_heads,
-                         s.index_dim,
-                         {1, tiny ? 40 : 300, 1, 0, 1},
-                         {tiny ? 30 : 4500, tiny ? 20 : 3000, tiny ? 9 : 2049, tiny ? 3 : 17,
-                          tiny ? 40 : 8192},
-                         0},
-                        94);
+    check_indexer_batch(
+        {s.name + " decode+prefill",
+         s.index_heads,
+         s.index_dim,
+         {1, tiny ? 40 : 300, 1, 0, 1},
+         {tiny ? 30 : 4500, tiny ? 20 : 3000, tiny ? 9 : 2049, tiny ? 3 : 17, tiny ? 40 : 8192},
+         0},
+        94);
   }
 }
 

@@ -1242,13 +1242,7 @@ bool split_keys_chosen(int64_t one_block_blocks, int64_t max_chunks) {
     return false;
   }
   if (split_setting == kSplitKeysAlways) return true;
-  static const int64_t sms = [] {
-    int device = 0;
-    int count = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&device));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return static_cast<int64_t>(count);
-  }();
+  const int64_t sms = deepinfer::cuda::multiprocessor_count();
   // One chunk per token: nothing to split.
   return max_chunks > 1 && one_block_blocks < kSplitBelowBlocksPerSm * sms;
 }

@@ -378,10 +378,9 @@ RuntimeSwitch kIndexerDecodeKernel{"DEEPINFER_INDEXER_DECODE", true};
 
 template <int kDim>
 __global__ void __launch_bounds__(kDecodeThreads, 1)
-    indexer_decode_scores_kernel(const DecodeIndexerRow* rows, DeviceRows<const float> q,
-                                 int heads, DeviceRows<const float> weights,
-                                 const int32_t* visible, float scale, int tiles_per_warp,
-                                 DeviceRows<float> out) {
+    indexer_decode_scores_kernel(const DecodeIndexerRow* rows, DeviceRows<const float> q, int heads,
+                                 DeviceRows<const float> weights, const int32_t* visible,
+                                 float scale, int tiles_per_warp, DeviceRows<float> out) {
   static_assert(kDim % 16 == 0, "dim must be a whole number of MMA k steps");
   constexpr int kKSteps = kDim / 16;
   constexpr int kRowWords = staged_row_words(kDim);
@@ -399,7 +398,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
   const int64_t width_tiles = (width + kDecodeKeysPerTile - 1) / kDecodeKeysPerTile;
   auto tile_of = [&](int i) { return first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i; };
   // Keys at or past `limit` load as zeros (their scores are written as -inf).
-  auto load = [&](int64_t tile, float4 (&keys)[kKSteps][2]) {
+  auto load = [&](int64_t tile, float4(&keys)[kKSteps][2]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t key = tile * kDecodeKeysPerTile + group + 8 * half;
@@ -450,7 +449,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
   }
 
   // Warp w takes tiles first + w + 8 i, i < tiles_per_warp: the block's warps read adjacent keys.
-  auto score = [&](int64_t tile, const float4 (&keys)[kKSteps][2]) {
+  auto score = [&](int64_t tile, const float4(&keys)[kKSteps][2]) {
     const int64_t tile_key = tile * kDecodeKeysPerTile;
     float sums[2] = {0.0f, 0.0f};  // keys tile_key + group, + group + 8
     if (tile_key < limit) {
@@ -1024,13 +1023,7 @@ template <int kDim>
 void launch_indexer_decode(const std::vector<DecodeIndexerRow>& rows, int64_t width,
                            DeviceRows<const float> q, int heads, DeviceRows<const float> weights,
                            const int32_t* visible, float scale, DeviceRows<float> out) {
-  static const int64_t sms = [] {
-    int device = 0;
-    int count = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&device));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return static_cast<int64_t>(count);
-  }();
+  const int64_t sms = deepinfer::cuda::multiprocessor_count();
   deepinfer::cuda::StreamBuffer table(rows.size() * sizeof(DecodeIndexerRow));
   const DecodeIndexerRow* device_rows_table =
       deepinfer::cuda::upload(table, rows.data(), rows.size());
@@ -1193,17 +1186,17 @@ void topk_indices(const TensorView& scores, int k, const TensorView& idx_out) {
     const unsigned rows = static_cast<unsigned>(s.rows);
     const int64_t per_thread = (s.cols + kRegisterSelectThreads - 1) / kRegisterSelectThreads;
     if (per_thread <= 4) {
-      topk_indices_registers_kernel<4><<<rows, kRegisterSelectThreads, 0, current_stream()>>>(
-          s, k, float4_rows, o);
+      topk_indices_registers_kernel<4>
+          <<<rows, kRegisterSelectThreads, 0, current_stream()>>>(s, k, float4_rows, o);
     } else if (per_thread <= 8) {
-      topk_indices_registers_kernel<8><<<rows, kRegisterSelectThreads, 0, current_stream()>>>(
-          s, k, float4_rows, o);
+      topk_indices_registers_kernel<8>
+          <<<rows, kRegisterSelectThreads, 0, current_stream()>>>(s, k, float4_rows, o);
     } else if (per_thread <= 16) {
-      topk_indices_registers_kernel<16><<<rows, kRegisterSelectThreads, 0, current_stream()>>>(
-          s, k, float4_rows, o);
+      topk_indices_registers_kernel<16>
+          <<<rows, kRegisterSelectThreads, 0, current_stream()>>>(s, k, float4_rows, o);
     } else {
-      topk_indices_registers_kernel<32><<<rows, kRegisterSelectThreads, 0, current_stream()>>>(
-          s, k, float4_rows, o);
+      topk_indices_registers_kernel<32>
+          <<<rows, kRegisterSelectThreads, 0, current_stream()>>>(s, k, float4_rows, o);
     }
     DI_CUDA_LAUNCHED(topk_indices_registers_kernel);
     return;

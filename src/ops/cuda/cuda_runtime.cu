@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -192,6 +193,24 @@ int64_t free_memory(int ordinal) {
   DI_CUDA_CHECK(cudaSetDevice(previous));
   DI_CUDA_CHECK(status);
   return static_cast<int64_t>(free_bytes);
+}
+
+int multiprocessor_count() {
+  constexpr int kCachedDevices = 64;
+  static std::array<std::atomic<int>, kCachedDevices> counts{};  // 0: not yet queried
+  int device = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kCachedDevices) {
+    int count = 0;
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }
+  int count = counts[static_cast<size_t>(device)].load(std::memory_order_relaxed);
+  if (count == 0) {
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    counts[static_cast<size_t>(device)].store(count, std::memory_order_relaxed);
+  }
+  return count;
 }
 
 namespace {

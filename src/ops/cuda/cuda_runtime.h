@@ -72,6 +72,10 @@ void fill_bytes(const TensorView& view, uint8_t byte);
 // Free bytes on GPU `ordinal` (cudaMemGetInfo); checks the GPU as device_allocator does.
 int64_t free_memory(int ordinal);
 
+// The current device's streaming multiprocessors (cudaDevAttrMultiProcessorCount, queried once a
+// device): the persistent kernels' grid sizes.
+int multiprocessor_count();
+
 // Waits for the current stream, then throws Error if any kernel since the last call met an
 // index outside its table (kernels cannot throw: they record the first such problem, skip the
 // bad entry, and report it here).

@@ -484,11 +484,8 @@ template <int kRows>
 void launch_rows_partials(const MixArgs& args, int slices, float* partials) {
   // Resident blocks of this kernel on the whole GPU (96 KiB of fn each), queried once.
   static const int64_t resident = [] {
-    int device = 0;
-    int sms = 0;
+    const int sms = deepinfer::cuda::multiprocessor_count();
     int per_sm = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&device));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     DI_CUDA_CHECK(cudaFuncSetAttribute(hc_mix_partials_rows_kernel<kRows>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(kRowsFnBytes)));

@@ -1194,10 +1194,7 @@ void run_quantized(GroupedArgs args, const KernelChoice& choice) {
       return true;
     }();
     (void)configured;
-    int device = 0;
-    int sms = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&device));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int sms = deepinfer::cuda::multiprocessor_count();
     const int64_t max_items = choice.max_tiles * (args.n / kTileRows);
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(max_items, sms));
     GroupedArgs single = args;

@@ -2441,10 +2441,7 @@ void launch_moe_prefill_wgmma(const PrefillWgmmaArgs& args, WgmmaFold fold,
   DI_CHECK(args.n % kRows == 0 && args.k % kStepK == 0, "launch_moe_prefill_wgmma: N ", args.n,
            " and K ", args.k, " must be multiples of ", kRows, " and ", kStepK);
   DI_CHECK(fold != WgmmaFold::kNone, "launch_moe_prefill_wgmma needs a wgmma fold");
-  int device = 0;
-  int sms = 0;
-  DI_CUDA_CHECK(cudaGetDevice(&device));
-  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = deepinfer::cuda::multiprocessor_count();
   const int64_t max_items = max_tiles * (args.n / kRows);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(max_items, sms));
   if (blocks == 0) return;
@@ -2464,10 +2461,7 @@ void launch_moe_decode_wgmma(const PrefillWgmmaArgs& args, const PrefillTokenTil
   DI_CHECK(
       args.second_out == nullptr || (args.experts != nullptr && args.second_experts != nullptr),
       "launch_moe_decode_wgmma: a second table needs both tables' expert weights");
-  int device = 0;
-  int sms = 0;
-  DI_CUDA_CHECK(cudaGetDevice(&device));
-  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = deepinfer::cuda::multiprocessor_count();
   const int64_t tables = args.second_out != nullptr ? 2 : 1;
   const int64_t max_items = max_tiles * tables * (args.n / decode_a::kRows);
   // The copies step 16 weight rows with a 32-bit stride.
