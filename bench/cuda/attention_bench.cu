@@ -66,6 +66,7 @@
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/runtime_switch.h"
 #include "roofline.cuh"
+#include "uniform_fill.cuh"
 
 namespace deepinfer::bench {
 namespace {
@@ -79,37 +80,6 @@ constexpr int64_t kSelected = 512;
 constexpr int64_t kCompressedPerSequence = 2048;
 constexpr int64_t kPrefillTokens = 8192;
 constexpr int kCompressRatio = 4;
-
-__device__ __forceinline__ uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
-
-// Uniform [-scale, scale) floats; `bf16_exact`: rounded to bf16 (as the model's KV rows are).
-__global__ void fill_kernel(float* data, int64_t count, uint64_t seed, float scale,
-                            bool bf16_exact) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    const uint64_t h = mix(seed * 0x100000001B3ull + static_cast<uint64_t>(i));
-    const float value = (static_cast<float>(h >> 40) * 0x1p-23f - 1.0f) * scale;
-    data[i] = bf16_exact ? __bfloat162float(__float2bfloat16_rn(value)) : value;
-  }
-}
-
-void fill(Tensor& t, uint64_t seed, float scale, bool bf16_exact) {
-  fill_kernel<<<2048, 256>>>(t.data<float>(), t.numel(), seed, scale, bf16_exact);
-  DI_CUDA_CHECK(cudaGetLastError());
-}
-
-Tensor device_f32(Shape shape, uint64_t seed, float scale, bool bf16_exact = false) {
-  Tensor t = Tensor::empty(DType::kF32, shape, rt::device_allocator());
-  fill(t, seed, scale, bf16_exact);
-  return t;
-}
 
 Tensor device_i32(Shape shape, const std::vector<int32_t>& values) {
   Tensor host = Tensor::empty(DType::kI32, shape);

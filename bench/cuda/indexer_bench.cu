@@ -33,6 +33,7 @@
 #include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
 #include "roofline.cuh"
+#include "uniform_fill.cuh"
 
 namespace deepinfer::bench {
 namespace {
@@ -43,30 +44,9 @@ constexpr int64_t kHeads = 32;
 constexpr int64_t kDim = 128;
 constexpr int kTopK = 512;
 
-__device__ __forceinline__ uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
-
-// Uniform [-scale, scale) rounded to bf16 (the model's fp4 values are bf16-exact).
-__global__ void fill_kernel(float* data, int64_t count, uint64_t seed, float scale) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    const uint64_t h = mix(seed * 0x100000001B3ull + static_cast<uint64_t>(i));
-    const float value = (static_cast<float>(h >> 40) * 0x1p-23f - 1.0f) * scale;
-    data[i] = __bfloat162float(__float2bfloat16_rn(value));
-  }
-}
-
-Tensor device_f32(Shape shape, uint64_t seed, float scale) {
-  Tensor t = Tensor::empty(DType::kF32, shape, rt::device_allocator());
-  fill_kernel<<<2048, 256>>>(t.data<float>(), t.numel(), seed, scale);
-  DI_CUDA_CHECK(cudaGetLastError());
-  return t;
+// The model's fp4 values are bf16-exact: every row here is too.
+Tensor device_bf16_exact_f32(Shape shape, uint64_t seed, float scale) {
+  return device_f32(shape, seed, scale, /*bf16_exact=*/true);
 }
 
 struct Case {
@@ -80,9 +60,9 @@ Case make_case(int64_t batch, int64_t entries) {
   Case c;
   c.batch = batch;
   c.entries = entries;
-  c.q = device_f32({batch, kHeads, kDim}, 1, 1.0f);
-  c.w = device_f32({batch, kHeads}, 2, 1.0f);
-  c.keys = device_f32({batch * c.entries, kDim}, 3, 1.0f);
+  c.q = device_bf16_exact_f32({batch, kHeads, kDim}, 1, 1.0f);
+  c.w = device_bf16_exact_f32({batch, kHeads}, 2, 1.0f);
+  c.keys = device_bf16_exact_f32({batch * c.entries, kDim}, 3, 1.0f);
   Tensor host_vis = Tensor::empty(DType::kI32, {batch});
   for (int64_t t = 0; t < batch; ++t) host_vis.data<int32_t>()[t] = static_cast<int32_t>(c.entries);
   c.vis = rt::to_device(host_vis.view());
