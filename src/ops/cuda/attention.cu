@@ -1311,10 +1311,12 @@ int64_t prefill_chunks(int64_t tokens, int64_t max_tiles) {
 // Whether a prefill-kernel call takes the wgmma kernel (attention_prefill_wgmma.cuh, whole tokens)
 // instead of the cluster kernel, whole-token or split: from DEEPINFER_ATTENTION_WGMMA tokens (0:
 // never), one term only (exact products stay on the cluster kernel), and not with
-// DEEPINFER_ATTENTION_PREFILL_CHUNKS forcing the split form (more than one chunk).
+// DEEPINFER_ATTENTION_PREFILL_CHUNKS forcing the split form (more than one chunk), on a device
+// with wgmma (sm_90a; elsewhere the cluster kernel).
 bool wgmma_prefill_chosen(bool exact, int64_t tokens) {
   const int from = prefill_wgmma::kFromTokens.value();
-  return !exact && from > 0 && tokens >= from && prefill::kChunks.value() <= 1;
+  return !exact && from > 0 && tokens >= from && prefill::kChunks.value() <= 1 &&
+         deepinfer::cuda::device_has_wgmma();
 }
 
 // The prefill kernel (whole tokens, or its split form and the merge), then the one-block

@@ -168,6 +168,7 @@ __device__ __forceinline__ void produce(const AttentionArgs& args, Shared& share
 // One block per token (module comment); kPrefetchRows: kPrefetch.
 template <bool kPrefetchRows>
 __global__ void __launch_bounds__(kThreads, 1) sink_attention_wgmma_kernel(AttentionArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t shared_raw[];
   Shared& shared = *reinterpret_cast<Shared*>(
       shared_raw + ((1024 - (shared_address(shared_raw) & 1023)) & 1023));
@@ -372,6 +373,10 @@ __global__ void __launch_bounds__(kThreads, 1) sink_attention_wgmma_kernel(Atten
     *reinterpret_cast<float2*>(y + 8 * kDim + 8 * j) =
         make_float2(o[4 * j + 2] * inverse[1], o[4 * j + 3] * inverse[1]);
   }
+#else
+  (void)args;
+  __trap();  // wgmma is sm_90a's: the host launches it there only (device_has_wgmma)
+#endif
 }
 
 }  // namespace prefill_wgmma

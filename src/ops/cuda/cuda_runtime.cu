@@ -195,6 +195,27 @@ int64_t free_memory(int ordinal) {
   return static_cast<int64_t>(free_bytes);
 }
 
+bool device_has_wgmma() {
+  constexpr int kCachedDevices = 64;
+  static std::array<std::atomic<int>, kCachedDevices> known{};  // 0: not queried, 1: no, 2: yes
+  int device = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&device));
+  const auto query = [device] {
+    int major = 0;
+    int minor = 0;
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major == 9 && minor == 0;
+  };
+  if (device >= kCachedDevices) return query();
+  int state = known[static_cast<size_t>(device)].load(std::memory_order_relaxed);
+  if (state == 0) {
+    state = query() ? 2 : 1;
+    known[static_cast<size_t>(device)].store(state, std::memory_order_relaxed);
+  }
+  return state == 2;
+}
+
 int multiprocessor_count() {
   constexpr int kCachedDevices = 64;
   static std::array<std::atomic<int>, kCachedDevices> counts{};  // 0: not yet queried

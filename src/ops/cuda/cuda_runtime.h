@@ -76,6 +76,11 @@ int64_t free_memory(int ordinal);
 // device): the persistent kernels' grid sizes.
 int multiprocessor_count();
 
+// Whether the current device runs sm_90a's warpgroup MMA (compute capability 9.0; queried once a
+// device): the wgmma kernels' host-side gate, so another part (SM100's tcgen05 has no wgmma)
+// keeps the kernels built for it.
+bool device_has_wgmma();
+
 // Waits for the current stream, then throws Error if any kernel since the last call met an
 // index outside its table (kernels cannot throw: they record the first such problem, skip the
 // bad entry, and report it here).

@@ -68,20 +68,6 @@ RuntimeSwitch kMoeWgmmaRegisterA{"DEEPINFER_MOE_WGMMA_REGISTER_A", true};
 // same codes (moe_wgmma_test compares them).
 RuntimeSwitch kQuantHardwareCvt{"DEEPINFER_MOE_QUANT_HW_CVT", true};
 
-// The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
-bool device_is_sm90() {
-  static const bool sm90 = [] {
-    int device = 0;
-    int major = 0;
-    int minor = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&device));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    return major == 9 && minor == 0;
-  }();
-  return sm90;
-}
-
 constexpr int kScaleBlock = 32;                    // the wgmma's K and both operands' scale block
 constexpr int kStepBlocks = 4;                     // scale blocks per pipeline step
 constexpr int kStepK = kStepBlocks * kScaleBlock;  // 128 bytes of e4m3: one swizzled line
@@ -2426,7 +2412,8 @@ void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const i
 }  // namespace
 
 WgmmaFold moe_wgmma_fold() {
-  if (ops::batch_invariant() || !kMoeWgmma.enabled() || !device_is_sm90()) {
+  // The kernels are built for sm_90a only (wgmma): other devices keep the mma.sync tile.
+  if (ops::batch_invariant() || !kMoeWgmma.enabled() || !deepinfer::cuda::device_has_wgmma()) {
     return WgmmaFold::kNone;
   }
   const int fold = kMoeWgmmaFold.value();
