@@ -1,5 +1,7 @@
 // ops::cuda::indexer_scores_batch and topk_indices at V4.1-Flash decode shapes (32 indexer heads
-// x 128, each request one token against its own f32 keys, k = 512; 32k of context is 32768,
+// x 128, each request one token against its own key cache in the release's format -- e2m1
+// codes and a ue8m0 scale per 32 channels, 68 bytes a key, written by write_indexer_keys from
+// random f32 rows as the model writes them -- k = 512; 32k of context is 32768,
 // 16384 or 8192 entries at compression ratio 1, 2 or 4): the
 // invariant path's kernel (indexer_scores_mma_kernel), the same kernel with batch invariance off
 // (DEEPINFER_INDEXER_DECODE=0: the A/B baseline) and the decode kernel that replaces it there
@@ -52,7 +54,7 @@ Tensor device_bf16_exact_f32(Shape shape, uint64_t seed, float scale) {
 struct Case {
   int64_t batch = 0;
   int64_t entries = 0;
-  Tensor q, w, vis, keys, scores, selection;
+  Tensor q, w, vis, key_codes, key_scales, scores, selection;
   std::vector<ops::IndexerRequest> requests;
 };
 
@@ -61,15 +63,28 @@ Case make_case(int64_t batch, int64_t entries) {
   c.batch = batch;
   c.entries = entries;
   c.q = device_bf16_exact_f32({batch, kHeads, kDim}, 1, 1.0f);
+  // As the model quantizes q (MODEL.md 5.3): with fp4 keys every product and dot is exact.
+  ops::cuda::fake_quant_fp4(c.q.view(), 32, ops::Fp4ScaleFormat::kUe8m0);
   c.w = device_bf16_exact_f32({batch, kHeads}, 2, 1.0f);
-  c.keys = device_bf16_exact_f32({batch * c.entries, kDim}, 3, 1.0f);
+  const int64_t keys = batch * c.entries;
+  c.key_codes = Tensor::empty(DType::kF4E2M1x2, {keys, kDim}, rt::device_allocator());
+  c.key_scales = Tensor::empty(DType::kF8E8M0, {keys, kDim / 32}, rt::device_allocator());
+  const ops::IndexerKeys cache{c.key_codes.view(), c.key_scales.view()};
+  constexpr int64_t kChunk = 1 << 16;  // f32 rows quantized a chunk at a time
+  Tensor rows = device_f32({std::min(keys, kChunk), kDim}, 3, 1.0f);
+  for (int64_t first = 0; first < keys; first += kChunk) {
+    const int64_t count = std::min(kChunk, keys - first);
+    fill(rows, 3 + static_cast<uint64_t>(first), 1.0f, false);
+    const ops::IndexerKeyWrite write{cache, 0, count, first};
+    ops::cuda::write_indexer_keys(rows.view().narrow(0, 0, count), {&write, 1});
+  }
   Tensor host_vis = Tensor::empty(DType::kI32, {batch});
   for (int64_t t = 0; t < batch; ++t) host_vis.data<int32_t>()[t] = static_cast<int32_t>(c.entries);
   c.vis = rt::to_device(host_vis.view());
   c.scores = Tensor::empty(DType::kF32, {batch, c.entries}, rt::device_allocator());
   c.selection = Tensor::empty(DType::kI32, {batch, kTopK}, rt::device_allocator());
   for (int64_t r = 0; r < batch; ++r) {
-    c.requests.push_back({c.keys.view().narrow(0, r * c.entries, c.entries), r, 1});
+    c.requests.push_back({cache.narrow(r * c.entries, c.entries), r, 1});
   }
   return c;
 }
@@ -112,7 +127,8 @@ int run() {
     for (int64_t entries : {1024, 4096, 16384, 32768}) {
       Case c = make_case(batch, entries);
       const double bytes =
-          static_cast<double>(batch) * (c.entries * kDim + kHeads * kDim + kHeads + c.entries) * 4;
+          static_cast<double>(batch) * (c.entries * (kDim / 2 + kDim / 32) +
+                                        (kHeads * kDim + kHeads + c.entries) * 4.0);
       score(c, true, false);
       const Tensor reference = rt::to_host(c.scores.view());
       select(c);

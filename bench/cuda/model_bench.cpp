@@ -328,7 +328,7 @@ double state_bytes(const DeepseekV41TextConfig& c, int64_t max_tokens, int64_t m
     const int64_t ratio = c.compress_ratio(layer);
     const double groups = static_cast<double>(max_tokens / ratio + 1);
     bytes += groups * c.head_dim * 4.0;
-    if (c.is_index_source(layer)) bytes += groups * c.index_head_dim * 4.0;
+    if (c.is_index_source(layer)) bytes += groups * (c.index_head_dim / 2 + c.index_head_dim / 32);
     if (ratio > 1) bytes += 2.0 * (ratio + max_rollback) * c.head_dim * 4.0;
   }
   return bytes;
@@ -352,7 +352,14 @@ std::unique_ptr<RequestState> filled_state(const DeepseekV41TextConfig& c, int64
   for (int64_t layer : c.kv_source_layer_ids) {
     const std::string tag = std::to_string(layer);
     fill_tensor(state->compressed_kv(layer), key_rows, seed ^ hash_name("compressed" + tag));
-    fill_tensor(state->index_keys(layer), rows, seed ^ hash_name("keys" + tag));
+    if (c.is_index_source(layer)) {
+      // Codes of N(0, 2) (most of the grid) under a scale of 2^-2: keys of magnitude ~1.
+      const ops::IndexerKeys keys = state->index_keys(layer);
+      fill_tensor(keys.codes, {FillKind::kE2m1Packed, 0.0f, 2.0f}, seed ^ hash_name("keys" + tag));
+      FillSpec scales{FillKind::kByte};
+      scales.byte = 125;
+      fill_tensor(keys.scales, scales, seed ^ hash_name("key scales" + tag));
+    }
     fill_tensor(state->pending_kv(layer), rows, seed ^ hash_name("pending_kv" + tag));
     fill_tensor(state->pending_gate(layer), rows, seed ^ hash_name("pending_gate" + tag));
   }

@@ -96,7 +96,11 @@ void compress_pool(const TensorView& kv, const TensorView& gate, int ratio, cons
   DI_DISPATCH(kv, compress_pool(kv, gate, ratio, out));
 }
 
-void indexer_scores(const TensorView& q, const TensorView& keys, const TensorView& weights,
+void write_indexer_keys(const TensorView& keys, std::span<const IndexerKeyWrite> writes) {
+  DI_DISPATCH(keys, write_indexer_keys(keys, writes));
+}
+
+void indexer_scores(const TensorView& q, const IndexerKeys& keys, const TensorView& weights,
                     const TensorView& visible, float scale, const TensorView& out) {
   DI_DISPATCH(q, indexer_scores(q, keys, weights, visible, scale, out));
 }

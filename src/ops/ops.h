@@ -174,16 +174,51 @@ void write_window_rings(const TensorView& new_kv, std::span<const AttentionReque
 // softmax_j(gate[g*r+j, c]). kv, gate [G*r, D]; out [G, D].
 void compress_pool(const TensorView& kv, const TensorView& gate, int ratio, const TensorView& out);
 
+// The indexer key cache in the release's format: the keys of MODEL.md 5.2 are fp4 fake-quantized
+// (e2m1 values times a ue8m0 scale per 32 channels), so the cache stores exactly those values as
+// codes [N, D] kF4E2M1x2 (packed, channel 2i in the low nibble of byte i) and scales [N, D/32]
+// kF8E8M0: key j channel c = e2m1(codes[j], c) * 2^(scales[j, c/32] - 127). 68 bytes a 128-channel
+// key where f32 rows took 512; the scores read every visible key each step, so these are the
+// bytes a decode step's indexer moves.
+struct IndexerKeys {
+  TensorView codes;
+  TensorView scales;
+
+  int64_t rows() const { return codes.numel() == 0 ? 0 : codes.size(0); }
+  // Channels a key has (0 when empty).
+  int64_t dim() const { return codes.numel() == 0 ? 0 : codes.size(1); }
+  size_t nbytes() const { return codes.nbytes() + scales.nbytes(); }
+  // Keys [start, start + count).
+  IndexerKeys narrow(int64_t start, int64_t count) const {
+    return {codes.narrow(0, start, count), scales.narrow(0, start, count)};
+  }
+};
+
+// One request's share of write_indexer_keys: rows [offset, offset + count) of the call's keys go
+// to rows [start, start + count) of its cache.
+struct IndexerKeyWrite {
+  IndexerKeys cache;
+  int64_t offset = 0;
+  int64_t count = 0;
+  int64_t start = 0;
+};
+
+// Quantizes keys [G, D] f32 (D % 32 == 0) to e2m1 with a ue8m0 scale per 32 channels, exactly
+// as fake_quant_fp4(keys, 32, kUe8m0) rounds them (the stored values are its output bit for
+// bit), and writes each request's rows into its cache. The writes' rows must lie inside the
+// call's keys and each cache; `keys` is not modified.
+void write_indexer_keys(const TensorView& keys, std::span<const IndexerKeyWrite> writes);
+
 // Indexer scores: out[t, j] = sum_h weights[t, h] * relu(q[t, h, :] . keys[j, :]) * scale for
-// j < visible[t], -inf otherwise. q [T, Hi, Di], keys [N, Di], weights [T, Hi], visible [T] I32,
-// out [T, N].
-void indexer_scores(const TensorView& q, const TensorView& keys, const TensorView& weights,
+// j < visible[t], -inf otherwise. q [T, Hi, Di], keys N cached keys of Di channels, weights
+// [T, Hi], visible [T] I32, out [T, N].
+void indexer_scores(const TensorView& q, const IndexerKeys& keys, const TensorView& weights,
                     const TensorView& visible, float scale, const TensorView& out);
 
 // One request's share of indexer_scores_batch: token rows [offset, offset + count) of the call
-// score this request's keys [entries, Di] (the first `entries` rows of its indexer key cache).
+// score this request's keys (the first `entries` rows of its indexer key cache).
 struct IndexerRequest {
-  TensorView keys;  // may be empty (entries 0): every score of its rows is -inf
+  IndexerKeys keys;  // may be empty (entries 0): every score of its rows is -inf
   int64_t offset = 0;
   int64_t count = 0;
 };
@@ -193,8 +228,8 @@ struct IndexerRequest {
 // and visible row against r's keys in columns [0, entries_r) and -inf in [entries_r, width), so
 // a ragged batch needs no fill. The requests' rows must tile [0, T). The CPU reference calls
 // indexer_scores per request (same bits). The CUDA version multiplies on bf16 tensor cores:
-// it rounds q and keys to bf16, which is exact for the model's fp4-quantized (e2m1 x ue8m0)
-// values -- other inputs lose their low bits -- and sums the heads in a fixed order of its own
+// it rounds q to bf16, which is exact for the model's fp4-quantized (e2m1 x ue8m0) values --
+// other inputs lose their low bits -- and sums the heads in a fixed order of its own
 // (differences of a few ulp of the scores' scale from the reference).
 void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> requests,
                           const TensorView& weights, const TensorView& visible, float scale,

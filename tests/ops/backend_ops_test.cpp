@@ -35,7 +35,10 @@ namespace deepinfer::ops {
 namespace {
 
 namespace rt = deepinfer::cuda;  // the runtime: memory, copies, streams
+using testing::HostKeyCache;
+using testing::host_key_cache;
 using testing::random_values;
+using testing::same_bits;
 
 // The model dimensions the ops see, from a config.json's text_config.
 struct ModelShapes {
@@ -548,11 +551,60 @@ TEST_F(BackendOpsTest, CompressPool) {
   }
 }
 
+// A key cache's host and device copies.
+struct KeyCachePair {
+  HostKeyCache host;
+  Tensor codes, scales;  // on the device
+  IndexerKeys device() const { return {codes.view(), scales.view()}; }
+};
+
+KeyCachePair key_cache_pair(int64_t rows, int64_t dim, uint32_t seed) {
+  KeyCachePair pair;
+  pair.host = host_key_cache(random_values(static_cast<size_t>(rows * dim), seed), rows, dim);
+  pair.codes = gpu(pair.host.codes.view());
+  pair.scales = gpu(pair.host.scales.view());
+  return pair;
+}
+
+TEST_F(BackendOpsTest, WriteIndexerKeys) {
+  // The GPU's codes and scales are the CPU's byte for byte (the CPU's are fake_quant_fp4's
+  // values: compressed_branch_test), at 32 to 128 channels, with blocks of every regime.
+  for (const int64_t dim : {32, 128, 1024}) {
+    const int64_t rows = 300;
+    Tensor x = host_f32({rows, dim}, 45);
+    float* v = x.data<float>();
+    std::fill_n(v, 32, 0.0f);
+    for (int64_t c = 0; c < 32; ++c) v[dim + c] = 0x1p-130f * static_cast<float>(c - 16);
+    for (int64_t c = 0; c < 32; ++c) v[2 * dim + c] = (c % 4 - 1.5f) * 0x1p-3f;  // ties
+    v[2 * dim + 31] = 6.0f * 0x1p-3f;
+    for (int64_t c = 0; c < 32; ++c) v[3 * dim + c] *= 3e36f;
+    v[4 * dim + 5] = NAN;
+    v[5 * dim + 7] = INFINITY;
+    Tensor dx = gpu(x);
+    const Shape codes_shape{rows + 7, dim}, scales_shape{rows + 7, dim / 32};
+    HostKeyCache want{Tensor::zeros(DType::kF4E2M1x2, codes_shape),
+                      Tensor::zeros(DType::kF8E8M0, scales_shape)};
+    Tensor codes = gpu(want.codes.view()), scales = gpu(want.scales.view());
+    const IndexerKeys device{codes.view(), scales.view()};
+    // Rows in two writes, at other cache rows than their call rows.
+    const std::vector<IndexerKeyWrite> host_writes = {{want.keys(), 0, 200, 7},
+                                                      {want.keys(), 200, 100, 0}};
+    const std::vector<IndexerKeyWrite> device_writes = {{device, 0, 200, 7}, {device, 200, 100, 0}};
+    write_indexer_keys(x, host_writes);
+    cuda::write_indexer_keys(dx, device_writes);
+    const std::string what = std::to_string(dim) + " channels";
+    EXPECT_TRUE(same_bits(want.codes, rt::to_host(codes))) << what << ": codes";
+    EXPECT_TRUE(same_bits(want.scales, rt::to_host(scales))) << what << ": scales";
+    const IndexerKeyWrite outside{device, 290, 20, 0};
+    EXPECT_ANY_THROW(cuda::write_indexer_keys(dx, {&outside, 1})) << what;
+  }
+}
+
 TEST_F(BackendOpsTest, IndexerScores) {
   for (const ModelShapes& s : all_shapes()) {
     const int64_t keys = s.name == "tiny" ? 9 : 2000;
     Tensor q = host_f32({s.rows, s.index_heads, s.index_dim}, 40);
-    Tensor k = host_f32({keys, s.index_dim}, 41);
+    const KeyCachePair k = key_cache_pair(keys, s.index_dim, 41);
     Tensor w = host_f32({s.rows, s.index_heads}, 42);
     std::vector<int32_t> visible = {static_cast<int32_t>(keys), 0, static_cast<int32_t>(keys / 2),
                                     static_cast<int32_t>(keys + 5), 1};
@@ -560,9 +612,9 @@ TEST_F(BackendOpsTest, IndexerScores) {
     Tensor vis = host_i32({s.rows}, visible);
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.index_dim));
     Tensor want = Tensor::empty(DType::kF32, {s.rows, keys});
-    indexer_scores(q, k, w, vis, scale, want);
+    indexer_scores(q, k.host.keys(), w, vis, scale, want);
     Tensor got = gpu_output(DType::kF32, {s.rows, keys});
-    cuda::indexer_scores(gpu(q), gpu(k), gpu(w), gpu(vis), scale, got);
+    cuda::indexer_scores(gpu(q), k.device(), gpu(w), gpu(vis), scale, got);
     // Per-head dots reduced across a warp instead of 8 lanes; heads summed in the same order.
     expect_close(want, got, kRowReductionTolerance, s.name + " indexer_scores");
   }
@@ -578,7 +630,7 @@ struct IndexerBatchShape {
   std::vector<int64_t> counts;
   std::vector<int64_t> entries;
   int64_t extra_width = 0;  // columns past every request's keys
-  bool fp4 = true;          // inputs as the forward stores them (exact in bf16)
+  bool fp4 = true;          // q as the forward quantizes it (exact in bf16); keys always are
 };
 
 Tensor indexer_input(Shape shape, uint32_t seed, bool fp4) {
@@ -631,16 +683,12 @@ void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed,
   Tensor q = indexer_input({tokens, shape.heads, shape.dim}, seed, shape.fp4);
   Tensor w = host_f32({tokens, shape.heads}, seed + 1);
   Tensor vis = host_i32({tokens}, visible);
-  std::vector<Tensor> keys, device_keys;
+  std::vector<KeyCachePair> keys;
   std::vector<IndexerRequest> host_requests, device_requests;
   for (size_t r = 0; r < request_count; ++r) {
-    const int64_t entries = shape.entries[r];
-    keys.push_back(entries > 0 ? indexer_input({entries, shape.dim},
-                                               seed + 2 + static_cast<uint32_t>(r), shape.fp4)
-                               : Tensor());
-    device_keys.push_back(entries > 0 ? gpu(keys.back()) : Tensor());
-    host_requests.push_back({keys.back().view(), offsets[r], shape.counts[r]});
-    device_requests.push_back({device_keys.back().view(), offsets[r], shape.counts[r]});
+    keys.push_back(key_cache_pair(shape.entries[r], shape.dim, seed + 2 + static_cast<uint32_t>(r)));
+    host_requests.push_back({keys.back().host.keys(), offsets[r], shape.counts[r]});
+    device_requests.push_back({keys.back().device(), offsets[r], shape.counts[r]});
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.dim));
   Tensor want = Tensor::empty(DType::kF32, {tokens, width});
@@ -661,7 +709,7 @@ void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed,
     const int64_t count = shape.counts[r];
     if (count == 0) continue;
     Tensor alone = gpu_output(DType::kF32, {count, width});
-    const IndexerRequest request{device_keys[r].view(), 0, count};
+    const IndexerRequest request{keys[r].device(), 0, count};
     cuda::indexer_scores_batch(dq.view().narrow(0, offsets[r], count), {&request, 1},
                                dw.view().narrow(0, offsets[r], count),
                                dvis.view().narrow(0, offsets[r], count), scale, alone);
@@ -681,7 +729,8 @@ TEST_F(BackendOpsTest, IndexerScoresBatchSmallShapes) {
   check_indexer_batch({"32 heads x 128", 32, 128, {130, 1}, {300, 600}, 0}, 75);
   check_indexer_batch({"64 heads x 128", 64, 128, {1, 9}, {513, 100}, 3}, 72);
   check_indexer_batch({"128 heads x 128 (fp32 path: > 64 heads)", 128, 128, {3}, {40}, 0}, 73);
-  check_indexer_batch({"3 heads x 48 (fp32 path)", 3, 48, {2, 1}, {30, 0}, 2, false}, 74);
+  check_indexer_batch({"3 heads x 96 (fp32 path), q not fp4", 3, 96, {2, 1}, {30, 0}, 2, false},
+                      74);
 }
 
 TEST_F(BackendOpsTest, IndexerScoresBatchRealShapes) {

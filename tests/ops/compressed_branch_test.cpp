@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/dtype_convert.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -37,15 +38,86 @@ TEST(CompressedBranchTest, PoolIsAPerChannelSoftmaxWeightedSum) {
   EXPECT_LT(testing::max_relative_error(out, want), 1e-6);
 }
 
+// Codes and scales decoded by core's converters (not the op's own decoder).
+std::vector<float> decoded_keys(const testing::HostKeyCache& cache) {
+  const int64_t rows = cache.codes.view().size(0);
+  const int64_t dim = cache.codes.view().size(1);
+  std::vector<float> values(static_cast<size_t>(rows * dim));
+  const auto* codes = cache.codes.data<Float4E2M1x2>();
+  const auto* scales = cache.scales.data<Float8E8M0>();
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t c = 0; c < dim; ++c) {
+      const uint8_t pair = codes[j * dim / 2 + c / 2].bits;
+      values[static_cast<size_t>(j * dim + c)] =
+          e2m1_to_float(c % 2 ? pair >> 4 : pair & 0xF) * e8m0_to_float(scales[j * dim / 32 + c / 32].bits);
+    }
+  }
+  return values;
+}
+
+TEST(CompressedBranchTest, IndexerKeysStoreTheFp4FakeQuantBitForBit) {
+  const int64_t dim = 64;
+  const int64_t rows = 12;
+  std::vector<float> x = random_values(static_cast<size_t>(rows * dim), 30);
+  // Blocks of every regime: all zero, amax under the 6 * 2^-126 floor, huge, tiny
+  // subnormal-scale values, exact e2m1 ties (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 times 2^-2 with a
+  // block max of 6 * 2^-2 = 1.5), mixed signs and -0.
+  std::fill_n(x.begin(), 32, 0.0f);
+  for (int64_t c = 32; c < 64; ++c) x[static_cast<size_t>(c)] = (c % 2 ? -1.0f : 1.0f) * 0x1p-127f * c;
+  for (int64_t c = 64; c < 96; ++c) x[static_cast<size_t>(c)] *= 1e30f;
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -0.25f, -2.5f, -5.0f, -0.0f};
+  for (int64_t c = 96; c < 128; ++c) {
+    x[static_cast<size_t>(c)] = ties[c % 11] * 0.25f;
+  }
+  x[127] = 6.0f * 0.25f;
+  std::vector<float> want = x;
+  fake_quant_fp4(view_of(want, {rows, dim}), 32, Fp4ScaleFormat::kUe8m0);
+
+  // Two caches, each request's rows written at an offset; the rest stays zero.
+  testing::HostKeyCache first{Tensor::zeros(DType::kF4E2M1x2, {20, dim}),
+                              Tensor::zeros(DType::kF8E8M0, {20, dim / 32})};
+  testing::HostKeyCache second{Tensor::zeros(DType::kF4E2M1x2, {8, dim}),
+                               Tensor::zeros(DType::kF8E8M0, {8, dim / 32})};
+  const std::vector<IndexerKeyWrite> writes = {{first.keys(), 0, 7, 10}, {second.keys(), 7, 5, 3}};
+  write_indexer_keys(view_of(x, {rows, dim}), writes);
+  const std::vector<float> got_first = decoded_keys(first);
+  const std::vector<float> got_second = decoded_keys(second);
+  for (int64_t j = 0; j < rows; ++j) {
+    const std::vector<float>& got = j < 7 ? got_first : got_second;
+    const int64_t slot = j < 7 ? 10 + j : 3 + (j - 7);
+    for (int64_t c = 0; c < dim; ++c) {
+      const float g = got[static_cast<size_t>(slot * dim + c)];
+      const float w = want[static_cast<size_t>(j * dim + c)];
+      EXPECT_EQ(0, std::memcmp(&g, &w, sizeof(float)))
+          << "key " << j << " channel " << c << ": stored " << g << ", fake_quant " << w;
+    }
+  }
+  for (int64_t slot : {0, 9, 17}) {
+    for (int64_t c = 0; c < dim; ++c) EXPECT_EQ(got_first[static_cast<size_t>(slot * dim + c)], 0.0f);
+  }
+
+  // Writes outside the keys or the cache, and a cache of another width, are refused.
+  const auto refused = [&](IndexerKeyWrite write) {
+    EXPECT_ANY_THROW(write_indexer_keys(view_of(x, {rows, dim}), {&write, 1}));
+  };
+  refused({first.keys(), 10, 3, 0});   // rows [10, 13) of 12
+  refused({first.keys(), 0, 3, 18});   // cache rows [18, 21) of 20
+  refused({first.keys(), -1, 1, 0});
+  testing::HostKeyCache narrow{Tensor::zeros(DType::kF4E2M1x2, {4, 16}),
+                               Tensor::zeros(DType::kF8E8M0, {4, 1})};
+  refused({narrow.keys(), 0, 1, 0});
+}
+
 TEST(CompressedBranchTest, IndexerScoresAreWeightedReluDotsOverVisibleKeys) {
-  const int64_t t = 3, h = 4, d = 8, n = 6;
+  const int64_t t = 3, h = 4, d = 32, n = 6;
   auto q = random_values(t * h * d, 3);
-  auto k = random_values(n * d, 4);
+  const testing::HostKeyCache cache = testing::host_key_cache(random_values(n * d, 4), n, d);
+  const std::vector<float> k = decoded_keys(cache);
   auto w = random_values(t * h, 5);
   std::vector<int32_t> visible = {0, 2, 6};
   std::vector<float> out(t * n);
-  indexer_scores(view_of(q, {t, h, d}), view_of(k, {n, d}), view_of(w, {t, h}),
-                 view_of(visible, {t}), 0.5f, view_of(out, {t, n}));
+  indexer_scores(view_of(q, {t, h, d}), cache.keys(), view_of(w, {t, h}), view_of(visible, {t}),
+                 0.5f, view_of(out, {t, n}));
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       if (j >= visible[i]) {
@@ -66,12 +138,13 @@ TEST(CompressedBranchTest, IndexerScoresAreWeightedReluDotsOverVisibleKeys) {
 // A ragged step for indexer_scores_batch: per request its token count, key count and the rows
 // it takes in the call (not in request order, so the table, not the order, places them).
 struct IndexerBatchCase {
-  int64_t heads = 4, dim = 8, width = 13;
+  int64_t heads = 4, dim = 32, width = 13;
   std::vector<int64_t> counts = {3, 2, 1, 0, 2};
   std::vector<int64_t> entries = {7, 0, 10, 5, 12};
   std::vector<int64_t> offsets = {5, 0, 2, 8, 3};
   int64_t tokens = 8;
-  std::vector<float> q, keys_storage, w;
+  std::vector<float> q, w;
+  testing::HostKeyCache key_cache;
   std::vector<int32_t> visible = {2, 9, 10, 12, 1, 0, 9, 3};
   std::vector<int64_t> key_offsets;
 
@@ -83,12 +156,12 @@ struct IndexerBatchCase {
       key_offsets.push_back(total);
       total += e;
     }
-    keys_storage = random_values(static_cast<size_t>(total * dim), 22);
+    key_cache = testing::host_key_cache(random_values(static_cast<size_t>(total * dim), 22), total,
+                                        dim);
   }
-  TensorView keys(size_t r) {
-    if (entries[r] == 0) return TensorView();
-    return TensorView::contiguous(keys_storage.data() + key_offsets[r] * dim, DType::kF32,
-                                  {entries[r], dim});
+  IndexerKeys keys(size_t r) {
+    if (entries[r] == 0) return IndexerKeys{};
+    return key_cache.keys().narrow(key_offsets[r], entries[r]);
   }
   std::vector<IndexerRequest> requests() {
     std::vector<IndexerRequest> result;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace deepinfer::ops::testing {
 
@@ -155,6 +156,23 @@ inline double sampled_rows_error(const std::vector<int64_t>& sample, const Tenso
     }
   }
   return worst;
+}
+
+// A host indexer key cache (ops::IndexerKeys) of `rows` keys of `dim` channels holding the
+// fp4 quantization of `values` [rows, dim] (write_indexer_keys, the model's own writer).
+struct HostKeyCache {
+  Tensor codes;
+  Tensor scales;
+  IndexerKeys keys() const { return {codes.view(), scales.view()}; }
+};
+
+inline HostKeyCache host_key_cache(std::vector<float> values, int64_t rows, int64_t dim) {
+  HostKeyCache cache{Tensor::zeros(DType::kF4E2M1x2, {rows, dim}),
+                     Tensor::zeros(DType::kF8E8M0, {rows, dim / 32})};
+  if (rows == 0) return cache;
+  const IndexerKeyWrite write{cache.keys(), 0, rows, 0};
+  write_indexer_keys(TensorView::contiguous(values.data(), DType::kF32, {rows, dim}), {&write, 1});
+  return cache;
 }
 
 }  // namespace deepinfer::ops::testing

@@ -423,6 +423,12 @@ void validate_for_model(const DeepseekV41TextConfig& c, const std::string& where
       DI_THROW(where, ": `index_head_dim` (", c.index_head_dim,
                ") must hold the rope tail `qk_rope_head_dim` (", c.qk_rope_head_dim, ")");
     }
+    // The keys are fp4 with a scale per 32 channels (MODEL.md 5.2), and the key cache stores
+    // them so (ops::IndexerKeys): a dim the blocks do not tile has no such format.
+    if (c.index_head_dim % 32 != 0 || c.index_head_dim > 1024) {
+      DI_THROW(where, ": `index_head_dim` must be a multiple of 32 up to 1024 (the indexer keys' ",
+               "fp4 blocks), got ", c.index_head_dim);
+    }
     if (c.candidate_source_layer_id >= 0) {
       positive("candidate_topk_blocks", c.candidate_topk_blocks);
       positive("candidate_block_size", c.candidate_block_size);

@@ -70,6 +70,7 @@ struct ForwardWorkspace {
   std::vector<ops::AttentionRequest> attention_requests;
   // Per request, refilled per index layer: its rows and keys for indexer_scores_batch.
   std::vector<ops::IndexerRequest> indexer_requests;
+  std::vector<ops::IndexerKeyWrite> key_writes;
   // Per request, refilled per compressor layer: its pending rings for write_window_rings.
   std::vector<ops::AttentionRequest> pending_ring_writes;
   // Per request, per compressor layer: its completing groups' rows of the step's latents, and
@@ -797,11 +798,15 @@ void ForwardPass::publish_compressed(int64_t layer, const TensorView& latents,
     ops::linear(latents, ap.indexer_wk, keys);
     ops::rmsnorm(keys, ap.indexer_k_norm, static_cast<float>(c_.rms_norm_eps), keys);
     ops::rope(keys, group_positions, rope_compress_, false);
-    ops::fake_quant_fp4(keys, 32, ops::Fp4ScaleFormat::kUe8m0);
+    // The fp4 ue8m0/32 fake-quant of the keys (MODEL.md 5.2), stored as its codes and scales.
+    std::vector<ops::IndexerKeyWrite>& key_writes = ws_.key_writes;
+    key_writes.clear();
     for (size_t r = 0; r < spans_.size(); ++r) {
-      targets[r].window_ring = spans_[r].state->index_keys(layer);
+      if (targets[r].count == 0) continue;
+      key_writes.push_back({spans_[r].state->index_keys(layer), targets[r].offset,
+                            targets[r].count, targets[r].start});
     }
-    ops::write_window_rings(keys, targets);
+    ops::write_indexer_keys(keys, key_writes);
   }
   const TensorView entries = f32(ws_.comp_entries, {total, c_.head_dim});
   ops::copy(latents, entries);
@@ -854,7 +859,7 @@ void ForwardPass::indexer(int64_t layer) {
     for (const RequestSpan& span : spans_) {
       const int64_t entries = span.end() / c_.compress_ratio(kv_source);
       requests.push_back(
-          {entries > 0 ? span.state->index_keys(kv_source).narrow(0, 0, entries) : TensorView(),
+          {entries > 0 ? span.state->index_keys(kv_source).narrow(0, entries) : ops::IndexerKeys{},
            span.offset, span.count});
     }
     ops::indexer_scores_batch(q_view, requests, w_view, visible_all, score_scale, scores_view);
@@ -864,7 +869,7 @@ void ForwardPass::indexer(int64_t layer) {
       const int64_t entries = span.end() / c_.compress_ratio(kv_source);
       if (entries == 0) continue;
       ops::indexer_scores(q_view.narrow(0, span.offset, span.count),
-                          span.state->index_keys(kv_source).narrow(0, 0, entries),
+                          span.state->index_keys(kv_source).narrow(0, entries),
                           w_view.narrow(0, span.offset, span.count),
                           visible_all.narrow(0, span.offset, span.count), score_scale,
                           scores_view.narrow(0, span.offset, span.count).narrow(1, 0, entries));

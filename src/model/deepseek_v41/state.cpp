@@ -8,10 +8,23 @@ namespace {
 
 // Zero-filled on any device (entries past the length are never read; zeros keep runs
 // reproducible).
-Tensor zeroed(Shape shape, Allocator& allocator) {
-  Tensor tensor = Tensor::empty(DType::kF32, shape, allocator);
-  ops::fill(tensor.view(), 0.0f);
+Tensor zeroed(Shape shape, Allocator& allocator, DType dtype = DType::kF32) {
+  if (allocator.device().is_cpu()) return Tensor::zeros(dtype, shape, allocator);
+  Tensor tensor = Tensor::empty(dtype, shape, allocator);
+  if (dtype == DType::kF32) {
+    ops::fill(tensor.view(), 0.0f);
+  } else {
+    ops::copy(Tensor::zeros(dtype, shape).view(), tensor.view());
+  }
   return tensor;
+}
+
+// The indexer key cache of `groups` keys (ops::IndexerKeys: e2m1 codes, a ue8m0 scale per 32).
+int64_t key_code_bytes(const DeepseekV41TextConfig& config) {
+  return config.index_head_dim / 2;  // packed fp4
+}
+int64_t key_scale_bytes(const DeepseekV41TextConfig& config) {
+  return config.index_head_dim / 32;
 }
 
 }  // namespace
@@ -35,7 +48,10 @@ RequestState::RequestState(const DeepseekV41TextConfig& config, StateLimits limi
     const int64_t groups = limits.max_tokens / state.ratio + 1;
     state.compressed_kv = zeroed({groups, config.head_dim}, allocator);
     if (config.is_index_source(layer)) {
-      state.index_keys = zeroed({groups, config.index_head_dim}, allocator);
+      state.index_key_codes =
+          zeroed({groups, config.index_head_dim}, allocator, DType::kF4E2M1x2);
+      state.index_key_scales =
+          zeroed({groups, key_scale_bytes(config)}, allocator, DType::kF8E8M0);
     }
     if (state.ratio > 1) {
       const int64_t pending = state.ratio + limits.max_rollback;
@@ -58,7 +74,9 @@ int64_t RequestState::bytes(const DeepseekV41TextConfig& config, StateLimits lim
     const int64_t ratio = config.compress_ratio(layer);
     const int64_t groups = limits.max_tokens / ratio + 1;
     total += groups * config.head_dim * f32;
-    if (config.is_index_source(layer)) total += groups * config.index_head_dim * f32;
+    if (config.is_index_source(layer)) {
+      total += groups * (key_code_bytes(config) + key_scale_bytes(config));
+    }
     if (ratio > 1) total += 2 * (ratio + limits.max_rollback) * config.head_dim * f32;
   }
   return total;
@@ -89,8 +107,9 @@ const RequestState::SourceState& RequestState::source(int64_t layer) const {
 const TensorView& RequestState::compressed_kv(int64_t source_layer) const {
   return source(source_layer).compressed_kv.view();
 }
-const TensorView& RequestState::index_keys(int64_t source_layer) const {
-  return source(source_layer).index_keys.view();
+ops::IndexerKeys RequestState::index_keys(int64_t source_layer) const {
+  const SourceState& state = source(source_layer);
+  return {state.index_key_codes.view(), state.index_key_scales.view()};
 }
 const TensorView& RequestState::pending_kv(int64_t source_layer) const {
   return source(source_layer).pending_kv.view();

@@ -4,7 +4,8 @@
 //  - a window ring per layer: the FP8-fake-quantized, post-RoPE K=V rows of the last
 //    `window + max_rollback` positions, slot = position % capacity;
 //  - per KV-source layer: the compressed KV rows (one per complete group, FP4-fake-quantized,
-//    post-RoPE), the indexer keys (when the source runs an indexer), and a ring of the
+//    post-RoPE), the indexer keys (when the source runs an indexer; stored as the release's fp4
+//    codes and ue8m0 scales, ops::IndexerKeys), and a ring of the
 //    compressor's pre-pool kv / gate rows for the last `ratio + max_rollback` positions (ratio > 1
 //    only) -- the partial group is read from it;
 //  - the engram history: compressed token ids of the last `max_ngram + max_rollback` positions.
@@ -22,6 +23,7 @@
 #include "core/memory.h"
 #include "core/tensor.h"
 #include "model/deepseek_v41/config.h"
+#include "ops/ops.h"
 
 namespace deepinfer::deepseek_v41 {
 
@@ -59,7 +61,7 @@ class RequestState {
 
   // Per KV-source layer (throws InternalError for other layers).
   const TensorView& compressed_kv(int64_t source_layer) const;  // [max_groups, head_dim]
-  const TensorView& index_keys(int64_t source_layer) const;     // [max_groups, index_head_dim]
+  ops::IndexerKeys index_keys(int64_t source_layer) const;      // max_groups keys
   const TensorView& pending_kv(int64_t source_layer) const;     // [pending_capacity, head_dim]
   const TensorView& pending_gate(int64_t source_layer) const;   // [pending_capacity, head_dim]
   int64_t pending_capacity(int64_t source_layer) const;
@@ -78,7 +80,8 @@ class RequestState {
     int64_t layer = -1;
     int64_t ratio = 0;
     Tensor compressed_kv;
-    Tensor index_keys;
+    Tensor index_key_codes;   // [max_groups, index_head_dim] packed fp4
+    Tensor index_key_scales;  // [max_groups, index_head_dim / 32] ue8m0
     Tensor pending_kv;
     Tensor pending_gate;
   };

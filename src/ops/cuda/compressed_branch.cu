@@ -15,6 +15,10 @@
 namespace deepinfer::ops::cuda {
 namespace {
 
+using deepinfer::cuda::e2m1_to_float;
+using deepinfer::cuda::e8m0_to_float;
+using deepinfer::cuda::round_to_e2m1;
+
 constexpr int kThreads = 256;
 
 __global__ void compress_pool_kernel(DeviceRows<const float> kv, DeviceRows<const float> gate,
@@ -35,14 +39,108 @@ __global__ void compress_pool_kernel(DeviceRows<const float> kv, DeviceRows<cons
   out.row(group)[c] = sum;
 }
 
+// ---- the indexer key cache (ops::IndexerKeys: e2m1 codes, a ue8m0 scale per 32 channels) ----
+
+constexpr int kKeyBlock = 32;
+
+// A key cache on the device: key j's codes at codes + j * code_stride (dim / 2 bytes, channel
+// 2i in the low nibble of byte i), its scales at scales + j * scale_stride (dim / 32 bytes).
+struct DeviceKeys {
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+  int64_t code_stride = 0;
+  int64_t scale_stride = 0;
+  int64_t rows = 0;
+  int64_t dim = 0;
+};
+
+DeviceKeys device_keys(const IndexerKeys& keys, const char* what) {
+  DeviceKeys result;
+  if (keys.rows() == 0) return result;
+  const TensorView& codes = keys.codes;
+  const TensorView& scales = keys.scales;
+  DI_CHECK(codes.device().is_cuda() && scales.device().is_cuda(), what,
+           " is not in device memory");
+  DI_CHECK(codes.dtype() == DType::kF4E2M1x2 && scales.dtype() == DType::kF8E8M0 &&
+               codes.rank() == 2 && scales.rank() == 2 && scales.size(0) == codes.size(0) &&
+               codes.size(1) % kKeyBlock == 0 && scales.size(1) == codes.size(1) / kKeyBlock &&
+               (scales.size(1) == 1 || scales.stride(1) == 1),
+           what, ": codes ", codes.to_string(), " and scales ", scales.to_string(),
+           " are not fp4 keys with a scale per ", kKeyBlock, " channels");
+  // Packed fp4 strides count values: a row's bytes are half of them.
+  result.codes = static_cast<const uint8_t*>(codes.raw_data());
+  result.scales = static_cast<const uint8_t*>(scales.raw_data());
+  result.code_stride = codes.stride(0) / 2;
+  result.scale_stride = scales.stride(0);
+  result.rows = codes.size(0);
+  result.dim = codes.size(1);
+  return result;
+}
+
+// Channel d of key j: exact in f32 (the value fake_quant_fp4 produced).
+__device__ __forceinline__ float key_value(const DeviceKeys& keys, int64_t j, int64_t d) {
+  const uint8_t pair = keys.codes[j * keys.code_stride + d / 2];
+  return e2m1_to_float((d & 1) ? pair >> 4 : pair & 0xF) *
+         e8m0_to_float(keys.scales[j * keys.scale_stride + d / kKeyBlock]);
+}
+
+// The ue8m0 code of 2^ceil(log2(t)) (exponent field plus one when a mantissa bit is set, as
+// e8m0_pow2_ceil on the host); non-finite t and results past 2^127 give 0xFF (NaN).
+__device__ __forceinline__ uint32_t e8m0_pow2_ceil_code(float t) {
+  const uint32_t bits = __float_as_uint(t);
+  const uint32_t code = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0);
+  return code >= 0xFF ? 0xFFu : code;
+}
+
+// e2m1 code of a value on the e2m1 grid (sign in bit 3).
+__device__ __forceinline__ uint32_t e2m1_code(float value) {
+  const float m = fabsf(value);
+  const uint32_t magnitude = m < 2.0f ? static_cast<uint32_t>(2.0f * m)
+                                      : (m < 4.0f ? 2u + static_cast<uint32_t>(m) : (m == 4.0f ? 6u : 7u));
+  return magnitude | (signbit(value) ? 8u : 0u);
+}
+
+struct KeyDestination {
+  uint8_t* codes;
+  uint8_t* scales;
+  int64_t source_row;
+};
+
+// One block per written key, one warp per 32-channel block: the block's amax by shuffles, the
+// scale and codes as ops::cpu::write_indexer_keys computes them, lane pairs packed into bytes.
+__global__ void write_indexer_keys_kernel(DeviceRows<const float> keys,
+                                          const KeyDestination* destinations) {
+  const KeyDestination destination = destinations[blockIdx.x];
+  const int block = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const float v = keys.row(destination.source_row)[threadIdx.x];
+  float amax = fabsf(v);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  }
+  const bool nan = __any_sync(0xffffffffu, isnan(v));
+  const uint32_t scale_code =
+      nan ? 0xFFu : e8m0_pow2_ceil_code(fmaxf(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
+  const float scale = e8m0_to_float(static_cast<uint8_t>(scale_code));
+  // A NaN scale stores zero codes (the block reads as NaN whatever they are).
+  const uint32_t code =
+      scale_code == 0xFFu ? 0u : e2m1_code(round_to_e2m1(fminf(fmaxf(v / scale, -6.0f), 6.0f)));
+  const uint32_t high = __shfl_down_sync(0xffffffffu, code, 1);
+  if ((lane & 1) == 0) {
+    destination.codes[(threadIdx.x >> 1)] = static_cast<uint8_t>(code | (high << 4));
+  }
+  if (lane == 0) destination.scales[block] = static_cast<uint8_t>(scale_code);
+}
+
 constexpr int kIndexerWarps = 8;
 
 // One block per (token, 8 keys): the token's queries sit in shared memory, each warp scores
 // one key against every head in head order.
 __global__ void __launch_bounds__(kIndexerWarps * 32)
-    indexer_scores_kernel(DeviceRows<const float> q, int64_t heads, int64_t dim,
-                          DeviceRows<const float> keys, DeviceRows<const float> weights,
-                          const int32_t* visible, float scale, DeviceRows<float> out) {
+    indexer_scores_kernel(DeviceRows<const float> q, int64_t heads, int64_t dim, DeviceKeys keys,
+                          DeviceRows<const float> weights, const int32_t* visible, float scale,
+                          DeviceRows<float> out) {
   extern __shared__ float query[];  // heads * dim
   const int64_t t = blockIdx.y;
   for (int64_t i = threadIdx.x; i < heads * dim; i += blockDim.x) query[i] = q.row(t)[i];
@@ -55,11 +153,10 @@ __global__ void __launch_bounds__(kIndexerWarps * 32)
     if (lane == 0) out.row(t)[j] = -INFINITY;
     return;
   }
-  const float* key = keys.row(j);
   float sum = 0.0f;
   for (int64_t h = 0; h < heads; ++h) {
     float partial = 0.0f;
-    for (int64_t d = lane; d < dim; d += 32) partial += query[h * dim + d] * key[d];
+    for (int64_t d = lane; d < dim; d += 32) partial += query[h * dim + d] * key_value(keys, j, d);
     const float s = deepinfer::cuda::warp_sum(partial);
     sum += fmaxf(s, 0.0f) * scale * weights.row(t)[h];
   }
@@ -94,8 +191,10 @@ RuntimeSwitch kIndexerTensorCores{"DEEPINFER_INDEXER_MMA", true};
 // One block row of a batched call: a run of one request's tokens and that request's keys
 // (8-byte fields only: no padding in the uploaded table).
 struct IndexerChunk {
-  const float* keys;  // [entries, dim]
-  int64_t key_stride;
+  const uint8_t* codes;  // the request's key cache (DeviceKeys)
+  const uint8_t* scales;
+  int64_t code_stride;
+  int64_t scale_stride;
   int64_t entries;
   int64_t token_begin;  // rows [token_begin, token_end) of the call
   int64_t token_end;
@@ -133,6 +232,77 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
   return packed;
 }
 
+// The MMA kernels' k map: lane quad c holds channels [c * dim / 4, (c + 1) * dim / 4) of a key,
+// dim / 8 adjacent code bytes under one scale (dim <= 128), taken four channels a 16-k step:
+// step s gives the quad k = 2c, 2c+1 (fragment register 0) and 2c+8, 2c+9 (register 1) as
+// channels c * dim / 4 + 4s + {0, 1} and + {2, 3}, i.e. code bytes 2s and 2s + 1 of the lane's.
+// A and B use the same map, so the dot is unchanged. Staged q rows keep the word order the
+// fragments read (step s, quad c at word 8s + 2c), so the channels' 4-quad d4 goes to:
+template <int kDim>
+__device__ __forceinline__ int staged_quad_word(int d4) {
+  constexpr int kKSteps = kDim / 16;
+  return 8 * (d4 % kKSteps) + 2 * (d4 / kKSteps);
+}
+
+template <int kDim>
+struct LaneCodes {
+  static constexpr int kWords = kDim / 32;  // dim / 8 bytes
+  uint32_t words[kWords];
+  float scale;
+};
+
+// Lane quad `quad`'s code bytes and scale of key `key` (zeros when absent). Streaming loads for
+// the decode kernel (each key is read once), read-only-cache loads for the prefill kernel.
+template <int kDim, bool kStreaming>
+__device__ __forceinline__ LaneCodes<kDim> load_lane_codes(const uint8_t* codes,
+                                                           const uint8_t* scales,
+                                                           int64_t code_stride,
+                                                           int64_t scale_stride, int64_t key,
+                                                           bool present, int quad) {
+  static_assert(kDim == 32 || kDim == 64 || kDim == 128, "one scale a lane: dim <= 128");
+  LaneCodes<kDim> lane{};
+  if (!present) return lane;
+  const uint8_t* source = codes + key * code_stride + quad * (kDim / 8);
+  if constexpr (kDim == 128) {
+    const uint4 v = kStreaming ? __ldcs(reinterpret_cast<const uint4*>(source))
+                               : __ldg(reinterpret_cast<const uint4*>(source));
+    lane.words[0] = v.x;
+    lane.words[1] = v.y;
+    lane.words[2] = v.z;
+    lane.words[3] = v.w;
+  } else if constexpr (kDim == 64) {
+    const uint2 v = kStreaming ? __ldcs(reinterpret_cast<const uint2*>(source))
+                               : __ldg(reinterpret_cast<const uint2*>(source));
+    lane.words[0] = v.x;
+    lane.words[1] = v.y;
+  } else {
+    lane.words[0] = kStreaming ? __ldcs(reinterpret_cast<const unsigned int*>(source))
+                               : __ldg(reinterpret_cast<const unsigned int*>(source));
+  }
+  lane.scale = e8m0_to_float(scales[key * scale_stride + quad * kDim / 128]);
+  return lane;
+}
+
+// The e2m1 nibble at bit `shift` of `word` as an f32 equal to 2^-126 times its value: the
+// magnitude's two exponent bits land in the f32 exponent's low bits and its mantissa bit in the
+// f32 mantissa's top bit, so the normal codes read 2^(e-127) (1 + m/2) and the subnormal 0.5
+// the subnormal 2^-127 -- each 2^-126 times its e2m1 value -- without a table or a branch.
+__device__ __forceinline__ float e2m1_bits_as_float(uint32_t word, int shift) {
+  const uint32_t nibble = word >> shift;
+  return __uint_as_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28));
+}
+
+// Code byte `byte` of the lane's (two channels) times the scale, as bf16x2: exact (an e2m1
+// value times a power of two has at most 2 significant bits; the products by powers of two are
+// exact in f32, subnormals included).
+template <int kDim>
+__device__ __forceinline__ uint32_t lane_pair_bf16x2(const LaneCodes<kDim>& lane, int byte) {
+  const uint32_t word = lane.words[byte / 4];
+  const int shift = 8 * (byte % 4);
+  return pack_bf16x2(e2m1_bits_as_float(word, shift) * 0x1p126f * lane.scale,
+                     e2m1_bits_as_float(word, shift + 4) * 0x1p126f * lane.scale);
+}
+
 // 4 bytes global -> shared (one weight; weight rows need not be 16-byte aligned).
 __device__ __forceinline__ void copy_4_async(uint32_t shared, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared), "l"(global) : "memory");
@@ -144,10 +314,8 @@ __device__ __forceinline__ float head_term(float dot, float scale, float weight)
   return __fmul_rn(__fmul_rn(fmaxf(dot, 0.0f), scale), weight);
 }
 
-// The MMA's k index is permuted within each 16-dim step so that every lane's four k values are
-// four adjacent dims: lane quad c holds k = 2c, 2c+1 (fragment register 0) and 2c+8, 2c+9
-// (register 1), taken as dims 4c..4c+1 and 4c+2..4c+3. A and B use the same map, so the dot is
-// unchanged, and a key's dims load as one float4, a staged q row's as one 8-byte word pair.
+// The k map is staged_quad_word's: a key's lane bytes load as one vector, a staged q row's
+// four channels of a step as one 8-byte word pair.
 template <int kDim>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     indexer_scores_mma_kernel(const IndexerChunk* chunks, DeviceRows<const float> q, int heads,
@@ -220,14 +388,13 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
   for (int n = 0; n < kKeyTilesPerWarp; ++n) {
     const int64_t key = warp_begin + n * 8 + group;
-    const bool present = key < chunk.entries;
-    const float* row = chunk.keys + (present ? key : 0) * chunk.key_stride + 4 * quad;
+    const LaneCodes<kDim> lane_codes = load_lane_codes<kDim, false>(
+        chunk.codes, chunk.scales, chunk.code_stride, chunk.scale_stride, key,
+        key < chunk.entries, quad);
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
-      const float4 v = present ? __ldg(reinterpret_cast<const float4*>(row + 16 * s))
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      key_pairs[n][s][0] = pack_bf16x2(v.x, v.y);
-      key_pairs[n][s][1] = pack_bf16x2(v.z, v.w);
+      key_pairs[n][s][0] = lane_pair_bf16x2(lane_codes, 2 * s);
+      key_pairs[n][s][1] = lane_pair_bf16x2(lane_codes, 2 * s + 1);
     }
   }
 
@@ -265,7 +432,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       const int within = i - slot * quads_per_token;
       const int h = within / kQuadsPerHead;
       *reinterpret_cast<uint2*>(staged + (slot * rows_per_token + h) * kRowWords +
-                                2 * (within - h * kQuadsPerHead)) =
+                                staged_quad_word<kDim>(within - h * kQuadsPerHead)) =
           make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
     }
     for (int i = threadIdx.x; i < count * heads; i += kMmaThreads) {
@@ -366,8 +533,10 @@ constexpr int kDecodeHeadTiles = 4;     // MMA N tiles of 8 heads: at most 32 he
 constexpr int kDecodeMaxHeads = kDecodeHeadTiles * 8;
 
 struct DecodeIndexerRow {
-  const float* keys;  // [entries, dim]
-  int64_t key_stride;
+  const uint8_t* codes;  // the request's key cache (DeviceKeys)
+  const uint8_t* scales;
+  int64_t code_stride;
+  int64_t scale_stride;
   int64_t entries;
   int64_t token;  // row of the call
 };
@@ -377,7 +546,7 @@ struct DecodeIndexerRow {
 RuntimeSwitch kIndexerDecodeKernel{"DEEPINFER_INDEXER_DECODE", true};
 
 template <int kDim>
-__global__ void __launch_bounds__(kDecodeThreads, 1)
+__global__ void __launch_bounds__(kDecodeThreads, 2)
     indexer_decode_scores_kernel(const DecodeIndexerRow* rows, DeviceRows<const float> q, int heads,
                                  DeviceRows<const float> weights, const int32_t* visible,
                                  float scale, int tiles_per_warp, DeviceRows<float> out) {
@@ -398,22 +567,18 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
   const int64_t width_tiles = (width + kDecodeKeysPerTile - 1) / kDecodeKeysPerTile;
   auto tile_of = [&](int i) { return first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i; };
   // Keys at or past `limit` load as zeros (their scores are written as -inf).
-  auto load = [&](int64_t tile, float4(&keys)[kKSteps][2]) {
+  using Codes = LaneCodes<kDim>;
+  auto load = [&](int64_t tile, Codes(&keys)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t key = tile * kDecodeKeysPerTile + group + 8 * half;
-      const bool present = key < limit;
-      const float4* source =
-          reinterpret_cast<const float4*>(row.keys + (present ? key : 0) * row.key_stride) + quad;
-#pragma unroll
-      for (int s = 0; s < kKSteps; ++s) {
-        keys[s][half] = present ? __ldcs(source + 4 * s) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
+      keys[half] = load_lane_codes<kDim, true>(row.codes, row.scales, row.code_stride,
+                                               row.scale_stride, key, key < limit, quad);
     }
   };
   // The first tile's keys are in flight while the block stages q.
-  float4 current[kKSteps][2];
-  float4 next[kKSteps][2];
+  Codes current[2];
+  Codes next[2];
   if (tile_of(0) < width_tiles) load(tile_of(0), current);
 
   const float* q_row = q.row(t);
@@ -422,7 +587,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     const int d4 = i - h * (kDim / 4);
     const float4 v = h < heads ? __ldg(reinterpret_cast<const float4*>(q_row) + h * (kDim / 4) + d4)
                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    *reinterpret_cast<uint2*>(staged + h * kRowWords + 2 * d4) =
+    *reinterpret_cast<uint2*>(staged + h * kRowWords + staged_quad_word<kDim>(d4)) =
         make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
   }
   // The lane's C columns are heads 8n + 2c and 8n + 2c + 1; padding heads weigh zero.
@@ -449,17 +614,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
   }
 
   // Warp w takes tiles first + w + 8 i, i < tiles_per_warp: the block's warps read adjacent keys.
-  auto score = [&](int64_t tile, const float4(&keys)[kKSteps][2]) {
+  auto score = [&](int64_t tile, const Codes(&keys)[2]) {
     const int64_t tile_key = tile * kDecodeKeysPerTile;
     float sums[2] = {0.0f, 0.0f};  // keys tile_key + group, + group + 8
     if (tile_key < limit) {
       float acc[kDecodeHeadTiles][4] = {};
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
-        const float4 upper = keys[s][0];
-        const float4 lower = keys[s][1];
-        const uint32_t a[4] = {pack_bf16x2(upper.x, upper.y), pack_bf16x2(lower.x, lower.y),
-                               pack_bf16x2(upper.z, upper.w), pack_bf16x2(lower.z, lower.w)};
+        const uint32_t a[4] = {
+            lane_pair_bf16x2(keys[0], 2 * s), lane_pair_bf16x2(keys[1], 2 * s),
+            lane_pair_bf16x2(keys[0], 2 * s + 1), lane_pair_bf16x2(keys[1], 2 * s + 1)};
 #pragma unroll
         for (int n = 0; n < kDecodeHeadTiles; ++n) {
           mma_bf16_m16n8k16(a, q_pairs[n][s][0], q_pairs[n][s][1], acc[n]);
@@ -959,18 +1123,52 @@ void compress_pool(const TensorView& kv, const TensorView& gate, int ratio, cons
   DI_CUDA_LAUNCHED(compress_pool_kernel);
 }
 
-void indexer_scores(const TensorView& q, const TensorView& keys, const TensorView& weights,
+void write_indexer_keys(const TensorView& keys, std::span<const IndexerKeyWrite> writes) {
+  const auto x = device_rows<const float>(keys, "indexer keys to cache");
+  std::vector<KeyDestination> destinations;
+  for (size_t w = 0; w < writes.size(); ++w) {
+    const IndexerKeyWrite& write = writes[w];
+    if (write.count == 0) continue;
+    const DeviceKeys cache = device_keys(write.cache, "indexer key cache");
+    DI_CHECK(cache.dim == x.cols, "indexer key cache of ", cache.dim, " channels for keys ",
+             keys.to_string());
+    DI_CHECK(write.offset >= 0 && write.count > 0 && write.offset + write.count <= x.rows,
+             "indexer key write ", w, ": rows [", write.offset, ", +", write.count, ") outside ",
+             x.rows, " keys");
+    DI_CHECK(write.start >= 0 && write.start + write.count <= cache.rows, "indexer key write ", w,
+             ": cache rows [", write.start, ", +", write.count, ") outside its ", cache.rows);
+    for (int64_t i = 0; i < write.count; ++i) {
+      const int64_t row = write.start + i;
+      destinations.push_back({const_cast<uint8_t*>(cache.codes) + row * cache.code_stride,
+                              const_cast<uint8_t*>(cache.scales) + row * cache.scale_stride,
+                              write.offset + i});
+    }
+  }
+  if (destinations.empty()) return;
+  DI_CHECK(x.cols <= 1024, "write_indexer_keys: ", x.cols, " channels exceed one block");
+  DI_CHECK(destinations.size() <= INT32_MAX, "write_indexer_keys: too many keys for one launch");
+  deepinfer::cuda::StreamBuffer table(destinations.size() * sizeof(KeyDestination));
+  const KeyDestination* device_destinations =
+      deepinfer::cuda::upload(table, destinations.data(), destinations.size());
+  write_indexer_keys_kernel<<<static_cast<unsigned>(destinations.size()),
+                              static_cast<unsigned>(x.cols), 0, current_stream()>>>(
+      x, device_destinations);
+  DI_CUDA_LAUNCHED(write_indexer_keys_kernel);
+}
+
+void indexer_scores(const TensorView& q, const IndexerKeys& keys, const TensorView& weights,
                     const TensorView& visible, float scale, const TensorView& out) {
   DI_CHECK(q.rank() == 3, "indexer q must be [T, Hi, Di]: ", q.to_string());
   const int64_t tokens = q.size(0);
   const int64_t heads = q.size(1);
   const int64_t dim = q.size(2);
   const auto qr = device_rows<const float>(q, "indexer q");
-  const auto k = device_rows<const float>(keys, "indexer keys");
+  const DeviceKeys k = device_keys(keys, "indexer keys");
   const auto w = device_rows<const float>(weights, "indexer weights");
   const int32_t* vis = deepinfer::cuda::device_flat<const int32_t>(visible, "indexer visible");
   const auto o = device_rows<float>(out, "indexer scores");
-  DI_CHECK(k.rows == 0 || k.cols == dim, "indexer keys ", keys.to_string());
+  DI_CHECK(k.rows == 0 || k.dim == dim, "indexer keys of ", k.dim, " channels for q ",
+           q.to_string());
   DI_CHECK(w.rows == tokens && w.cols == heads, "indexer weights ", weights.to_string());
   DI_CHECK(o.rows == tokens && o.cols == k.rows, "indexer scores ", out.to_string());
   DI_CHECK(visible.numel() == tokens, "indexer visible ", visible.to_string());
@@ -1082,13 +1280,17 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
       owner[static_cast<size_t>(t)] = static_cast<int32_t>(r);
     }
     IndexerChunk chunk{};
-    if (request.keys.numel() > 0) {
-      const auto k = device_rows<const float>(request.keys, "indexer keys");
-      DI_CHECK(k.cols == dim, "indexer keys ", request.keys.to_string(), " for q ", q.to_string());
-      chunk.keys = k.data;
-      chunk.key_stride = k.stride;
+    if (request.keys.rows() > 0) {
+      const DeviceKeys k = device_keys(request.keys, "indexer keys");
+      DI_CHECK(k.dim == dim, "indexer keys of ", k.dim, " channels for q ", q.to_string());
+      chunk.codes = k.codes;
+      chunk.scales = k.scales;
+      chunk.code_stride = k.code_stride;
+      chunk.scale_stride = k.scale_stride;
       chunk.entries = k.rows;
-      tensor_cores = tensor_cores && deepinfer::cuda::aligned_to(k.data, 16) && k.stride % 4 == 0;
+      // The lanes' code vectors (dim / 8 bytes) must be aligned.
+      tensor_cores = tensor_cores && deepinfer::cuda::aligned_to(k.codes, 16) &&
+                     k.code_stride % (dim / 8) == 0;
     }
     DI_CHECK(chunk.entries <= width, "indexer request ", r, " has ", chunk.entries,
              " keys, more than the score width ", width);
@@ -1100,7 +1302,8 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
       if (request.count != 1) other_chunks.push_back(chunk);
     }
     if (request.count == 1) {
-      decode_rows.push_back({chunk.keys, chunk.key_stride, chunk.entries, request.offset});
+      decode_rows.push_back({chunk.codes, chunk.scales, chunk.code_stride, chunk.scale_stride,
+                             chunk.entries, request.offset});
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
@@ -1111,13 +1314,13 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
   if (!tensor_cores) {
     for (const IndexerRequest& request : requests) {
       if (request.count == 0) continue;
-      const int64_t entries = request.keys.numel() > 0 ? request.keys.size(0) : 0;
+      const int64_t entries = request.keys.rows();
       const TensorView rows = out.narrow(0, request.offset, request.count);
       if (entries < width) {
         fill(rows.narrow(1, entries, width - entries), -std::numeric_limits<float>::infinity());
       }
       if (entries > 0) {
-        indexer_scores(q.narrow(0, request.offset, request.count), request.keys,
+        cuda::indexer_scores(q.narrow(0, request.offset, request.count), request.keys,
                        weights.narrow(0, request.offset, request.count),
                        visible.narrow(0, request.offset, request.count), scale,
                        rows.narrow(1, 0, entries));
