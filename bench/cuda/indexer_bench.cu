@@ -127,8 +127,8 @@ int run() {
     for (int64_t entries : {1024, 4096, 16384, 32768}) {
       Case c = make_case(batch, entries);
       const double bytes =
-          static_cast<double>(batch) * (c.entries * (kDim / 2 + kDim / 32) +
-                                        (kHeads * kDim + kHeads + c.entries) * 4.0);
+          static_cast<double>(batch) *
+          (c.entries * (kDim / 2 + kDim / 32) + (kHeads * kDim + kHeads + c.entries) * 4.0);
       score(c, true, false);
       const Tensor reference = rt::to_host(c.scores.view());
       select(c);

@@ -35,8 +35,8 @@ namespace deepinfer::ops {
 namespace {
 
 namespace rt = deepinfer::cuda;  // the runtime: memory, copies, streams
-using testing::HostKeyCache;
 using testing::host_key_cache;
+using testing::HostKeyCache;
 using testing::random_values;
 using testing::same_bits;
 
@@ -686,7 +686,8 @@ void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed,
   std::vector<KeyCachePair> keys;
   std::vector<IndexerRequest> host_requests, device_requests;
   for (size_t r = 0; r < request_count; ++r) {
-    keys.push_back(key_cache_pair(shape.entries[r], shape.dim, seed + 2 + static_cast<uint32_t>(r)));
+    keys.push_back(
+        key_cache_pair(shape.entries[r], shape.dim, seed + 2 + static_cast<uint32_t>(r)));
     host_requests.push_back({keys.back().host.keys(), offsets[r], shape.counts[r]});
     device_requests.push_back({keys.back().device(), offsets[r], shape.counts[r]});
   }

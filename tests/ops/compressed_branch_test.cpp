@@ -48,8 +48,8 @@ std::vector<float> decoded_keys(const testing::HostKeyCache& cache) {
   for (int64_t j = 0; j < rows; ++j) {
     for (int64_t c = 0; c < dim; ++c) {
       const uint8_t pair = codes[j * dim / 2 + c / 2].bits;
-      values[static_cast<size_t>(j * dim + c)] =
-          e2m1_to_float(c % 2 ? pair >> 4 : pair & 0xF) * e8m0_to_float(scales[j * dim / 32 + c / 32].bits);
+      values[static_cast<size_t>(j * dim + c)] = e2m1_to_float(c % 2 ? pair >> 4 : pair & 0xF) *
+                                                 e8m0_to_float(scales[j * dim / 32 + c / 32].bits);
     }
   }
   return values;
@@ -63,7 +63,8 @@ TEST(CompressedBranchTest, IndexerKeysStoreTheFp4FakeQuantBitForBit) {
   // subnormal-scale values, exact e2m1 ties (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 times 2^-2 with a
   // block max of 6 * 2^-2 = 1.5), mixed signs and -0.
   std::fill_n(x.begin(), 32, 0.0f);
-  for (int64_t c = 32; c < 64; ++c) x[static_cast<size_t>(c)] = (c % 2 ? -1.0f : 1.0f) * 0x1p-127f * c;
+  for (int64_t c = 32; c < 64; ++c)
+    x[static_cast<size_t>(c)] = (c % 2 ? -1.0f : 1.0f) * 0x1p-127f * c;
   for (int64_t c = 64; c < 96; ++c) x[static_cast<size_t>(c)] *= 1e30f;
   const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -0.25f, -2.5f, -5.0f, -0.0f};
   for (int64_t c = 96; c < 128; ++c) {
@@ -93,15 +94,16 @@ TEST(CompressedBranchTest, IndexerKeysStoreTheFp4FakeQuantBitForBit) {
     }
   }
   for (int64_t slot : {0, 9, 17}) {
-    for (int64_t c = 0; c < dim; ++c) EXPECT_EQ(got_first[static_cast<size_t>(slot * dim + c)], 0.0f);
+    for (int64_t c = 0; c < dim; ++c)
+      EXPECT_EQ(got_first[static_cast<size_t>(slot * dim + c)], 0.0f);
   }
 
   // Writes outside the keys or the cache, and a cache of another width, are refused.
   const auto refused = [&](IndexerKeyWrite write) {
     EXPECT_ANY_THROW(write_indexer_keys(view_of(x, {rows, dim}), {&write, 1}));
   };
-  refused({first.keys(), 10, 3, 0});   // rows [10, 13) of 12
-  refused({first.keys(), 0, 3, 18});   // cache rows [18, 21) of 20
+  refused({first.keys(), 10, 3, 0});  // rows [10, 13) of 12
+  refused({first.keys(), 0, 3, 18});  // cache rows [18, 21) of 20
   refused({first.keys(), -1, 1, 0});
   testing::HostKeyCache narrow{Tensor::zeros(DType::kF4E2M1x2, {4, 16}),
                                Tensor::zeros(DType::kF8E8M0, {4, 1})};
@@ -156,8 +158,8 @@ struct IndexerBatchCase {
       key_offsets.push_back(total);
       total += e;
     }
-    key_cache = testing::host_key_cache(random_values(static_cast<size_t>(total * dim), 22), total,
-                                        dim);
+    key_cache =
+        testing::host_key_cache(random_values(static_cast<size_t>(total * dim), 22), total, dim);
   }
   IndexerKeys keys(size_t r) {
     if (entries[r] == 0) return IndexerKeys{};

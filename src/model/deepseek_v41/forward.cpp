@@ -803,8 +803,8 @@ void ForwardPass::publish_compressed(int64_t layer, const TensorView& latents,
     key_writes.clear();
     for (size_t r = 0; r < spans_.size(); ++r) {
       if (targets[r].count == 0) continue;
-      key_writes.push_back({spans_[r].state->index_keys(layer), targets[r].offset,
-                            targets[r].count, targets[r].start});
+      key_writes.push_back({spans_[r].state->index_keys(layer), targets[r].offset, targets[r].count,
+                            targets[r].start});
     }
     ops::write_indexer_keys(keys, key_writes);
   }

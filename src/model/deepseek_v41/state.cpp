@@ -48,10 +48,8 @@ RequestState::RequestState(const DeepseekV41TextConfig& config, StateLimits limi
     const int64_t groups = limits.max_tokens / state.ratio + 1;
     state.compressed_kv = zeroed({groups, config.head_dim}, allocator);
     if (config.is_index_source(layer)) {
-      state.index_key_codes =
-          zeroed({groups, config.index_head_dim}, allocator, DType::kF4E2M1x2);
-      state.index_key_scales =
-          zeroed({groups, key_scale_bytes(config)}, allocator, DType::kF8E8M0);
+      state.index_key_codes = zeroed({groups, config.index_head_dim}, allocator, DType::kF4E2M1x2);
+      state.index_key_scales = zeroed({groups, key_scale_bytes(config)}, allocator, DType::kF8E8M0);
     }
     if (state.ratio > 1) {
       const int64_t pending = state.ratio + limits.max_rollback;

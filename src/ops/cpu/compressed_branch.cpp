@@ -39,8 +39,12 @@ KeyRows key_rows(const IndexerKeys& keys, const char* what) {
                (scales.size(1) == 1 || scales.stride(1) == 1),
            what, ": codes ", codes.to_string(), " and scales ", scales.to_string(),
            " are not fp4 keys with a scale per ", kKeyBlock, " channels");
-  return {static_cast<uint8_t*>(codes.raw_data()), static_cast<uint8_t*>(scales.raw_data()),
-          codes.stride(0) / 2, scales.stride(0), codes.size(0), codes.size(1)};
+  return {static_cast<uint8_t*>(codes.raw_data()),
+          static_cast<uint8_t*>(scales.raw_data()),
+          codes.stride(0) / 2,
+          scales.stride(0),
+          codes.size(0),
+          codes.size(1)};
 }
 
 // One key as f32: exactly the values fake_quant_fp4 left in the f32 rows this cache replaced.
@@ -96,8 +100,8 @@ void write_indexer_keys(const TensorView& keys, std::span<const IndexerKeyWrite>
     DI_CHECK(write.offset >= 0 && write.count > 0 && write.offset + write.count <= x.rows,
              "indexer key write ", w, ": rows [", write.offset, ", +", write.count, ") outside ",
              x.rows, " keys");
-    DI_CHECK(write.start >= 0 && write.start + write.count <= cache.rows, "indexer key write ",
-             w, ": cache rows [", write.start, ", +", write.count, ") outside its ", cache.rows);
+    DI_CHECK(write.start >= 0 && write.start + write.count <= cache.rows, "indexer key write ", w,
+             ": cache rows [", write.start, ", +", write.count, ") outside its ", cache.rows);
     for (int64_t i = 0; i < write.count; ++i) {
       quantize_key(x.row(write.offset + i), x.cols, cache.code_row(write.start + i),
                    cache.scale_row(write.start + i));
@@ -204,9 +208,9 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
     const TensorView rows = out.narrow(0, request.offset, request.count);
     if (entries > 0) {
       cpu::indexer_scores(q.narrow(0, request.offset, request.count), request.keys,
-                     weights.narrow(0, request.offset, request.count),
-                     visible.narrow(0, request.offset, request.count), scale,
-                     rows.narrow(1, 0, entries));
+                          weights.narrow(0, request.offset, request.count),
+                          visible.narrow(0, request.offset, request.count), scale,
+                          rows.narrow(1, 0, entries));
     }
     if (entries == o.cols) continue;
     for (int64_t t = 0; t < request.count; ++t) {

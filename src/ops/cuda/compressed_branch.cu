@@ -59,8 +59,7 @@ DeviceKeys device_keys(const IndexerKeys& keys, const char* what) {
   if (keys.rows() == 0) return result;
   const TensorView& codes = keys.codes;
   const TensorView& scales = keys.scales;
-  DI_CHECK(codes.device().is_cuda() && scales.device().is_cuda(), what,
-           " is not in device memory");
+  DI_CHECK(codes.device().is_cuda() && scales.device().is_cuda(), what, " is not in device memory");
   DI_CHECK(codes.dtype() == DType::kF4E2M1x2 && scales.dtype() == DType::kF8E8M0 &&
                codes.rank() == 2 && scales.rank() == 2 && scales.size(0) == codes.size(0) &&
                codes.size(1) % kKeyBlock == 0 && scales.size(1) == codes.size(1) / kKeyBlock &&
@@ -95,8 +94,9 @@ __device__ __forceinline__ uint32_t e8m0_pow2_ceil_code(float t) {
 // e2m1 code of a value on the e2m1 grid (sign in bit 3).
 __device__ __forceinline__ uint32_t e2m1_code(float value) {
   const float m = fabsf(value);
-  const uint32_t magnitude = m < 2.0f ? static_cast<uint32_t>(2.0f * m)
-                                      : (m < 4.0f ? 2u + static_cast<uint32_t>(m) : (m == 4.0f ? 6u : 7u));
+  const uint32_t magnitude =
+      m < 2.0f ? static_cast<uint32_t>(2.0f * m)
+               : (m < 4.0f ? 2u + static_cast<uint32_t>(m) : (m == 4.0f ? 6u : 7u));
   return magnitude | (signbit(value) ? 8u : 0u);
 }
 
@@ -388,9 +388,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
   for (int n = 0; n < kKeyTilesPerWarp; ++n) {
     const int64_t key = warp_begin + n * 8 + group;
-    const LaneCodes<kDim> lane_codes = load_lane_codes<kDim, false>(
-        chunk.codes, chunk.scales, chunk.code_stride, chunk.scale_stride, key,
-        key < chunk.entries, quad);
+    const LaneCodes<kDim> lane_codes =
+        load_lane_codes<kDim, false>(chunk.codes, chunk.scales, chunk.code_stride,
+                                     chunk.scale_stride, key, key < chunk.entries, quad);
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
       key_pairs[n][s][0] = lane_pair_bf16x2(lane_codes, 2 * s);
@@ -621,9 +621,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
       float acc[kDecodeHeadTiles][4] = {};
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
-        const uint32_t a[4] = {
-            lane_pair_bf16x2(keys[0], 2 * s), lane_pair_bf16x2(keys[1], 2 * s),
-            lane_pair_bf16x2(keys[0], 2 * s + 1), lane_pair_bf16x2(keys[1], 2 * s + 1)};
+        const uint32_t a[4] = {lane_pair_bf16x2(keys[0], 2 * s), lane_pair_bf16x2(keys[1], 2 * s),
+                               lane_pair_bf16x2(keys[0], 2 * s + 1),
+                               lane_pair_bf16x2(keys[1], 2 * s + 1)};
 #pragma unroll
         for (int n = 0; n < kDecodeHeadTiles; ++n) {
           mma_bf16_m16n8k16(a, q_pairs[n][s][0], q_pairs[n][s][1], acc[n]);
@@ -1321,9 +1321,9 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
       }
       if (entries > 0) {
         cuda::indexer_scores(q.narrow(0, request.offset, request.count), request.keys,
-                       weights.narrow(0, request.offset, request.count),
-                       visible.narrow(0, request.offset, request.count), scale,
-                       rows.narrow(1, 0, entries));
+                             weights.narrow(0, request.offset, request.count),
+                             visible.narrow(0, request.offset, request.count), scale,
+                             rows.narrow(1, 0, entries));
       }
     }
     return;
