@@ -206,7 +206,8 @@ struct IndexerKeyWrite {
 // Quantizes keys [G, D] f32 (D % 32 == 0) to e2m1 with a ue8m0 scale per 32 channels, exactly
 // as fake_quant_fp4(keys, 32, kUe8m0) rounds them (the stored values are its output bit for
 // bit), and writes each request's rows into its cache. The writes' rows must lie inside the
-// call's keys and each cache; `keys` is not modified.
+// call's keys and each cache, and no cache row may be written twice in one call (the CUDA
+// version writes all rows at once); `keys` is not modified.
 void write_indexer_keys(const TensorView& keys, std::span<const IndexerKeyWrite> writes);
 
 // Indexer scores: out[t, j] = sum_h weights[t, h] * relu(q[t, h, :] . keys[j, :]) * scale for

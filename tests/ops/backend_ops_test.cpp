@@ -586,10 +586,11 @@ TEST_F(BackendOpsTest, WriteIndexerKeys) {
                       Tensor::zeros(DType::kF8E8M0, scales_shape)};
     Tensor codes = gpu(want.codes.view()), scales = gpu(want.scales.view());
     const IndexerKeys device{codes.view(), scales.view()};
-    // Rows in two writes, at other cache rows than their call rows.
-    const std::vector<IndexerKeyWrite> host_writes = {{want.keys(), 0, 200, 7},
+    // Rows in two writes, at other cache rows than their call rows (cache rows 100-106 unwritten).
+    const std::vector<IndexerKeyWrite> host_writes = {{want.keys(), 0, 200, 107},
                                                       {want.keys(), 200, 100, 0}};
-    const std::vector<IndexerKeyWrite> device_writes = {{device, 0, 200, 7}, {device, 200, 100, 0}};
+    const std::vector<IndexerKeyWrite> device_writes = {{device, 0, 200, 107},
+                                                        {device, 200, 100, 0}};
     write_indexer_keys(x, host_writes);
     cuda::write_indexer_keys(dx, device_writes);
     const std::string what = std::to_string(dim) + " channels";
