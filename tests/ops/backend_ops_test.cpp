@@ -558,9 +558,10 @@ struct KeyCachePair {
   IndexerKeys device() const { return {codes.view(), scales.view()}; }
 };
 
-KeyCachePair key_cache_pair(int64_t rows, int64_t dim, uint32_t seed) {
+KeyCachePair key_cache_pair(int64_t rows, int64_t dim, uint32_t seed, float magnitude = 1.0f) {
   KeyCachePair pair;
-  pair.host = host_key_cache(random_values(static_cast<size_t>(rows * dim), seed), rows, dim);
+  pair.host = host_key_cache(random_values(static_cast<size_t>(rows * dim), seed, magnitude),
+                             rows, dim);
   pair.codes = gpu(pair.host.codes.view());
   pair.scales = gpu(pair.host.scales.view());
   return pair;
@@ -632,6 +633,7 @@ struct IndexerBatchShape {
   std::vector<int64_t> entries;
   int64_t extra_width = 0;  // columns past every request's keys
   bool fp4 = true;          // q as the forward quantizes it (exact in bf16); keys always are
+  float key_magnitude = 1.0f;  // the keys' values before quantization lie in +-key_magnitude
 };
 
 Tensor indexer_input(Shape shape, uint32_t seed, bool fp4) {
@@ -688,7 +690,8 @@ void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed,
   std::vector<IndexerRequest> host_requests, device_requests;
   for (size_t r = 0; r < request_count; ++r) {
     keys.push_back(
-        key_cache_pair(shape.entries[r], shape.dim, seed + 2 + static_cast<uint32_t>(r)));
+        key_cache_pair(shape.entries[r], shape.dim, seed + 2 + static_cast<uint32_t>(r),
+                       shape.key_magnitude));
     host_requests.push_back({keys.back().host.keys(), offsets[r], shape.counts[r]});
     device_requests.push_back({keys.back().device(), offsets[r], shape.counts[r]});
   }
@@ -768,6 +771,14 @@ TEST_F(BackendOpsTest, IndexerScoresBatchInvarianceOff) {
   check_indexer_batch({"2 heads x 32 decode", 2, 32, {1, 1, 3}, {300, 33, 70}, 5}, 92);
   check_indexer_batch(
       {"64 heads x 128 decode (> 32 heads: the MMA kernel)", 64, 128, {1, 1}, {513, 40}, 0}, 93);
+  // Key scales far from 1 (the decode kernel folds 2^126 x scale into a bf16 factor: exact for
+  // scales 2^-68 to 2^65, so 2^40 and 2^-60 keys score as the reference does).
+  for (const float magnitude : {0x1p40f, 0x1p-60f}) {
+    IndexerBatchShape shape{"32 heads x 128 decode, keys of magnitude " + std::to_string(magnitude),
+                            32, 128, {1, 1}, {700, 33}, 0};
+    shape.key_magnitude = magnitude;
+    check_indexer_batch(shape, 95);
+  }
   check_indexer_batch({"2 heads x 32", 2, 32, {1, 70, 0, 3}, {300, 40, 5, 0}, 7}, 70);
   check_indexer_batch({"32 heads x 128", 32, 128, {130, 1}, {300, 600}, 0}, 75);
   for (const ModelShapes& s : all_shapes()) {

@@ -2,7 +2,9 @@
 // two-level top-k selection. Both selections use one exact per-row top-k: a radix select finds
 // the k-th largest key, then one ordered pass keeps everything above it and the lowest-index
 // ties at it, which is the CPU reference's "larger first, then lower index" order.
+#include <cuda_bf16.h>
 #include <algorithm>
+#include <cstddef>
 #include <cub/block/block_scan.cuh>
 #include <limits>
 #include <vector>
@@ -251,9 +253,9 @@ struct LaneCodes {
   float scale;
 };
 
-// Lane quad `quad`'s code bytes and scale of key `key` (zeros when absent). Streaming loads for
-// the decode kernel (each key is read once), read-only-cache loads for the prefill kernel.
-template <int kDim, bool kStreaming>
+// Lane quad `quad`'s code bytes and scale of key `key` (zeros when absent), through the
+// read-only cache.
+template <int kDim>
 __device__ __forceinline__ LaneCodes<kDim> load_lane_codes(const uint8_t* codes,
                                                            const uint8_t* scales,
                                                            int64_t code_stride,
@@ -264,20 +266,17 @@ __device__ __forceinline__ LaneCodes<kDim> load_lane_codes(const uint8_t* codes,
   if (!present) return lane;
   const uint8_t* source = codes + key * code_stride + quad * (kDim / 8);
   if constexpr (kDim == 128) {
-    const uint4 v = kStreaming ? __ldcs(reinterpret_cast<const uint4*>(source))
-                               : __ldg(reinterpret_cast<const uint4*>(source));
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(source));
     lane.words[0] = v.x;
     lane.words[1] = v.y;
     lane.words[2] = v.z;
     lane.words[3] = v.w;
   } else if constexpr (kDim == 64) {
-    const uint2 v = kStreaming ? __ldcs(reinterpret_cast<const uint2*>(source))
-                               : __ldg(reinterpret_cast<const uint2*>(source));
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(source));
     lane.words[0] = v.x;
     lane.words[1] = v.y;
   } else {
-    lane.words[0] = kStreaming ? __ldcs(reinterpret_cast<const unsigned int*>(source))
-                               : __ldg(reinterpret_cast<const unsigned int*>(source));
+    lane.words[0] = __ldg(reinterpret_cast<const unsigned int*>(source));
   }
   lane.scale = e8m0_to_float(scales[key * scale_stride + quad * kDim / 128]);
   return lane;
@@ -301,6 +300,43 @@ __device__ __forceinline__ uint32_t lane_pair_bf16x2(const LaneCodes<kDim>& lane
   const int shift = 8 * (byte % 4);
   return pack_bf16x2(e2m1_bits_as_float(word, shift) * 0x1p126f * lane.scale,
                      e2m1_bits_as_float(word, shift + 4) * 0x1p126f * lane.scale);
+}
+
+// The decode kernel's cheaper conversion (the invariant kernels keep lane_pair_bf16x2's k map and
+// bits). Nibbles j and j + 4 of a code word (channels 8i + j and 8i + j + 4 of the lane's word
+// i, j < 4) lie 16 bits apart, as the two halves of a bf16x2 do, so one pair of shifts and masks
+// places both: magnitude bits in the bf16 exponent's low bits and mantissa's top bit, sign in
+// bit 15, each half 2^-126 times its e2m1 value (the subnormal 0.5 the bf16 subnormal 2^-127).
+// 4 integer operations for two channels against lane_pair_bf16x2's ~14 with two f32 multiplies.
+__device__ __forceinline__ uint32_t e2m1_pair_bits_bf16x2(uint32_t word, int j) {
+  const uint32_t shifted = word >> (4 * j);
+  return ((shifted << 6) & 0x01C001C0u) | ((shifted << 12) & 0x80008000u);
+}
+
+// The decode kernel's q carries 2^64 (its bf16 rounding unchanged: a power of two) and each key
+// 2^-64, so a key's factor, 2^126 x scale x 2^-64 = 2^(E - 65) for the ue8m0 exponent E, is a
+// normal bf16 for every E in [0, 192] (scales to 2^65; 2^126 x scale alone overflows from
+// E = 129, a scale of 4). The products are the exact products; the epilogue takes 2^-64 out with
+// the score scale (exact: powers of two).
+constexpr float kDecodeQFactor = 0x1p64f;
+constexpr float kDecodeScoreFactor = 0x1p-64f;
+
+// The factor in both bf16 halves, from the scale byte: exponent field E + 62 (a select, no
+// branch, keeps the NaN scale 0xFF a NaN).
+__device__ __forceinline__ __nv_bfloat162 decode_key_factor_bf16x2(uint32_t scale_exponent) {
+  const uint32_t bits =
+      scale_exponent == 0xFFu ? 0x7FC07FC0u : (scale_exponent + 62u) * 0x00800080u;
+  return *reinterpret_cast<const __nv_bfloat162*>(&bits);
+}
+
+// One bf16x2 multiply takes a pair above to value x scale x 2^-64, exactly (a power of two times
+// a 2-significant-bit value; bf16 arithmetic keeps subnormals on SM90, so the 0.5 code's 2^-127
+// input is not flushed, and the products stay exact down to scales of 2^-68).
+__device__ __forceinline__ uint32_t scaled_e2m1_pair_bf16x2(uint32_t word, int j,
+                                                            __nv_bfloat162 factor) {
+  const uint32_t bits = e2m1_pair_bits_bf16x2(word, j);
+  const __nv_bfloat162 product = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits), factor);
+  return *reinterpret_cast<const uint32_t*>(&product);
 }
 
 // 4 bytes global -> shared (one weight; weight rows need not be 16-byte aligned).
@@ -389,8 +425,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   for (int n = 0; n < kKeyTilesPerWarp; ++n) {
     const int64_t key = warp_begin + n * 8 + group;
     const LaneCodes<kDim> lane_codes =
-        load_lane_codes<kDim, false>(chunk.codes, chunk.scales, chunk.code_stride,
-                                     chunk.scale_stride, key, key < chunk.entries, quad);
+        load_lane_codes<kDim>(chunk.codes, chunk.scales, chunk.code_stride, chunk.scale_stride, key,
+                              key < chunk.entries, quad);
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
       key_pairs[n][s][0] = lane_pair_bf16x2(lane_codes, 2 * s);
@@ -515,14 +551,16 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 // A decode request (one token) shares nothing across its keys but the token's q, so the block
 // above (256 keys as B fragments, then one token's 64 MMAs a warp) is latency-bound at decode:
 // each block lives for one load of its keys, with its q staging, barriers and conversion in
-// series around it. Here the keys are the MMA's M side (16 keys a tile, A fragments loaded
-// straight from global memory as float4, never staged) and the token's heads its N side (the q
-// B fragments stay in registers for the block's whole key range), and each warp streams its
-// tiles with the next tile's loads in flight while it multiplies the current one. A key's heads
+// series around it. Here the keys are the MMA's M side (16 keys a tile, A fragments read from
+// the warp's cp.async ring, below) and the token's heads its N side (the q B fragments stay in
+// registers for the block's whole key range), and each warp streams its tiles with the next
+// three tiles' copies in flight while it multiplies the current one. A key's heads
 // reduce within its lane quad (2 shuffles, not the 3-level butterfly over 8 lane groups).
-// The products are the same exact bf16 products; the head sum runs in another fixed order
-// (per lane heads 8n + 2c, 8n + 2c + 1 for n ascending, then lane quads xor 1, xor 2), so the
-// bits differ from indexer_scores_mma_kernel's by the order of the f32 additions alone. The
+// The products are the same exact bf16 products (the codes converted by
+// scaled_e2m1_pair_bf16x2, whose k map pairs channels j, j + 4); the channels enter the MMAs
+// in that other k order and the head sum runs in another fixed order (per lane heads 8n + 2c,
+// 8n + 2c + 1 for n ascending, then lane quads xor 1, xor 2), so the bits differ from
+// indexer_scores_mma_kernel's by the order of the f32 additions alone. The
 // order depends only on the key's index mod 16 and the head count: a row's scores do not depend
 // on the call's other requests or the grid (still batch invariant, but not the invariant path's
 // bits, hence gated on ops::batch_invariant()).
@@ -545,50 +583,113 @@ struct DecodeIndexerRow {
 // indexer_scores_mma_kernel (the A/B baseline).
 RuntimeSwitch kIndexerDecodeKernel{"DEEPINFER_INDEXER_DECODE", true};
 
+// Each warp streams its tiles through a private ring of kDecodeStages shared-memory slots filled
+// by cp.async: kDecodeStages - 1 tiles (3 KB at dim 128) in flight a warp while it multiplies
+// one, none of them in registers (the q fragments hold 64). One copy a lane vector of codes
+// (dim / 8 bytes, the loads' old size and alignment) and the tile's packed scale bytes in 4-byte
+// copies; keys at or past `limit` are zero-filled, never read. Key indices are 32-bit (the host
+// checks the width).
+constexpr int kDecodeStages = 4;
+
+template <int kDim>
+struct DecodeSlot {
+  static constexpr int kCodeBytes = kDecodeKeysPerTile * kDim / 2;
+  static constexpr int kScaleBytes = kDecodeKeysPerTile * kDim / 32;
+  alignas(16) uint8_t codes[kCodeBytes];  // key-major rows of dim / 2 bytes
+  alignas(4) uint8_t scales[kScaleBytes];
+};
+
+// dst <- src-size bytes of src, the rest of cp-size zero-filled (src-size 0 reads nothing).
+template <int kBytes>
+__device__ __forceinline__ void copy_async_zfill(uint32_t shared, const void* global,
+                                                 int source_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared), "l"(global),
+               "n"(kBytes), "r"(source_bytes)
+               : "memory");
+}
+
 template <int kDim>
 __global__ void __launch_bounds__(kDecodeThreads, 2)
     indexer_decode_scores_kernel(const DecodeIndexerRow* rows, DeviceRows<const float> q, int heads,
                                  DeviceRows<const float> weights, const int32_t* visible,
                                  float scale, int tiles_per_warp, DeviceRows<float> out) {
-  static_assert(kDim % 16 == 0, "dim must be a whole number of MMA k steps");
+  static_assert(kDim % 32 == 0 && kDim <= 128, "lane vectors of dim / 8 bytes under one scale");
   constexpr int kKSteps = kDim / 16;
   constexpr int kRowWords = staged_row_words(kDim);
+  constexpr int kVectorBytes = kDim / 8;  // a lane quad's share of a key
+  constexpr int kKeyScaleBytes = kDim / 32;
+  constexpr int kScaleCopies = DecodeSlot<kDim>::kScaleBytes / 4;
+  using Slot = DecodeSlot<kDim>;
   __shared__ uint32_t staged[kDecodeMaxHeads * kRowWords];  // bf16 q rows, zero past `heads`
+  __shared__ Slot slots[kDecodeWarps][kDecodeStages];
   const DecodeIndexerRow row = rows[blockIdx.y];
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int group = lane >> 2;
   const int quad = lane & 3;
   const int64_t t = row.token;
-  const int64_t limit = deepinfer::cuda::min64(visible[t], row.entries);
-  const int64_t width = out.cols;
+  const int limit = static_cast<int>(deepinfer::cuda::min64(visible[t], row.entries));
+  const int width = static_cast<int>(out.cols);
   float* y = out.row(t);
-  const int64_t first_tile = static_cast<int64_t>(blockIdx.x) * kDecodeWarps * tiles_per_warp;
-  const int64_t width_tiles = (width + kDecodeKeysPerTile - 1) / kDecodeKeysPerTile;
-  auto tile_of = [&](int i) { return first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i; };
-  // Keys at or past `limit` load as zeros (their scores are written as -inf).
-  using Codes = LaneCodes<kDim>;
-  auto load = [&](int64_t tile, Codes(&keys)[2]) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t key = tile * kDecodeKeysPerTile + group + 8 * half;
-      keys[half] = load_lane_codes<kDim, true>(row.codes, row.scales, row.code_stride,
-                                               row.scale_stride, key, key < limit, quad);
+  const int width_tiles = (width + kDecodeKeysPerTile - 1) / kDecodeKeysPerTile;
+  // Warp w takes tiles first + w + 8 i, i < tiles_per_warp: the block's warps read adjacent keys.
+  const int first_tile = static_cast<int>(blockIdx.x) * kDecodeWarps * tiles_per_warp + warp;
+  const int warp_tiles =
+      first_tile < width_tiles
+          ? min(tiles_per_warp, (width_tiles - first_tile + kDecodeWarps - 1) / kDecodeWarps)
+          : 0;
+  // The lane's two code copies a tile: keys lane / 4 and lane / 4 + 8, vector lane % 4 (the
+  // host keeps the code stride 32-bit).
+  const int copy_key = lane / 4;
+  const int code_stride = static_cast<int>(row.code_stride);
+  const int copy_offset = copy_key * code_stride + (lane % 4) * kVectorBytes;
+  const uint32_t slot_base = shared_address(&slots[warp][0]);
+  const uint32_t copy_slot_offset = copy_key * (kDim / 2) + (lane % 4) * kVectorBytes;
+  // Tile i's copies into slot i % kDecodeStages; a tile wholly past `limit` copies nothing (its
+  // scores are -inf without reading the slot). Always one commit group a call.
+  auto issue = [&](int i) {
+    const int tile_key = (first_tile + kDecodeWarps * i) * kDecodeKeysPerTile;
+    if (i < warp_tiles && tile_key < limit) {
+      const uint32_t slot = slot_base + (i % kDecodeStages) * sizeof(Slot);
+      const uint8_t* tile_codes = row.codes + static_cast<int64_t>(tile_key) * row.code_stride;
+      const bool first_present = tile_key + copy_key < limit;
+      const bool second_present = tile_key + copy_key + 8 < limit;
+      copy_async_zfill<kVectorBytes>(slot + copy_slot_offset,
+                                     first_present ? tile_codes + copy_offset : row.codes,
+                                     first_present ? kVectorBytes : 0);
+      copy_async_zfill<kVectorBytes>(
+          slot + copy_slot_offset + 8 * (kDim / 2),
+          second_present ? tile_codes + copy_offset + 8 * code_stride : row.codes,
+          second_present ? kVectorBytes : 0);
+      if (lane < kScaleCopies) {
+        // Packed scale rows (scale_stride == dim / 32): the tile's scales are one span.
+        const int first_byte = tile_key * kKeyScaleBytes + 4 * lane;
+        const int bytes = max(0, min(4, limit * kKeyScaleBytes - first_byte));
+        copy_async_zfill<4>(slot + offsetof(Slot, scales) + 4 * lane,
+                            bytes > 0 ? row.scales + first_byte : row.scales, bytes);
+      }
     }
+    commit_copies();
   };
-  // The first tile's keys are in flight while the block stages q.
-  Codes current[2];
-  Codes next[2];
-  if (tile_of(0) < width_tiles) load(tile_of(0), current);
+#pragma unroll
+  for (int i = 0; i < kDecodeStages - 1; ++i) issue(i);  // in flight while the block stages q
 
+  // q (times kDecodeQFactor) in the decode k map (scaled_e2m1_pair_bf16x2's): step s of quad c
+  // takes the lane's word s / 2, its nibble pairs (j, j + 4) for j = 2 (s % 2) (register 0) and
+  // j + 1 (register 1), so staged word 8s + 2c + r holds channels ch and ch + 4,
+  // ch = c dim/4 + 8 (s/2) + 2 (s%2) + r.
   const float* q_row = q.row(t);
-  for (int i = threadIdx.x; i < kDecodeMaxHeads * (kDim / 4); i += kDecodeThreads) {
-    const int h = i / (kDim / 4);
-    const int d4 = i - h * (kDim / 4);
-    const float4 v = h < heads ? __ldg(reinterpret_cast<const float4*>(q_row) + h * (kDim / 4) + d4)
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    *reinterpret_cast<uint2*>(staged + h * kRowWords + staged_quad_word<kDim>(d4)) =
-        make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+  for (int i = threadIdx.x; i < kDecodeMaxHeads * (kDim / 2); i += kDecodeThreads) {
+    const int h = i / (kDim / 2);
+    const int w = i - h * (kDim / 2);
+    const int s = w / 8;
+    const int c = (w % 8) / 2;
+    const int r = w % 2;
+    const int ch = c * (kDim / 4) + 8 * (s / 2) + 2 * (s % 2) + r;
+    const float* head_q = q_row + h * kDim;
+    staged[h * kRowWords + w] = h < heads ? pack_bf16x2(__ldg(head_q + ch) * kDecodeQFactor,
+                                                        __ldg(head_q + ch + 4) * kDecodeQFactor)
+                                          : 0u;
   }
   // The lane's C columns are heads 8n + 2c and 8n + 2c + 1; padding heads weigh zero.
   float head_weights[kDecodeHeadTiles][2];
@@ -600,6 +701,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
       head_weights[n][column] = h < heads ? weights.row(t)[h] : 0.0f;
     }
   }
+  const float score_scale = scale * kDecodeScoreFactor;
   __syncthreads();
   uint32_t q_pairs[kDecodeHeadTiles][kKSteps][2];
 #pragma unroll
@@ -613,17 +715,50 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     }
   }
 
-  // Warp w takes tiles first + w + 8 i, i < tiles_per_warp: the block's warps read adjacent keys.
-  auto score = [&](int64_t tile, const Codes(&keys)[2]) {
-    const int64_t tile_key = tile * kDecodeKeysPerTile;
+  // The lane's code words of key `key` (row g or g + 8 of the A tile) in a slot.
+  struct KeyWords {
+    uint32_t words[kDim / 32];
+  };
+  auto key_words = [&](const Slot& slot, int key) {
+    KeyWords codes;
+    const uint8_t* source = slot.codes + key * (kDim / 2) + quad * kVectorBytes;
+    if constexpr (kDim == 128) {
+      const uint4 v = *reinterpret_cast<const uint4*>(source);
+      codes.words[0] = v.x;
+      codes.words[1] = v.y;
+      codes.words[2] = v.z;
+      codes.words[3] = v.w;
+    } else if constexpr (kDim == 64) {
+      const uint2 v = *reinterpret_cast<const uint2*>(source);
+      codes.words[0] = v.x;
+      codes.words[1] = v.y;
+    } else {
+      codes.words[0] = *reinterpret_cast<const uint32_t*>(source);
+    }
+    return codes;
+  };
+  auto key_factor = [&](const Slot& slot, int key) {
+    return decode_key_factor_bf16x2(slot.scales[key * kKeyScaleBytes + quad * kDim / 128]);
+  };
+
+  for (int i = 0; i < warp_tiles; ++i) {
+    wait_copies<kDecodeStages - 2>();  // this lane's copies of tile i have landed
+    __syncwarp();  // and every lane's; the slot tile i - 1 read is free for tile i + stages - 1
+    issue(i + kDecodeStages - 1);
+    const int tile_key = (first_tile + kDecodeWarps * i) * kDecodeKeysPerTile;
     float sums[2] = {0.0f, 0.0f};  // keys tile_key + group, + group + 8
     if (tile_key < limit) {
+      const Slot& slot = slots[warp][i % kDecodeStages];
+      const KeyWords keys[2] = {key_words(slot, group), key_words(slot, group + 8)};
+      const __nv_bfloat162 factors[2] = {key_factor(slot, group), key_factor(slot, group + 8)};
       float acc[kDecodeHeadTiles][4] = {};
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
-        const uint32_t a[4] = {lane_pair_bf16x2(keys[0], 2 * s), lane_pair_bf16x2(keys[1], 2 * s),
-                               lane_pair_bf16x2(keys[0], 2 * s + 1),
-                               lane_pair_bf16x2(keys[1], 2 * s + 1)};
+        const int j = 2 * (s % 2);
+        const uint32_t a[4] = {scaled_e2m1_pair_bf16x2(keys[0].words[s / 2], j, factors[0]),
+                               scaled_e2m1_pair_bf16x2(keys[1].words[s / 2], j, factors[1]),
+                               scaled_e2m1_pair_bf16x2(keys[0].words[s / 2], j + 1, factors[0]),
+                               scaled_e2m1_pair_bf16x2(keys[1].words[s / 2], j + 1, factors[1])};
 #pragma unroll
         for (int n = 0; n < kDecodeHeadTiles; ++n) {
           mma_bf16_m16n8k16(a, q_pairs[n][s][0], q_pairs[n][s][1], acc[n]);
@@ -633,9 +768,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
       for (int n = 0; n < kDecodeHeadTiles; ++n) {
 #pragma unroll
         for (int column = 0; column < 2; ++column) {
-          sums[0] = __fadd_rn(sums[0], head_term(acc[n][column], scale, head_weights[n][column]));
-          sums[1] =
-              __fadd_rn(sums[1], head_term(acc[n][column + 2], scale, head_weights[n][column]));
+          sums[0] =
+              __fadd_rn(sums[0], head_term(acc[n][column], score_scale, head_weights[n][column]));
+          sums[1] = __fadd_rn(sums[1],
+                              head_term(acc[n][column + 2], score_scale, head_weights[n][column]));
         }
       }
 #pragma unroll
@@ -646,19 +782,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     }
     // Lanes of quad position 0 write key g, position 1 key g + 8: 16 adjacent scores.
     if (quad < 2) {
-      const int64_t j = tile_key + group + 8 * quad;
-      if (j < width) y[j] = j < limit ? sums[quad] : -INFINITY;
+      const int j = tile_key + group + 8 * quad;
+      if (j < width) y[j] = j < limit ? (quad == 0 ? sums[0] : sums[1]) : -INFINITY;
     }
-  };
-
-  for (int i = 0; i < tiles_per_warp && tile_of(i) < width_tiles; i += 2) {
-    const bool second = i + 1 < tiles_per_warp && tile_of(i + 1) < width_tiles;
-    if (second) load(tile_of(i + 1), next);
-    score(tile_of(i), current);
-    if (!second) break;
-    if (i + 2 < tiles_per_warp && tile_of(i + 2) < width_tiles) load(tile_of(i + 2), current);
-    score(tile_of(i + 1), next);
   }
+  wait_copies<0>();  // the ring's last (empty) groups, before the block's shared memory goes
 }
 
 // Float -> unsigned key with the same order (-0 folded onto +0, as float comparison does).
@@ -1225,8 +1353,9 @@ void launch_indexer_decode(const std::vector<DecodeIndexerRow>& rows, int64_t wi
   deepinfer::cuda::StreamBuffer table(rows.size() * sizeof(DecodeIndexerRow));
   const DecodeIndexerRow* device_rows_table =
       deepinfer::cuda::upload(table, rows.data(), rows.size());
-  // One block per SM fits (the registers): ~8 blocks an SM in all, so the last wave is a small
-  // share of the call, and at least 2 tiles a warp for the double buffer.
+  // Two blocks an SM fit (registers, 44 KB of shared memory): ~8 blocks an SM in all, so the last
+  // wave is a small share of the call, and at least 2 tiles a warp (the ring's prologue copies are
+  // wasted on fewer).
   const int64_t row_count = static_cast<int64_t>(rows.size());
   const int64_t tiles = (width + kDecodeKeysPerTile - 1) / kDecodeKeysPerTile;
   const int64_t blocks_per_row = std::max<int64_t>(1, (8 * sms + row_count - 1) / row_count);
@@ -1236,6 +1365,12 @@ void launch_indexer_decode(const std::vector<DecodeIndexerRow>& rows, int64_t wi
       (tiles + kDecodeWarps * tiles_per_warp - 1) / (kDecodeWarps * tiles_per_warp);
   DI_CHECK(rows.size() <= 65535, "indexer_scores_batch: ", rows.size(),
            " decode rows exceed one launch");
+  DI_CHECK(width <= (int64_t{1} << 28), "indexer_scores_batch: ", width,
+           " score columns exceed the decode kernel's 32-bit key indices");
+  for (const DecodeIndexerRow& row : rows) {
+    DI_CHECK(row.code_stride <= (int64_t{1} << 20), "indexer_scores_batch: key rows ",
+             row.code_stride, " bytes apart exceed the decode kernel's 32-bit offsets");
+  }
   const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(rows.size()));
   indexer_decode_scores_kernel<kDim><<<grid, kDecodeThreads, 0, current_stream()>>>(
       device_rows_table, q, heads, weights, visible, scale, static_cast<int>(tiles_per_warp), out);
@@ -1270,6 +1405,7 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
   std::vector<DecodeIndexerRow> decode_rows;
   std::vector<IndexerChunk> other_chunks;  // chunks of the requests not in decode_rows
   std::vector<int32_t> owner(static_cast<size_t>(tokens), -1);
+  bool decode_scales_packed = true;
   for (size_t r = 0; r < requests.size(); ++r) {
     const IndexerRequest& request = requests[r];
     DI_CHECK(request.offset >= 0 && request.count >= 0 && request.offset + request.count <= tokens,
@@ -1304,6 +1440,10 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
     if (request.count == 1) {
       decode_rows.push_back({chunk.codes, chunk.scales, chunk.code_stride, chunk.scale_stride,
                              chunk.entries, request.offset});
+      // The decode kernel copies a tile's scales as one span of 4-byte words.
+      decode_scales_packed = decode_scales_packed &&
+                             (chunk.entries == 0 || (chunk.scale_stride == dim / 32 &&
+                                                     deepinfer::cuda::aligned_to(chunk.scales, 4)));
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
@@ -1330,7 +1470,7 @@ void indexer_scores_batch(const TensorView& q, std::span<const IndexerRequest> r
   }
   const int head_count = static_cast<int>(heads);
   if (!ops::batch_invariant() && kIndexerDecodeKernel.enabled() && heads <= kDecodeMaxHeads &&
-      !decode_rows.empty()) {
+      decode_scales_packed && !decode_rows.empty()) {
     if (dim == 32) {
       launch_indexer_decode<32>(decode_rows, width, qr, head_count, w, vis, scale, o);
     } else if (dim == 64) {
