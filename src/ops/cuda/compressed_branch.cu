@@ -316,10 +316,8 @@ __device__ __forceinline__ uint32_t e2m1_pair_bits_bf16x2(uint32_t word, int j) 
 // The decode kernel's q carries 2^64 (its bf16 rounding unchanged: a power of two) and each key
 // 2^-64, so a key's factor, 2^126 x scale x 2^-64 = 2^(E - 65) for the ue8m0 exponent E, is a
 // normal bf16 for every E in [0, 192] (scales to 2^65; 2^126 x scale alone overflows from
-// E = 129, a scale of 4). The products are the exact products; the epilogue takes 2^-64 out with
-// the score scale (exact: powers of two).
+// E = 129, a scale of 4). The two powers cancel in each product: the MMA sees the exact products.
 constexpr float kDecodeQFactor = 0x1p64f;
-constexpr float kDecodeScoreFactor = 0x1p-64f;
 
 // The factor in both bf16 halves, from the scale byte: exponent field E + 62 (a select, no
 // branch, keeps the NaN scale 0xFF a NaN).
@@ -662,11 +660,23 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
           second_present ? tile_codes + copy_offset + 8 * code_stride : row.codes,
           second_present ? kVectorBytes : 0);
       if (lane < kScaleCopies) {
-        // Packed scale rows (scale_stride == dim / 32): the tile's scales are one span.
+        // Packed scale rows (scale_stride == dim / 32): the tile's scales are one span. A word
+        // the last key ends inside (dim < 128) is read byte by byte: a 4-byte copy would read
+        // past the cache's last row.
         const int first_byte = tile_key * kKeyScaleBytes + 4 * lane;
-        const int bytes = max(0, min(4, limit * kKeyScaleBytes - first_byte));
-        copy_async_zfill<4>(slot + offsetof(Slot, scales) + 4 * lane,
-                            bytes > 0 ? row.scales + first_byte : row.scales, bytes);
+        const int valid = limit * kKeyScaleBytes - first_byte;
+        const uint32_t destination = slot + offsetof(Slot, scales) + 4 * lane;
+        if (valid >= 4) {
+          copy_async_zfill<4>(destination, row.scales + first_byte, 4);
+        } else {
+          uint32_t word = 0;
+          if constexpr (kKeyScaleBytes < 4) {  // at dim 128 a word is one key's: all or none
+            for (int b = 0; b < valid; ++b) {
+              word |= static_cast<uint32_t>(row.scales[first_byte + b]) << (8 * b);
+            }
+          }
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(destination), "r"(word) : "memory");
+        }
       }
     }
     commit_copies();
@@ -701,7 +711,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
       head_weights[n][column] = h < heads ? weights.row(t)[h] : 0.0f;
     }
   }
-  const float score_scale = scale * kDecodeScoreFactor;
   __syncthreads();
   uint32_t q_pairs[kDecodeHeadTiles][kKSteps][2];
 #pragma unroll
@@ -768,10 +777,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
       for (int n = 0; n < kDecodeHeadTiles; ++n) {
 #pragma unroll
         for (int column = 0; column < 2; ++column) {
-          sums[0] =
-              __fadd_rn(sums[0], head_term(acc[n][column], score_scale, head_weights[n][column]));
-          sums[1] = __fadd_rn(sums[1],
-                              head_term(acc[n][column + 2], score_scale, head_weights[n][column]));
+          sums[0] = __fadd_rn(sums[0], head_term(acc[n][column], scale, head_weights[n][column]));
+          sums[1] =
+              __fadd_rn(sums[1], head_term(acc[n][column + 2], scale, head_weights[n][column]));
         }
       }
 #pragma unroll
