@@ -100,6 +100,18 @@ void write_indexer_keys(const TensorView& keys, std::span<const IndexerKeyWrite>
   DI_DISPATCH(keys, write_indexer_keys(keys, writes));
 }
 
+void check_indexer_key_write(size_t index, const IndexerKeyWrite& write, int64_t cache_rows,
+                             int64_t cache_dim, int64_t key_rows, int64_t key_dim,
+                             const TensorView& keys) {
+  DI_CHECK(cache_dim == key_dim, "indexer key cache of ", cache_dim, " channels for keys ",
+           keys.to_string());
+  DI_CHECK(write.offset >= 0 && write.count > 0 && write.offset + write.count <= key_rows,
+           "indexer key write ", index, ": rows [", write.offset, ", +", write.count, ") outside ",
+           key_rows, " keys");
+  DI_CHECK(write.start >= 0 && write.start + write.count <= cache_rows, "indexer key write ", index,
+           ": cache rows [", write.start, ", +", write.count, ") outside its ", cache_rows);
+}
+
 void indexer_scores(const TensorView& q, const IndexerKeys& keys, const TensorView& weights,
                     const TensorView& visible, float scale, const TensorView& out) {
   DI_DISPATCH(q, indexer_scores(q, keys, weights, visible, scale, out));

@@ -210,6 +210,13 @@ struct IndexerKeyWrite {
 // version writes all rows at once); `keys` is not modified.
 void write_indexer_keys(const TensorView& keys, std::span<const IndexerKeyWrite> writes);
 
+// What every backend's write_indexer_keys checks of write `index` before it writes: the cache's
+// channels are the keys' (`keys` [key_rows, key_dim]), and its rows lie inside the keys and the
+// cache (cache_rows x cache_dim, as the backend reads it).
+void check_indexer_key_write(size_t index, const IndexerKeyWrite& write, int64_t cache_rows,
+                             int64_t cache_dim, int64_t key_rows, int64_t key_dim,
+                             const TensorView& keys);
+
 // Indexer scores: out[t, j] = sum_h weights[t, h] * relu(q[t, h, :] . keys[j, :]) * scale for
 // j < visible[t], -inf otherwise. q [T, Hi, Di], keys N cached keys of Di channels, weights
 // [T, Hi], visible [T] I32, out [T, N].

@@ -95,13 +95,7 @@ void write_indexer_keys(const TensorView& keys, std::span<const IndexerKeyWrite>
     const IndexerKeyWrite& write = writes[w];
     if (write.count == 0) continue;
     const KeyRows cache = key_rows(write.cache, "indexer key cache");
-    DI_CHECK(cache.dim == x.cols, "indexer key cache of ", cache.dim, " channels for keys ",
-             keys.to_string());
-    DI_CHECK(write.offset >= 0 && write.count > 0 && write.offset + write.count <= x.rows,
-             "indexer key write ", w, ": rows [", write.offset, ", +", write.count, ") outside ",
-             x.rows, " keys");
-    DI_CHECK(write.start >= 0 && write.start + write.count <= cache.rows, "indexer key write ", w,
-             ": cache rows [", write.start, ", +", write.count, ") outside its ", cache.rows);
+    check_indexer_key_write(w, write, cache.rows, cache.dim, x.rows, x.cols, keys);
     for (int64_t i = 0; i < write.count; ++i) {
       quantize_key(x.row(write.offset + i), x.cols, cache.code_row(write.start + i),
                    cache.scale_row(write.start + i));
