@@ -11,10 +11,11 @@
 // "sel-rows": rows whose top-k selection differs between the two (near-ties only: the sum order
 // differs). Then topk_indices on the decode kernel's scores: "topk ms" the invariant path's
 // kernel (the shared-memory one to 16384 entries, else the global-memory one), "topk-off ms"
-// batch invariance off (the register kernel to 32768 entries); their indices must be equal
-// (exit 3 otherwise).
+// batch invariance off (the register kernel to 32768 entries, its two-pass chunked form past
+// that and for fewer than 64 rows of over 8192: then also at each chunk width); their indices
+// must be equal (exit 3 otherwise).
 //
-//   cuda_indexer_bench              (batches 64, 256 x entries 1024 .. 32768)
+//   cuda_indexer_bench              (batches 1, 64, 256 x entries 1024 .. 65536)
 //   INDEXER_BENCH_NCU=1 cuda_indexer_bench   (b256 x 32768 entries: each kernel once, for ncu)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -123,8 +124,8 @@ int run() {
               "inv ms", "mma ms", "decode ms", "mma GB/s", "dec GB/s", "differ", "sel-rows",
               "topk ms", "topk-off ms");
   int status = 0;
-  for (int64_t batch : {64, 256}) {
-    for (int64_t entries : {1024, 4096, 16384, 32768}) {
+  for (int64_t batch : {1, 64, 256}) {
+    for (int64_t entries : {1024, 4096, 16384, 32768, 32769, 65536}) {
       Case c = make_case(batch, entries);
       const double bytes =
           static_cast<double>(batch) *
@@ -168,6 +169,23 @@ int run() {
                   static_cast<long long>(batch), static_cast<long long>(c.entries), inv_ms, mma_ms,
                   decode_ms, bytes / mma_ms * 1e-6, bytes / decode_ms * 1e-6, worst,
                   static_cast<long long>(selection_rows), topk_ms, topk_off_ms);
+      // The chunked selection's chunk widths (DEEPINFER_TOPK_CHUNK / _FEW_ROWS_CHUNK): the same
+      // indices at every width, ms at each.
+      if (entries > 32768 || (batch < 64 && entries > 8192)) {
+        std::printf("       topk-off ms by chunk width:");
+        for (const int width : {4096, 8192, 16384, 32768}) {
+          const rt::ScopedSetting many("DEEPINFER_TOPK_CHUNK", width);
+          const rt::ScopedSetting few("DEEPINFER_TOPK_FEW_ROWS_CHUNK", width);
+          select(c, false);
+          const Tensor chunked = rt::to_host(c.selection.view());
+          const bool same = std::memcmp(chunked.data<int32_t>(), decoded_selection.data<int32_t>(),
+                                        static_cast<size_t>(batch * kTopK) * sizeof(int32_t)) == 0;
+          if (!same) status = 3;
+          std::printf(" %d: %.4f%s", width, time_ms([&] { select(c, false); }),
+                      same ? "" : " (other indices)");
+        }
+        std::printf("\n");
+      }
     }
   }
   return status;

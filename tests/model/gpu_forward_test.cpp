@@ -157,7 +157,7 @@ std::vector<float> decode_logits(Models& models, int64_t batch, bool graphs) {
     states.push_back(
         std::make_unique<RequestState>(config, StateLimits{/*max_tokens=*/128, /*max_rollback=*/1},
                                        ops::allocator_for(models.gpu->device())));
-    prompts.push_back(random_tokens(3 + 5 * r, vocab, static_cast<uint32_t>(100 + r)));
+    prompts.push_back(random_tokens(3 + 5 * r % 40, vocab, static_cast<uint32_t>(100 + r)));
     continuations.push_back(random_tokens(kSteps, vocab, static_cast<uint32_t>(200 + r)));
   }
   std::vector<float> all;
@@ -218,6 +218,25 @@ TEST_P(GpuGraphDecodeTest, GraphStepsEqualEagerStepsBitForBitSmallShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Batch, GpuGraphDecodeTest, ::testing::Values(int64_t{1}, int64_t{4}));
+
+// Steps above the default 64 tokens, recorded with batch invariance off: 80 rows take the
+// cuBLASLt path (DEEPINFER_CUBLASLT_MIN_ROWS, 65), so the recordings hold cuBLASLt calls on the
+// staging the eager first sightings grew, and the replays must give the eager steps' bits (a call
+// that fell back to another kernel while recording would sum in another order).
+TEST(GpuGraphDecode, StepsOfManyRowsRecordTheCublasLtPathBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const ops::ScopedBatchInvariance variant(false);
+  constexpr int64_t kBatch = 80;
+  Models models(WeightFormat::kReleased, Numerics::kReleased);
+  models.gpu->set_cuda_graph_max_tokens(128);
+  const std::vector<float> eager = decode_logits(models, kBatch, false);
+  const std::vector<float> graphs = decode_logits(models, kBatch, true);
+  ASSERT_EQ(eager.size(), graphs.size());
+  EXPECT_EQ(differing_bits(eager, graphs), 0u) << "of " << eager.size() << " logits";
+  const std::vector<float> replayed = decode_logits(models, kBatch, true);
+  ASSERT_EQ(replayed.size(), graphs.size());
+  EXPECT_EQ(differing_bits(replayed, graphs), 0u) << "of " << graphs.size() << " logits";
+}
 
 // An engine's decode batch wanders as requests join and finish: steps of 1..12 requests, each
 // count seen twice in a row (eager, then recorded) and again in later rounds, so more token

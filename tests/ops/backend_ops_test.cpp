@@ -560,8 +560,8 @@ struct KeyCachePair {
 
 KeyCachePair key_cache_pair(int64_t rows, int64_t dim, uint32_t seed, float magnitude = 1.0f) {
   KeyCachePair pair;
-  pair.host = host_key_cache(random_values(static_cast<size_t>(rows * dim), seed, magnitude),
-                             rows, dim);
+  pair.host =
+      host_key_cache(random_values(static_cast<size_t>(rows * dim), seed, magnitude), rows, dim);
   pair.codes = gpu(pair.host.codes.view());
   pair.scales = gpu(pair.host.scales.view());
   return pair;
@@ -631,8 +631,8 @@ struct IndexerBatchShape {
   int64_t dim = 0;
   std::vector<int64_t> counts;
   std::vector<int64_t> entries;
-  int64_t extra_width = 0;  // columns past every request's keys
-  bool fp4 = true;          // q as the forward quantizes it (exact in bf16); keys always are
+  int64_t extra_width = 0;     // columns past every request's keys
+  bool fp4 = true;             // q as the forward quantizes it (exact in bf16); keys always are
   float key_magnitude = 1.0f;  // the keys' values before quantization lie in +-key_magnitude
 };
 
@@ -689,9 +689,8 @@ void check_indexer_batch(const IndexerBatchShape& shape, uint32_t seed,
   std::vector<KeyCachePair> keys;
   std::vector<IndexerRequest> host_requests, device_requests;
   for (size_t r = 0; r < request_count; ++r) {
-    keys.push_back(
-        key_cache_pair(shape.entries[r], shape.dim, seed + 2 + static_cast<uint32_t>(r),
-                       shape.key_magnitude));
+    keys.push_back(key_cache_pair(shape.entries[r], shape.dim, seed + 2 + static_cast<uint32_t>(r),
+                                  shape.key_magnitude));
     host_requests.push_back({keys.back().host.keys(), offsets[r], shape.counts[r]});
     device_requests.push_back({keys.back().device(), offsets[r], shape.counts[r]});
   }
@@ -775,7 +774,11 @@ TEST_F(BackendOpsTest, IndexerScoresBatchInvarianceOff) {
   // scales 2^-68 to 2^65, so 2^40 and 2^-60 keys score as the reference does).
   for (const float magnitude : {0x1p40f, 0x1p-60f}) {
     IndexerBatchShape shape{"32 heads x 128 decode, keys of magnitude " + std::to_string(magnitude),
-                            32, 128, {1, 1}, {700, 33}, 0};
+                            32,
+                            128,
+                            {1, 1},
+                            {700, 33},
+                            0};
     shape.key_magnitude = magnitude;
     check_indexer_batch(shape, 95);
   }
@@ -841,24 +844,39 @@ TEST_F(BackendOpsTest, CandidateBlocksMaskScoresAndTopK) {
 
 TEST_F(BackendOpsTest, TopKIndicesInvarianceOff) {
   // Batch invariance off: rows up to 32768 entries take the register kernel (4, 8, 16 or 32
-  // entries a thread; float4 loads when the row allows them). The indices must be the
-  // reference's: larger first, ties by lower index, -inf never kept, -1 past the kept ones.
+  // entries a thread; float4 loads when the row allows them), and longer rows, or fewer than 64
+  // rows of over 8192 entries, its two-pass chunked form (chunks of 4096 or more, wider for
+  // k = 2048 at 100003 entries; the old kernel past what two passes hold: k = 20000 at 70000).
+  // The indices must be the reference's: larger first, ties by lower index, -inf never kept, -1
+  // past the kept ones.
   const ScopedBatchInvariance off(false);
-  for (int64_t cols : {int64_t{9}, int64_t{1000}, int64_t{4096}, int64_t{8190}, int64_t{16384},
-                       int64_t{20000}, int64_t{30001}, int64_t{32768}}) {
-    const int32_t c = static_cast<int32_t>(cols);
-    std::vector<int32_t> visible = {c, c / 3, 0, 256, 7, c, c - 1};
-    const int64_t rows = static_cast<int64_t>(visible.size());
-    Tensor scores = selection_scores(rows, cols, 51 + static_cast<uint32_t>(cols), visible);
-    for (int64_t j = 0; j < cols; ++j) scores.data<float>()[5 * cols + j] = 0.25f;  // all ties
-    Tensor dscores = gpu(scores);
-    for (int k : {512, 1, 2048}) {
-      Tensor idx = Tensor::empty(DType::kI32, {rows, k});
-      topk_indices(scores, k, idx);
-      Tensor didx = gpu_output(DType::kI32, {rows, k});
-      cuda::topk_indices(dscores, k, didx);
-      expect_equal(idx, didx,
-                   "topk_indices cols=" + std::to_string(cols) + " k=" + std::to_string(k));
+  for (int64_t cols :
+       {int64_t{9}, int64_t{1000}, int64_t{4096}, int64_t{8190}, int64_t{16384}, int64_t{20000},
+        int64_t{30001}, int64_t{32768}, int64_t{32769}, int64_t{70000}, int64_t{100003}}) {
+    for (const int64_t repeats : {int64_t{1}, int64_t{10}}) {  // 7 rows, then 70
+      const int32_t c = static_cast<int32_t>(cols);
+      std::vector<int32_t> visible;
+      for (int64_t r = 0; r < repeats; ++r)
+        visible.insert(visible.end(), {c, c / 3, 0, 256, 7, c, c - 1});
+      const int64_t rows = static_cast<int64_t>(visible.size());
+      Tensor scores = selection_scores(rows, cols, 51 + static_cast<uint32_t>(cols), visible);
+      for (int64_t j = 0; j < cols; ++j) scores.data<float>()[5 * cols + j] = 0.25f;  // all ties
+      // A row whose top entries tie across chunk edges: 0.5 everywhere but -inf every 3rd entry.
+      for (int64_t j = 0; j < cols; ++j) {
+        scores.data<float>()[6 * cols + j] = j % 3 == 0 ? -INFINITY : 0.5f;
+      }
+      Tensor dscores = gpu(scores);
+      std::vector<int> ks = {512, 1, 2048};
+      if (cols == 70000) ks.push_back(20000);
+      for (int k : ks) {
+        Tensor idx = Tensor::empty(DType::kI32, {rows, k});
+        topk_indices(scores, k, idx);
+        Tensor didx = gpu_output(DType::kI32, {rows, k});
+        cuda::topk_indices(dscores, k, didx);
+        expect_equal(idx, didx,
+                     "topk_indices rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                         " k=" + std::to_string(k));
+      }
     }
   }
 }

@@ -7,6 +7,7 @@
 // scores (each token against its own request's keys); what else reads a request's history
 // (compressor groups, engram n-grams) runs per request on its rows.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -143,12 +144,29 @@ ops::ScoreFunction score_function(const std::string& name) {
 constexpr bool kBatchedIndexerScores = true;
 
 // Steps of at most this many tokens record their repeating segments as CUDA graphs when the
-// model's graphs are on (decode; a prefill's launches are not what bounds it).
-constexpr int64_t kMaxRecordedTokens = 64;
+// model's graphs are on (decode; a prefill's launches are not what bounds it):
+// Model::set_cuda_graph_max_tokens, else DEEPINFER_CUDA_GRAPH_MAX_TOKENS, else the default.
+// 256: the H200's b256 decode step of the 7-layer bench model took 22.54 ms recorded against
+// 23.11 eager at 4k context (docs/BENCHMARKS.md, 2026-12-03 13:41 call), for 134 MB of graph
+// memory a recorded token count.
+constexpr int64_t kDefaultMaxRecordedTokens = 256;
+int64_t max_recorded_tokens_from_environment() {
+  const char* setting = std::getenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS");
+  if (setting == nullptr || *setting == '\0') return kDefaultMaxRecordedTokens;
+  const std::string_view text(setting);
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < 1 ||
+      value > Model::kLargestCudaGraphMaxTokens) {
+    DI_THROW("DEEPINFER_CUDA_GRAPH_MAX_TOKENS='", text, "' is not valid (a token count, 1 to ",
+             Model::kLargestCudaGraphMaxTokens, ")");
+  }
+  return value;
+}
 
 // Token counts whose recorded segments are kept; recording one more drops the least recently
 // used count's segments. Each recording holds the graph memory of its segment's scratch (a few
-// MB at 64 tokens), so this bounds it.
+// MB at 64 tokens, 134 MB at 256 on the V4.1-width bench model), so this bounds it.
 constexpr size_t kMaxRecordedTokenCounts = 8;
 
 struct RequestSpan {
@@ -183,7 +201,7 @@ class ForwardPass {
               const EngramHasher* engram, const ops::RopeTable& rope_main,
               const ops::RopeTable& rope_compress, ForwardWorkspace& ws,
               std::vector<RequestSpan> spans, int64_t tokens, const Model::LayerObserver& observer,
-              bool cuda_graphs)
+              int64_t max_recorded_tokens)
       : c_(config),
         p_(parameters),
         expert_weights_(expert_weights),
@@ -199,9 +217,8 @@ class ForwardPass {
         quant_(numerics == Numerics::kReleased ? ops::ActivationQuant::kFp8PerBlock32
                                                : ops::ActivationQuant::kNone),
         observer_(observer),
-        recorder_(cuda_graphs && tokens <= kMaxRecordedTokens
-                      ? ops::op_recorder(parameters.embed.device())
-                      : nullptr) {}
+        recorder_(tokens <= max_recorded_tokens ? ops::op_recorder(parameters.embed.device())
+                                                : nullptr) {}
 
   // `logit_rows` null: logits of every token row; else only of those rows, in that order.
   void run(const TensorView& logits, std::span<const int32_t> const* logit_rows);
@@ -933,7 +950,8 @@ Model::Model(const DeepseekV41TextConfig& config, const ModelParameters& paramet
       rope_main_(rope_table_for(config.rope_main, config)),
       rope_compress_(rope_table_for(config.rope_compress, config)),
       workspace_(std::make_unique<ForwardWorkspace>()),
-      cuda_graphs_(kCudaGraphs && graphs_requested_by_environment()) {
+      cuda_graphs_(kCudaGraphs && graphs_requested_by_environment()),
+      cuda_graph_max_tokens_(max_recorded_tokens_from_environment()) {
   if (!config.engram_layer_ids.empty() && engram_ == nullptr) {
     DI_THROW("the config has engram layers ", config.engram_layer_ids.size(),
              " but no engram hasher (token map) was given");
@@ -968,6 +986,12 @@ void Model::set_cuda_graphs(bool enabled) {
     workspace_->segments.clear();
     workspace_->recorded_token_counts.clear();
   }
+}
+
+void Model::set_cuda_graph_max_tokens(int64_t tokens) {
+  DI_CHECK(tokens >= 1 && tokens <= kLargestCudaGraphMaxTokens, "CUDA graph max tokens ", tokens,
+           " is not in 1..", kLargestCudaGraphMaxTokens);
+  cuda_graph_max_tokens_ = tokens;
 }
 
 void Model::forward(std::span<const ForwardRequest> requests, const TensorView& logits) {
@@ -1038,7 +1062,8 @@ void Model::forward_impl(std::span<const ForwardRequest> requests,
   ws.candidate_mask = TensorView();
 
   ForwardPass pass(config_, parameters_, expert_weights_, numerics_, engram_.get(), rope_main_,
-                   rope_compress_, ws, spans, tokens, observer_, cuda_graphs_);
+                   rope_compress_, ws, spans, tokens, observer_,
+                   cuda_graphs_ ? cuda_graph_max_tokens_ : 0);
   pass.run(logits, logit_rows);
   for (const RequestSpan& span : spans) span.state->advance(span.count);
 }

@@ -57,13 +57,20 @@ class Model {
   using LayerObserver = std::function<void(int64_t layer, const TensorView& streams)>;
   void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
 
-  // Whether decode steps (at most 64 tokens) on a GPU record the parts of a step whose kernels
-  // and arguments repeat as CUDA graphs and replay them (docs/CUDA.md, "CUDA graphs for
+  // Whether decode steps (at most cuda_graph_max_tokens) on a GPU record the parts of a step whose
+  // kernels and arguments repeat as CUDA graphs and replay them (docs/CUDA.md, "CUDA graphs for
   // decode"); the logits are the same bits either way. On unless DEEPINFER_CUDA_GRAPHS=0;
   // the recordings of the 8 most recently used token counts are kept; turning it off drops
   // them.
   void set_cuda_graphs(bool enabled);
   bool cuda_graphs() const { return cuda_graphs_; }
+  // The largest step (tokens) that records: 256 unless DEEPINFER_CUDA_GRAPH_MAX_TOKENS (1 to
+  // kLargestCudaGraphMaxTokens) says otherwise. Larger steps hold more graph memory a recording
+  // (their segments' scratch); with batch invariance off their dense GEMMs record as cuBLASLt
+  // calls (docs/CUDA.md, "CUDA graphs for decode").
+  static constexpr int64_t kLargestCudaGraphMaxTokens = 4096;
+  void set_cuda_graph_max_tokens(int64_t tokens);
+  int64_t cuda_graph_max_tokens() const { return cuda_graph_max_tokens_; }
 
   // Runs every request's tokens and writes their logits, request after request, into
   // `logits` [total tokens, vocab] f32; then advances each state by its token count. A
@@ -95,6 +102,7 @@ class Model {
   std::vector<std::vector<ops::ExpertWeights>> expert_weights_;  // per layer, for moe_experts
   std::unique_ptr<ForwardWorkspace> workspace_;
   bool cuda_graphs_ = false;
+  int64_t cuda_graph_max_tokens_ = 256;
   LayerObserver observer_;
 };
 

@@ -1072,10 +1072,54 @@ using WideBlockScan = cub::BlockScan<int, kRegisterSelectThreads>;
 // kernels the invariant path uses.
 RuntimeSwitch kRegisterTopK{"DEEPINFER_TOPK_REGISTERS", true};
 
+// The chunked selection (two passes of the register kernel): the top k of a row is among the top
+// k of any chunk that holds them (an entry that k others of its chunk beat, larger or tied at a
+// lower column, has k entries beating it in the row), so each chunk's top k, laid out chunk after
+// chunk, keeps the row's column order, and a second selection over them gives the row's top k.
+// Rows past the one-block kernel's 32768 entries take it, and so do rows that would leave most of
+// the GPU idle (fewer than 64 rows of over 8192 entries: b1's indexer at long context). Chunks of
+// DEEPINFER_TOPK_FEW_ROWS_CHUNK entries for those (default 4096: 4 a thread, 9 blocks for a row
+// of 32769), of DEEPINFER_TOPK_CHUNK entries for many rows (fewer, fuller blocks: the SMs are busy
+// anyway), at least 2k, wider where the k-a-chunk candidates would pass 32768.
+constexpr int64_t kFewSelectRows = 64;
+RuntimeSetting kFewRowsSelectChunk{"DEEPINFER_TOPK_FEW_ROWS_CHUNK", 4096, 1024, 32768};
+RuntimeSetting kSelectChunk{"DEEPINFER_TOPK_CHUNK", 16384, 1024, 32768};
+
+// The chunk width for topk_indices' chunked selection, or 0: one pass (a row that fits one block
+// and leaves no SMs idle, or k too large for two passes: k > 16384 or k x chunks > 32768).
+int64_t chunked_select_width(int64_t rows, int64_t cols, int k) {
+  const bool few_rows = rows < kFewSelectRows;
+  if (cols <= kMaxRegisterSelectColumns && (!few_rows || cols <= 2 * int64_t{4096})) return 0;
+  const int64_t most_chunks = kMaxRegisterSelectColumns / k;
+  if (most_chunks < 2) return 0;
+  const int64_t target = (few_rows ? kFewRowsSelectChunk : kSelectChunk).value();
+  int64_t width = std::max<int64_t>(target, 2 * int64_t{k});
+  if ((cols + width - 1) / width > most_chunks) width = (cols + most_chunks - 1) / most_chunks;
+  width = (width + 3) / 4 * 4;
+  if (width > kMaxRegisterSelectColumns || (cols + width - 1) / width < 2) return 0;
+  return width;
+}
+
+// What block (row r = blockIdx.x, chunk c = blockIdx.y) of topk_indices_registers_kernel selects
+// from and where it writes: the top k of columns [c chunk_width, min(cols, (c + 1) chunk_width))
+// of score row r into columns [c k, (c + 1) k) of out row r, each kept entry as its column in the
+// score row, or, with `remap`, as remap row r's value at that column (the second pass of a
+// chunked selection: the scores are the candidates, remap their columns in the original row).
+// With `values`, each kept entry's score lands beside its index (-inf where out has -1): the
+// first pass. One chunk (chunk_width = cols): the plain top k of each row.
+struct RegisterSelectArgs {
+  DeviceRows<const float> scores;
+  int k = 0;
+  int chunk_width = 0;
+  bool float4_rows = false;  // chunk_width too is a multiple of 4
+  DeviceRows<int32_t> out;
+  DeviceRows<float> values;         // data null: none
+  DeviceRows<const int32_t> remap;  // data null: none
+};
+
 template <int kPerThread>
 __global__ void __launch_bounds__(kRegisterSelectThreads, 1)
-    topk_indices_registers_kernel(DeviceRows<const float> scores, int k, bool float4_rows,
-                                  DeviceRows<int32_t> out) {
+    topk_indices_registers_kernel(RegisterSelectArgs args) {
   static_assert(kPerThread % 4 == 0, "whole float4 loads");
   __shared__ typename WideBlockScan::TempStorage scan;
   __shared__ int histogram[256];
@@ -1085,8 +1129,11 @@ __global__ void __launch_bounds__(kRegisterSelectThreads, 1)
   const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const int n = static_cast<int>(scores.cols);
-  const float* source = scores.row(blockIdx.x);
+  const int k = args.k;
+  const bool float4_rows = args.float4_rows;
+  const int chunk_start = static_cast<int>(blockIdx.y) * args.chunk_width;
+  const int n = min(args.chunk_width, static_cast<int>(args.scores.cols) - chunk_start);
+  const float* source = args.scores.row(blockIdx.x) + chunk_start;
   const int first = static_cast<int>(threadIdx.x) * kPerThread;
   // Order keys; 0 marks an entry that is -inf or past the row (every other float's key is
   // larger: -inf's own key is 0x007fffff).
@@ -1194,19 +1241,44 @@ __global__ void __launch_bounds__(kRegisterSelectThreads, 1)
   int kept_before = 0;
   int kept_total = 0;
   WideBlockScan(scan).ExclusiveSum(kept, kept_before, kept_total);
-  int32_t* y = out.row(blockIdx.x);
+  const int out_start = static_cast<int>(blockIdx.y) * k;
+  int32_t* y = args.out.row(blockIdx.x) + out_start;
+  float* y_values = args.values.data != nullptr ? args.values.row(blockIdx.x) + out_start : nullptr;
+  const int32_t* remap = args.remap.data != nullptr ? args.remap.row(blockIdx.x) : nullptr;
   ties_seen = ties_before;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const bool tie = ties_possible && keys[i] == threshold;
     if (keys[i] != 0u && (keys[i] > threshold || (tie && ties_seen < take_at_threshold))) {
-      y[kept_before++] = first + i;
+      const int column = chunk_start + first + i;
+      y[kept_before] = remap != nullptr ? remap[column] : column;
+      if (y_values != nullptr) y_values[kept_before] = source[first + i];
+      ++kept_before;
     }
     ties_seen += tie;
   }
   for (int i = kept_total + static_cast<int>(threadIdx.x); i < k; i += kRegisterSelectThreads) {
     y[i] = -1;
+    if (y_values != nullptr) y_values[i] = -INFINITY;
   }
+}
+
+// One launch of topk_indices_registers_kernel over args.chunk_width-column chunks (grid.y).
+void launch_register_select(const RegisterSelectArgs& args) {
+  const int64_t chunks = (args.scores.cols + args.chunk_width - 1) / args.chunk_width;
+  const dim3 grid(static_cast<unsigned>(args.scores.rows), static_cast<unsigned>(chunks));
+  const int64_t per_thread =
+      (args.chunk_width + kRegisterSelectThreads - 1) / kRegisterSelectThreads;
+  if (per_thread <= 4) {
+    topk_indices_registers_kernel<4><<<grid, kRegisterSelectThreads, 0, current_stream()>>>(args);
+  } else if (per_thread <= 8) {
+    topk_indices_registers_kernel<8><<<grid, kRegisterSelectThreads, 0, current_stream()>>>(args);
+  } else if (per_thread <= 16) {
+    topk_indices_registers_kernel<16><<<grid, kRegisterSelectThreads, 0, current_stream()>>>(args);
+  } else {
+    topk_indices_registers_kernel<32><<<grid, kRegisterSelectThreads, 0, current_stream()>>>(args);
+  }
+  DI_CUDA_LAUNCHED(topk_indices_registers_kernel);
 }
 
 // Block score = max entry; the block of the newest visible entry is pinned in with +inf.
@@ -1526,25 +1598,39 @@ void topk_indices(const TensorView& scores, int k, const TensorView& idx_out) {
   const auto o = device_rows<int32_t>(idx_out, "top-k indices");
   DI_CHECK(o.rows == s.rows && o.cols == k && k >= 0, "topk_indices output ", idx_out.to_string());
   if (s.rows == 0 || k == 0) return;
-  if (!ops::batch_invariant() && kRegisterTopK.enabled() && s.cols <= kMaxRegisterSelectColumns) {
+  if (!ops::batch_invariant() && kRegisterTopK.enabled()) {
     const bool float4_rows = s.cols % 4 == 0 && s.stride % 4 == 0 && aligned_to(s.data, 16);
-    const unsigned rows = static_cast<unsigned>(s.rows);
-    const int64_t per_thread = (s.cols + kRegisterSelectThreads - 1) / kRegisterSelectThreads;
-    if (per_thread <= 4) {
-      topk_indices_registers_kernel<4>
-          <<<rows, kRegisterSelectThreads, 0, current_stream()>>>(s, k, float4_rows, o);
-    } else if (per_thread <= 8) {
-      topk_indices_registers_kernel<8>
-          <<<rows, kRegisterSelectThreads, 0, current_stream()>>>(s, k, float4_rows, o);
-    } else if (per_thread <= 16) {
-      topk_indices_registers_kernel<16>
-          <<<rows, kRegisterSelectThreads, 0, current_stream()>>>(s, k, float4_rows, o);
-    } else {
-      topk_indices_registers_kernel<32>
-          <<<rows, kRegisterSelectThreads, 0, current_stream()>>>(s, k, float4_rows, o);
+    const int64_t chunk_width = chunked_select_width(s.rows, s.cols, k);
+    if (chunk_width == 0 && s.cols <= kMaxRegisterSelectColumns) {
+      launch_register_select({s, k, static_cast<int>(s.cols), float4_rows, o, {}, {}});
+      return;
     }
-    DI_CUDA_LAUNCHED(topk_indices_registers_kernel);
-    return;
+    if (chunk_width != 0) {
+      // Pass 1: each chunk's top k with its scores, chunk after chunk (so in column order);
+      // pass 2: the top k of those candidates, written as their columns in the row.
+      const int64_t candidates = (s.cols + chunk_width - 1) / chunk_width * k;
+      deepinfer::cuda::StreamBuffer buffer(static_cast<size_t>(s.rows * candidates) *
+                                           (sizeof(float) + sizeof(int32_t)));
+      auto* values = buffer.as<float>();
+      auto* columns = reinterpret_cast<int32_t*>(values + s.rows * candidates);
+      const DeviceRows<float> candidate_values{values, s.rows, candidates, candidates};
+      const DeviceRows<int32_t> candidate_columns{columns, s.rows, candidates, candidates};
+      launch_register_select({s,
+                              k,
+                              static_cast<int>(chunk_width),
+                              float4_rows && chunk_width % 4 == 0,
+                              candidate_columns,
+                              candidate_values,
+                              {}});
+      launch_register_select({{values, s.rows, candidates, candidates},
+                              k,
+                              static_cast<int>(candidates),
+                              candidates % 4 == 0,
+                              o,
+                              {},
+                              {columns, s.rows, candidates, candidates}});
+      return;
+    }
   }
   if (kSharedTopK.enabled() && s.cols <= kMaxSharedSelectColumns) {
     const size_t row_bytes = static_cast<size_t>(s.cols) * sizeof(float);

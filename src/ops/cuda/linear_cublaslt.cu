@@ -20,6 +20,7 @@
 #include <mutex>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "ops/batch_invariance.h"
 #include "ops/cuda/common.cuh"
@@ -41,9 +42,7 @@ namespace {
 using deepinfer::cuda::StreamHandle;
 
 // DEEPINFER_CUBLASLT_MIN_ROWS: calls with at least this many rows take the path when batch
-// invariance is off (0: never). The default is the smallest row count the model never records in
-// a CUDA graph (decode steps of <= 64 tokens are recorded; the path is off while recording anyway,
-// but an eager step and its replays should then run the same kernels). Measured on the H200
+// invariance is off (0: never). Measured on the H200
 // (docs/BENCHMARKS.md, "Batch invariance off"): at 16 rows the invariant kernels are up to 2.5x
 // faster (the path dequantizes an FP8 weight to bf16 on every call), at 64 rows the path ties
 // (wkv, wq_b, indexer wq_b) or wins (up to 5x, wo_a), from 128 rows it wins for every role.
@@ -245,21 +244,42 @@ void launch_dequantize_fp8_weight_bf16(const DeviceWeight& w, void* out, StreamH
 
 // ---- per-device and per-stream state --------------------------------------------------------
 
+bool stream_is_capturing(StreamHandle stream);
+
 // Device memory that only grows. Growth waits for the stream that uses the buffer (work queued
 // before may still read the old one) and then frees it: a one-time host wait per new largest
-// shape, never on a call that fits.
+// shape, never on a call that fits. While the stream records a CUDA graph nothing may grow (a
+// capture cannot wait for its stream): reserve returns null and the caller falls back. A buffer a
+// recording used is never freed: the graph's kernels hold its address for as long as the graph
+// lives, so growth after that retires the old buffer instead (and grows at least twofold, which
+// bounds the retired ones to the current capacity).
 class GrowOnlyBuffer {
  public:
+  GrowOnlyBuffer() = default;
+  GrowOnlyBuffer(const GrowOnlyBuffer&) = delete;
+  GrowOnlyBuffer& operator=(const GrowOnlyBuffer&) = delete;
+  ~GrowOnlyBuffer() = default;  // kept for the process's life (see Staging)
+
   void* reserve(size_t bytes, StreamHandle stream) {
-    if (bytes <= capacity_) return data_;
-    if (data_ != nullptr) {
+    const bool capturing = stream_is_capturing(stream);
+    if (bytes <= capacity_) {
+      recorded_ = recorded_ || capturing;
+      return data_;
+    }
+    if (capturing) return nullptr;
+    size_t least = bytes;
+    if (data_ != nullptr && recorded_) {
+      retired_.push_back(data_);
+      least = std::max(bytes, 2 * capacity_);
+    } else if (data_ != nullptr) {
       DI_CUDA_CHECK(cudaStreamSynchronize(stream));
       DI_CUDA_CHECK(cudaFree(data_));
-      data_ = nullptr;
-      capacity_ = 0;
     }
+    data_ = nullptr;
+    capacity_ = 0;
+    recorded_ = false;
     constexpr size_t kGranule = 2ull << 20;  // fewer regrowths for slowly growing row counts
-    const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
+    const size_t rounded = (least + kGranule - 1) / kGranule * kGranule;
     DI_CUDA_CHECK(cudaMalloc(&data_, rounded));
     capacity_ = rounded;
     return data_;
@@ -268,6 +288,8 @@ class GrowOnlyBuffer {
  private:
   void* data_ = nullptr;
   size_t capacity_ = 0;
+  bool recorded_ = false;       // a graph recorded a call that used data_
+  std::vector<void*> retired_;  // smaller buffers recordings used: never freed
 };
 
 // What one stream's calls stage: kept per (device, stream) so that two streams never share a
@@ -465,6 +487,7 @@ bool run_stacked_terms(CublasLtState& state, GemmShape shape, int device, Stream
       staging.activation.reserve(static_cast<size_t>(terms * rows * k_total * 2), stream));
   auto* products = static_cast<float*>(
       staging.term_products.reserve(static_cast<size_t>(terms * rows * w.out * 4), stream));
+  if (cublas_workspace == nullptr || activation == nullptr || products == nullptr) return false;
   const int64_t words = rows * k_total / kValuesPerThread;
   launch_split_activation_terms(terms, in, 0, static_cast<uint32_t>(words), activation, words,
                                 stream);
@@ -484,7 +507,7 @@ int linear_cublaslt_min_rows() {
 bool linear_cublaslt_selected(int64_t rows) {
   if (ops::batch_invariant()) return false;
   const int min_rows = kCublasLtMinRows.value();
-  return min_rows > 0 && rows >= min_rows && !stream_is_capturing(current_stream());
+  return min_rows > 0 && rows >= min_rows;
 }
 
 bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const TensorView& out,
@@ -523,7 +546,6 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
     return false;
   }
   const StreamHandle stream = current_stream();
-  if (stream_is_capturing(stream)) return false;  // growth would move what a graph recorded
 
   int device = 0;
   DI_CUDA_CHECK(cudaGetDevice(&device));
@@ -582,17 +604,19 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   void* cublas_workspace = staging.cublas_workspace.reserve(kCublasWorkspaceBytes, stream);
   auto* activation = static_cast<uint4*>(
       staging.activation.reserve(static_cast<size_t>(terms * plane_elements * bf16_bytes), stream));
-  const void* weight_bf16 = w.bytes;
-  if (fp8 && copy != nullptr) {
-    weight_bf16 = copy;
-  } else if (fp8) {
-    // Dequantized every call unless the model made a copy (ModelParameters::add_bf16_copies: a
-    // copy per weight costs twice the fp8 weights' memory).
-    void* dequantized =
-        staging.weight.reserve(static_cast<size_t>(w.out * w.in * bf16_bytes), stream);
-    launch_dequantize_fp8_weight_bf16(w, dequantized, stream);
-    weight_bf16 = dequantized;
+  // Dequantized every call unless the model made a copy (ModelParameters::add_bf16_copies: a copy
+  // per weight costs twice the fp8 weights' memory).
+  const bool dequantize = fp8 && copy == nullptr;
+  void* dequantized =
+      dequantize ? staging.weight.reserve(static_cast<size_t>(w.out * w.in * bf16_bytes), stream)
+                 : nullptr;
+  // Null: a graph is recording and the staging would have to grow (GrowOnlyBuffer).
+  if (cublas_workspace == nullptr || activation == nullptr ||
+      (dequantize && dequantized == nullptr)) {
+    return false;
   }
+  const void* weight_bf16 = fp8 ? (dequantize ? dequantized : copy) : w.bytes;
+  if (dequantize) launch_dequantize_fp8_weight_bf16(w, dequantized, stream);
   for (int64_t first = 0; first < in.rows; first += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, in.rows - first);
     const int64_t words = rows * k_total / kValuesPerThread;
@@ -622,7 +646,6 @@ bool try_gemm_f32_cublaslt(const float* x, int64_t x_stride, int64_t rows, const
            w_stride, " / ", out_stride);
   if (rows == 0 || n == 0) return true;
   const StreamHandle stream = current_stream();
-  if (stream_is_capturing(stream)) return false;  // the workspace may grow
   int device = 0;
   DI_CUDA_CHECK(cudaGetDevice(&device));
   GemmShape shape;
@@ -643,6 +666,7 @@ bool try_gemm_f32_cublaslt(const float* x, int64_t x_stride, int64_t rows, const
   if (!plan->found()) return false;
   Staging& staging = state.staging(device, stream);
   void* cublas_workspace = staging.cublas_workspace.reserve(kCublasWorkspaceBytes, stream);
+  if (cublas_workspace == nullptr) return false;  // recording, and the workspace not yet there
   plan->run(state.handle(device), w, x, out, /*accumulate=*/false, cublas_workspace, stream);
   return true;
 }
@@ -671,7 +695,8 @@ void linear_cublaslt(const TensorView& x, const LinearWeight& weight, const Tens
              weight.weight.to_string(), " (", dtype_name(weight.weight.dtype()), "), groups ",
              groups, ", out ", out.to_string(),
              ": it needs fp8 block-scaled weights under kFp8PerBlock32 or bf16 weights without "
-             "activation quantization, K % 32 == 0, 16-byte aligned rows, no graph capture, and a "
+             "activation quantization, K % 32 == 0, 16-byte aligned rows, staging that fits while "
+             "recording a graph, and a "
              "cuBLASLt algorithm for the shape");
   }
 }

@@ -27,10 +27,11 @@ namespace deepinfer::ops::cuda {
 
 // Whether ops::cuda::linear / linear_grouped (and hc_mixes, for its FP32 GEMM) should try the
 // path for a call of `rows` rows:
-// batch invariance is off, DEEPINFER_CUBLASLT_MIN_ROWS (a RuntimeSetting; 0 = never) is at most
-// `rows`, and the current stream is not capturing a CUDA graph (the staging buffers may grow and
-// move, which a recorded graph would not see; the model records decode steps of <= 64 tokens, and
-// the default threshold is above that anyway).
+// batch invariance is off and DEEPINFER_CUBLASLT_MIN_ROWS (a RuntimeSetting; 0 = never) is at
+// most `rows`. Also while the current stream records a CUDA graph: the call then runs on the path
+// when its staging is already large enough (the model's recorded segments run eagerly first at the
+// same token count), and a buffer a recording used is never freed (linear_cublaslt.cu,
+// GrowOnlyBuffer), so a replay runs the eager step's kernels on memory that stays valid.
 bool linear_cublaslt_selected(int64_t rows);
 
 // The row threshold in effect (DEEPINFER_CUBLASLT_MIN_ROWS, or the test's ScopedSetting).
@@ -39,7 +40,8 @@ int linear_cublaslt_min_rows();
 // Runs out = x . W^T on the path and returns true, or returns false having launched nothing when
 // the call does not fit it: a weight other than fp8 e4m3 with ue8m0 block scales under
 // kFp8PerBlock32 or bf16 under kNone; K (per group) not a multiple of 32; input or output rows
-// not 16-byte aligned (data and row stride); or no cuBLASLt algorithm for the shape. With
+// not 16-byte aligned (data and row stride); no cuBLASLt algorithm for the shape; or a recording
+// stream whose staging would have to grow. With
 // groups > 1 (linear_grouped's semantics, bf16 weights only): group g multiplies columns
 // [g K, (g + 1) K) of x by weight rows [g N / groups, (g + 1) N / groups) into the same output
 // columns, all groups in one strided-batched GEMM per term. Shapes must match (Error otherwise).
@@ -58,7 +60,8 @@ void dequantize_fp8_weight_bf16(const LinearWeight& weight, const TensorView& ou
 // out[r, :n] = x[r, :k] . w[:n, :k]^T for r < rows, all f32 (row strides in elements), as one
 // cuBLASLt GEMM with CUBLAS_COMPUTE_32F (FP32 products and sums, no TF32): the batch-variant path
 // of callers whose operands are f32 matrices (hc_mixes). Returns false having launched nothing
-// while the current stream captures a graph or when cuBLASLt has no algorithm for the shape.
+// when cuBLASLt has no algorithm for the shape, or while the current stream records a graph
+// before any eager call on it reserved cuBLASLt's workspace.
 bool try_gemm_f32_cublaslt(const float* x, int64_t x_stride, int64_t rows, const float* w,
                            int64_t w_stride, int64_t n, int64_t k, float* out, int64_t out_stride);
 
