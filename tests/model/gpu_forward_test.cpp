@@ -203,39 +203,38 @@ class GpuGraphDecodeTest : public ::testing::TestWithParam<int64_t> {
   void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
 
-TEST_P(GpuGraphDecodeTest, GraphStepsEqualEagerStepsBitForBitSmallShapes) {
-  const int64_t batch = GetParam();
-  Models models(WeightFormat::kReleased, Numerics::kReleased);
+// decode_logits with graphs off, then on, then on again: the second graph run's segments replay
+// the first one's recordings (same token counts, same scratch; only the request states are new).
+// All three must be the same bits.
+void expect_recorded_steps_equal_eager(Models& models, int64_t batch) {
   const std::vector<float> eager = decode_logits(models, batch, false);
   const std::vector<float> graphs = decode_logits(models, batch, true);
   ASSERT_EQ(eager.size(), graphs.size());
   EXPECT_EQ(differing_bits(eager, graphs), 0u) << "of " << eager.size() << " logits";
-  // And a second graph run, whose segments replay the first one's recordings (same token
-  // counts, same scratch; only the request states are new), gives the same bits again.
   const std::vector<float> replayed = decode_logits(models, batch, true);
   ASSERT_EQ(replayed.size(), graphs.size());
   EXPECT_EQ(differing_bits(replayed, graphs), 0u) << "of " << graphs.size() << " logits";
 }
 
+TEST_P(GpuGraphDecodeTest, GraphStepsEqualEagerStepsBitForBitSmallShapes) {
+  Models models(WeightFormat::kReleased, Numerics::kReleased);
+  expect_recorded_steps_equal_eager(models, GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Batch, GpuGraphDecodeTest, ::testing::Values(int64_t{1}, int64_t{4}));
 
-// Steps above the default 64 tokens, recorded with batch invariance off: 80 rows take the
-// cuBLASLt path (DEEPINFER_CUBLASLT_MIN_ROWS, 65), so the recordings hold cuBLASLt calls on the
-// staging the eager first sightings grew, and the replays must give the eager steps' bits (a call
-// that fell back to another kernel while recording would sum in another order).
+// Steps of more than 64 tokens (the recording limit until the cuBLASLt path could be recorded),
+// recorded with batch invariance off: 80 rows take the cuBLASLt path (DEEPINFER_CUBLASLT_MIN_ROWS,
+// 65), so the recordings hold cuBLASLt calls on the staging the eager first sightings grew, and the
+// replays must give the eager steps' bits (a call that fell back to another kernel while
+// recording would sum in another order).
 TEST(GpuGraphDecode, StepsOfManyRowsRecordTheCublasLtPathBitForBit) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const ops::ScopedBatchInvariance variant(false);
   constexpr int64_t kBatch = 80;
   Models models(WeightFormat::kReleased, Numerics::kReleased);
   models.gpu->set_cuda_graph_max_tokens(128);
-  const std::vector<float> eager = decode_logits(models, kBatch, false);
-  const std::vector<float> graphs = decode_logits(models, kBatch, true);
-  ASSERT_EQ(eager.size(), graphs.size());
-  EXPECT_EQ(differing_bits(eager, graphs), 0u) << "of " << eager.size() << " logits";
-  const std::vector<float> replayed = decode_logits(models, kBatch, true);
-  ASSERT_EQ(replayed.size(), graphs.size());
-  EXPECT_EQ(differing_bits(replayed, graphs), 0u) << "of " << graphs.size() << " logits";
+  expect_recorded_steps_equal_eager(models, kBatch);
 }
 
 // An engine's decode batch wanders as requests join and finish: steps of 1..12 requests, each
