@@ -294,5 +294,48 @@ TEST(ForwardTest, CudaGraphsSettingMustBeZeroOrOne) {
   }
 }
 
+// DEEPINFER_CUDA_GRAPH_MAX_TOKENS: a token count 1..Model::kLargestCudaGraphMaxTokens (unset:
+// 256); anything else fails the model's construction with an Error naming the variable. The
+// setter checks the same range.
+TEST(ForwardTest, CudaGraphMaxTokensSettingMustBeATokenCount) {
+  struct RestoreEnvironment {
+    ~RestoreEnvironment() { unsetenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS"); }
+  } restore;
+  DeepseekV41TextConfig config = testing::tiny_config("{}");
+  const std::shared_ptr<EngramHasher> hasher =
+      config.engram_layer_ids.empty() ? nullptr : testing::tiny_hasher(config, 1);
+  const auto parameters = testing::random_parameters(config, 1, WeightFormat::kDense);
+  auto build = [&] { return Model(config, *parameters, Numerics::kDense, hasher); };
+  unsetenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS");
+  EXPECT_EQ(build().cuda_graph_max_tokens(), 256);
+  setenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS", "64", 1);
+  EXPECT_EQ(build().cuda_graph_max_tokens(), 64);
+  setenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS", "4096", 1);
+  EXPECT_EQ(build().cuda_graph_max_tokens(), 4096);
+  for (const char* bad : {"0", "4097", "-1", "64k", " 64", "", "99999999999999999999"}) {
+    setenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS", bad, 1);
+    if (*bad == '\0') {  // empty reads as unset
+      EXPECT_EQ(build().cuda_graph_max_tokens(), 256);
+      continue;
+    }
+    try {
+      build();
+      ADD_FAILURE() << "DEEPINFER_CUDA_GRAPH_MAX_TOKENS=" << bad << " was accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what())
+                    .find(std::string("DEEPINFER_CUDA_GRAPH_MAX_TOKENS='") + bad + "'"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  unsetenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS");
+  Model model = build();
+  model.set_cuda_graph_max_tokens(1);
+  EXPECT_EQ(model.cuda_graph_max_tokens(), 1);
+  EXPECT_THROW(model.set_cuda_graph_max_tokens(0), Error);
+  EXPECT_THROW(model.set_cuda_graph_max_tokens(Model::kLargestCudaGraphMaxTokens + 1), Error);
+  EXPECT_EQ(model.cuda_graph_max_tokens(), 1);
+}
+
 }  // namespace
 }  // namespace deepinfer::deepseek_v41

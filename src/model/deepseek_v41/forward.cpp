@@ -989,8 +989,9 @@ void Model::set_cuda_graphs(bool enabled) {
 }
 
 void Model::set_cuda_graph_max_tokens(int64_t tokens) {
-  DI_CHECK(tokens >= 1 && tokens <= kLargestCudaGraphMaxTokens, "CUDA graph max tokens ", tokens,
-           " is not in 1..", kLargestCudaGraphMaxTokens);
+  if (tokens < 1 || tokens > kLargestCudaGraphMaxTokens) {
+    DI_THROW("the CUDA graph token limit ", tokens, " is not in 1..", kLargestCudaGraphMaxTokens);
+  }
   cuda_graph_max_tokens_ = tokens;
 }
 
