@@ -267,69 +267,70 @@ TEST(ForwardTest, BadInputsFailClearly) {
                Error);
 }
 
+// A tiny model built under one environment variable's values: the variable is unset before and
+// after; `rejects(value)` expects the model's construction to fail with an Error naming the
+// variable and the value.
+class ModelUnderSetting {
+ public:
+  explicit ModelUnderSetting(const char* variable)
+      : variable_(variable),
+        config_(testing::tiny_config("{}")),
+        hasher_(config_.engram_layer_ids.empty() ? nullptr : testing::tiny_hasher(config_, 1)),
+        parameters_(testing::random_parameters(config_, 1, WeightFormat::kDense)) {
+    unsetenv(variable_);
+  }
+  ~ModelUnderSetting() { unsetenv(variable_); }
+  ModelUnderSetting(const ModelUnderSetting&) = delete;
+  ModelUnderSetting& operator=(const ModelUnderSetting&) = delete;
+
+  Model build(const char* value) const {
+    setenv(variable_, value, 1);
+    return Model(config_, *parameters_, Numerics::kDense, hasher_);
+  }
+  Model build_unset() const {
+    unsetenv(variable_);
+    return Model(config_, *parameters_, Numerics::kDense, hasher_);
+  }
+  void rejects(const char* value) const {
+    try {
+      build(value);
+      ADD_FAILURE() << variable_ << "=" << value << " was accepted";
+    } catch (const Error& error) {
+      const std::string named = std::string(variable_) + "='" + value + "'";
+      EXPECT_NE(std::string(error.what()).find(named), std::string::npos) << error.what();
+    }
+  }
+
+ private:
+  const char* variable_;
+  DeepseekV41TextConfig config_;
+  std::shared_ptr<EngramHasher> hasher_;
+  std::unique_ptr<ModelParameters> parameters_;
+};
+
 // DEEPINFER_CUDA_GRAPHS takes 0 or 1 (unset: on); anything else fails the model's construction
 // with an Error naming the variable, on every backend, instead of being read as on or off.
 TEST(ForwardTest, CudaGraphsSettingMustBeZeroOrOne) {
-  struct RestoreEnvironment {
-    ~RestoreEnvironment() { unsetenv("DEEPINFER_CUDA_GRAPHS"); }
-  } restore;
-  DeepseekV41TextConfig config = testing::tiny_config("{}");
-  const std::shared_ptr<EngramHasher> hasher =
-      config.engram_layer_ids.empty() ? nullptr : testing::tiny_hasher(config, 1);
-  const auto parameters = testing::random_parameters(config, 1, WeightFormat::kDense);
-  auto build = [&] { return Model(config, *parameters, Numerics::kDense, hasher); };
-  unsetenv("DEEPINFER_CUDA_GRAPHS");
-  EXPECT_TRUE(build().cuda_graphs());
-  setenv("DEEPINFER_CUDA_GRAPHS", "0", 1);
-  EXPECT_FALSE(build().cuda_graphs());
-  setenv("DEEPINFER_CUDA_GRAPHS", "1", 1);
-  EXPECT_TRUE(build().cuda_graphs());
-  setenv("DEEPINFER_CUDA_GRAPHS", "yes", 1);
-  try {
-    build();
-    ADD_FAILURE() << "DEEPINFER_CUDA_GRAPHS=yes was accepted";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("DEEPINFER_CUDA_GRAPHS='yes'"), std::string::npos)
-        << error.what();
-  }
+  const ModelUnderSetting setting("DEEPINFER_CUDA_GRAPHS");
+  EXPECT_TRUE(setting.build_unset().cuda_graphs());
+  EXPECT_FALSE(setting.build("0").cuda_graphs());
+  EXPECT_TRUE(setting.build("1").cuda_graphs());
+  setting.rejects("yes");
 }
 
-// DEEPINFER_CUDA_GRAPH_MAX_TOKENS: a token count 1..Model::kLargestCudaGraphMaxTokens (unset:
-// 256); anything else fails the model's construction with an Error naming the variable. The
-// setter checks the same range.
+// DEEPINFER_CUDA_GRAPH_MAX_TOKENS: a token count 1..Model::kLargestCudaGraphMaxTokens (unset or
+// empty: 256); anything else fails the model's construction with an Error naming the variable.
+// The setter checks the same range.
 TEST(ForwardTest, CudaGraphMaxTokensSettingMustBeATokenCount) {
-  struct RestoreEnvironment {
-    ~RestoreEnvironment() { unsetenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS"); }
-  } restore;
-  DeepseekV41TextConfig config = testing::tiny_config("{}");
-  const std::shared_ptr<EngramHasher> hasher =
-      config.engram_layer_ids.empty() ? nullptr : testing::tiny_hasher(config, 1);
-  const auto parameters = testing::random_parameters(config, 1, WeightFormat::kDense);
-  auto build = [&] { return Model(config, *parameters, Numerics::kDense, hasher); };
-  unsetenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS");
-  EXPECT_EQ(build().cuda_graph_max_tokens(), 256);
-  setenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS", "64", 1);
-  EXPECT_EQ(build().cuda_graph_max_tokens(), 64);
-  setenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS", "4096", 1);
-  EXPECT_EQ(build().cuda_graph_max_tokens(), 4096);
-  for (const char* bad : {"0", "4097", "-1", "64k", " 64", "", "99999999999999999999"}) {
-    setenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS", bad, 1);
-    if (*bad == '\0') {  // empty reads as unset
-      EXPECT_EQ(build().cuda_graph_max_tokens(), 256);
-      continue;
-    }
-    try {
-      build();
-      ADD_FAILURE() << "DEEPINFER_CUDA_GRAPH_MAX_TOKENS=" << bad << " was accepted";
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what())
-                    .find(std::string("DEEPINFER_CUDA_GRAPH_MAX_TOKENS='") + bad + "'"),
-                std::string::npos)
-          << error.what();
-    }
+  const ModelUnderSetting setting("DEEPINFER_CUDA_GRAPH_MAX_TOKENS");
+  EXPECT_EQ(setting.build_unset().cuda_graph_max_tokens(), 256);
+  EXPECT_EQ(setting.build("").cuda_graph_max_tokens(), 256);
+  EXPECT_EQ(setting.build("64").cuda_graph_max_tokens(), 64);
+  EXPECT_EQ(setting.build("4096").cuda_graph_max_tokens(), 4096);
+  for (const char* bad : {"0", "4097", "-1", "64k", " 64", "99999999999999999999"}) {
+    setting.rejects(bad);
   }
-  unsetenv("DEEPINFER_CUDA_GRAPH_MAX_TOKENS");
-  Model model = build();
+  Model model = setting.build_unset();
   model.set_cuda_graph_max_tokens(1);
   EXPECT_EQ(model.cuda_graph_max_tokens(), 1);
   EXPECT_THROW(model.set_cuda_graph_max_tokens(0), Error);
