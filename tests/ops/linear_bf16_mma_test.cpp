@@ -17,6 +17,7 @@
 #include "core/dtype_convert.h"
 #include "core/error.h"
 #include "gpu_support.h"
+#include "ops/batch_invariance.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/linear_bf16_mma.h"
@@ -394,8 +395,10 @@ TEST_F(LinearBf16MmaTest, DecodeTileV41FlashShapes) {
 // per-group ops::cuda::linear calls (bits), the same with the grouped launch off (bits), and the
 // CPU's linear_grouped (tolerance; itself the per-group CPU linears, bits). Every output column
 // is written, nothing outside.
-void check_grouped(int64_t groups, int64_t group_out, int64_t group_in, int64_t rows,
-                   uint32_t seed) {
+// With `invariant` false (batch invariance off: the grouped and per-group launches may take
+// different cluster ranks, so other additions) only the tolerance is checked.
+void check_grouped(int64_t groups, int64_t group_out, int64_t group_in, int64_t rows, uint32_t seed,
+                   bool invariant = true) {
   const std::string what = std::to_string(groups) + " x [" + std::to_string(group_out) + " x " +
                            std::to_string(group_in) + "], " + std::to_string(rows) + " rows";
   const int64_t n = groups * group_out;
@@ -437,8 +440,10 @@ void check_grouped(int64_t groups, int64_t group_out, int64_t group_in, int64_t 
     const rt::ScopedSwitch per_group_launches("DEEPINFER_BF16_GROUPED", false);
     grouped_off = gpu([&](const TensorView& out) { linear_grouped(x_view, w, groups, out); });
   }
-  EXPECT_TRUE(same_bits(grouped, per_group)) << what << ": one launch differs from the groups";
-  EXPECT_TRUE(same_bits(grouped_off, per_group)) << what << ": the switched-off path differs";
+  if (invariant) {
+    EXPECT_TRUE(same_bits(grouped, per_group)) << what << ": one launch differs from the groups";
+    EXPECT_TRUE(same_bits(grouped_off, per_group)) << what << ": the switched-off path differs";
+  }
 
   const TensorView host_x = x.view().narrow(1, 32, width);
   Tensor want = Tensor::empty(DType::kF32, {rows, n});
@@ -630,6 +635,61 @@ TEST_F(LinearBf16MmaTest, UnalignedShapesFallBack) {
     EXPECT_THROW(run_gpu(r, 0, 5, 3), Error) << n << " x " << k;
     EXPECT_LE(worst_error(reference(r, 0, 5), run_gpu(r, 0, 5)), kTolerance) << n << " x " << k;
   }
+}
+
+// ---- batch invariance off: K over a cluster's blocks ----------------------------------------
+
+// Batch invariance off, the decode tile's K cut over the blocks of a thread-block cluster as well
+// (linear.cuh's decode_cluster_ranks): rows [0, rows) of r through the model's op within the
+// reference's tolerance, and with the clusters switched off bit for bit the invariant launch.
+// Returns whether the cluster form changed any bit (it adds in another order, so with random
+// operands it does wherever it ran).
+bool check_cluster_k(const Role& r, int64_t rows) {
+  const std::string what = r.name + " [" + std::to_string(r.n) + " x " + std::to_string(r.k) +
+                           "], " + std::to_string(rows) + " rows";
+  const Tensor want = reference(r, 0, rows);
+  const Tensor invariant = run_gpu(r, 0, rows);
+  const ScopedBatchInvariance off(false);
+  const Tensor clustered = run_gpu(r, 0, rows);
+  const double error = worst_error(want, clustered);
+  const bool changed = !same_bits(clustered, invariant);
+  std::printf("%s, invariance off: worst error %.3g, %s\n", what.c_str(), error,
+              changed ? "clusters ran" : "same bits as invariant");
+  EXPECT_LE(error, kTolerance) << what << ", invariance off";
+  const rt::ScopedSwitch no_clusters("DEEPINFER_DECODE_CLUSTER_K", false);
+  EXPECT_TRUE(same_bits(run_gpu(r, 0, rows), invariant))
+      << what << ": invariance off without clusters differs from the invariant launch";
+  return changed;
+}
+
+// Small shapes with the slice floor at one 32-chunk (quick under compute-sanitizer): 48 x 8192
+// (8 slices a block, up to 8 ranks of 32 chunks), 48 x 1536 (6 ranks of one chunk: a stage half
+// empty), over the 8-, 16- and 32-token tiles.
+TEST_F(LinearBf16MmaTest, ClusterKSmallShapes) {
+  const rt::ScopedSetting thin_slices("DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES", 64);
+  for (auto [n, k] :
+       {std::pair<int64_t, int64_t>{48, 8192}, std::pair<int64_t, int64_t>{48, 1536}}) {
+    const Role r = make_role("small", n, k, k + 32, 32, 40, 181);
+    for (int64_t rows : {1, 5, 13, 16, 24, 40}) {
+      EXPECT_TRUE(check_cluster_k(r, rows)) << n << " x " << k << ", " << rows << " rows";
+    }
+  }
+}
+
+// The released BF16 decode shapes with the default ranks: the gate's 24 blocks and the
+// compressor's 32 at one row are under a wave, so the clusters must run there.
+TEST_F(LinearBf16MmaTest, ClusterKV41FlashShapes) {
+  const Role gate = make_role("gate", 384, 5120, 5120, 0, 32, 191);
+  const Role compressor = make_role("compressor wkv", 512, 5120, 5120, 0, 32, 193);
+  const Role wo_a = make_role("wo_a group", 1024, 4096, 32768, 6 * 4096, 32, 197);
+  EXPECT_TRUE(check_cluster_k(gate, 1));
+  EXPECT_TRUE(check_cluster_k(compressor, 1));
+  for (const Role* r : {&gate, &compressor, &wo_a}) {
+    for (int64_t rows : {2, 8, 16, 32}) check_cluster_k(*r, rows);
+  }
+  // The 8 wo_a groups in one launch, against the CPU.
+  const ScopedBatchInvariance off(false);
+  for (int64_t rows : {1, 8, 16}) check_grouped(8, 1024, 4096, rows, 199, /*invariant=*/false);
 }
 
 }  // namespace

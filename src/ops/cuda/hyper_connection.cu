@@ -381,16 +381,22 @@ __global__ void __launch_bounds__(kThreads, kRows <= 2 ? 2 : 1)
 // order as hc_mix_finish reads shared memory, so every value goes through the same operations.
 // The block version spends two barriers on each of the Sinkhorn projection's 40 normalizations;
 // the warp needs none.
+//
+// kHc > 0 fixes hc at compile time (the released 4): each normalization's hc shuffles unroll and
+// issue together instead of a loop of dependent shuffle-add steps, so the projection's chain of
+// 41 normalizations (one a few tens of cycles shorter each) bounds a decode step's call less.
+// kHc == 0 reads args.hc. The same operations in the same order either way.
 constexpr int kFinishRowsPerBlock = 4;
 constexpr int kMaxWarpSlices = 32;  // rows of up to 32768 columns
 
+template <int kHc>
 __global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
     hc_mix_finish_warp_kernel(MixArgs args, int slices, const float* partials) {
   const int64_t m = static_cast<int64_t>(blockIdx.x) * kFinishRowsPerBlock + threadIdx.x / 32;
   if (m >= args.x.rows) return;  // a whole warp leaves together
   const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x % 32;
-  const int hc = args.hc;
+  const int hc = kHc > 0 ? kHc : args.hc;
   const int mix_count = (2 + hc) * hc;
   const int stride = mix_count + 1;
   const float* row = partials + m * slices * stride;
@@ -424,9 +430,11 @@ __global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
   float value = owner ? comb_mix * sc[2] + bs[2 * hc + e] : 0.0f;
   // Row softmax plus eps.
   float max_logit = -INFINITY;
+#pragma unroll
   for (int i = 0; i < hc; ++i) max_logit = fmaxf(max_logit, __shfl_sync(all, value, j * hc + i));
   if (owner) value = expf(value - max_logit);
   float total = 0.0f;
+#pragma unroll
   for (int i = 0; i < hc; ++i) total += __shfl_sync(all, value, j * hc + i);
   if (owner) value = value / total + eps;
   // One column normalization, then (iters - 1) times rows and columns: the reference's order.
@@ -434,14 +442,28 @@ __global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
   for (int iteration = 0; iteration < column_passes; ++iteration) {
     if (iteration > 0) {
       total = 0.0f;
+#pragma unroll
       for (int i = 0; i < hc; ++i) total += __shfl_sync(all, value, j * hc + i);
       value /= total + eps;
     }
     total = 0.0f;
+#pragma unroll
     for (int i = 0; i < hc; ++i) total += __shfl_sync(all, value, i * hc + k);
     value /= total + eps;
   }
   if (owner) args.comb.row(m)[e] = value;
+}
+
+void launch_finish_warp(const MixArgs& args, int slices, const float* partials) {
+  const unsigned blocks = blocks_for(args.x.rows, kFinishRowsPerBlock);
+  if (args.hc == 4) {
+    hc_mix_finish_warp_kernel<4>
+        <<<blocks, kFinishRowsPerBlock * 32, 0, current_stream()>>>(args, slices, partials);
+  } else {
+    hc_mix_finish_warp_kernel<0>
+        <<<blocks, kFinishRowsPerBlock * 32, 0, current_stream()>>>(args, slices, partials);
+  }
+  DI_CUDA_LAUNCHED(hc_mix_finish_warp_kernel);
 }
 
 // false (or DEEPINFER_HC_PRELOAD=0): hc_mix_partials_kernel.
@@ -681,10 +703,7 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
                               kSquaresRowsPerBlock * 32, 0, current_stream()>>>(
           args.x, stride, static_cast<int>(mix_count), partials.as<float>());
       DI_CUDA_LAUNCHED(hc_row_squares_kernel);
-      hc_mix_finish_warp_kernel<<<blocks_for(args.x.rows, kFinishRowsPerBlock),
-                                  kFinishRowsPerBlock * 32, 0, current_stream()>>>(
-          args, /*slices=*/1, partials.as<float>());
-      DI_CUDA_LAUNCHED(hc_mix_finish_warp_kernel);
+      launch_finish_warp(args, /*slices=*/1, partials.as<float>());
       return;
     }
   }
@@ -722,10 +741,7 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
     DI_CUDA_LAUNCHED(hc_mix_partials_kernel);
   }
   if (kWarpFinish.enabled() && mix_count + 1 <= 32 && slices <= kMaxWarpSlices) {
-    hc_mix_finish_warp_kernel<<<blocks_for(args.x.rows, kFinishRowsPerBlock),
-                                kFinishRowsPerBlock * 32, 0, current_stream()>>>(
-        args, slices, partials.as<float>());
-    DI_CUDA_LAUNCHED(hc_mix_finish_warp_kernel);
+    launch_finish_warp(args, slices, partials.as<float>());
     return;
   }
   hc_mix_finish_kernel<<<static_cast<unsigned>(args.x.rows), kFinishThreads, 0, current_stream()>>>(

@@ -4,6 +4,7 @@
 // the call (batch invariance). FP8 weights with FP8 activations (linear_fp8_dense.cu, else
 // linear_fp8_mma) and BF16 weights without activation quantization (linear_bf16_mma.cu) of
 // aligned shapes run on the tensor cores instead.
+#include "ops/batch_invariance.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear.cuh"
 #include "ops/cuda/linear_cublaslt.h"
@@ -28,7 +29,30 @@ int64_t scale_block_edge(int64_t extent, int64_t blocks) {
   return 0;
 }
 
+// decode_cluster_ranks' switch and limits (linear.cuh).
+RuntimeSwitch kDecodeClusterK{"DEEPINFER_DECODE_CLUSTER_K", true};
+RuntimeSetting kDecodeClusterBlocksPerSm{"DEEPINFER_DECODE_CLUSTER_BLOCKS_PER_SM", 4, 1, 64};
+RuntimeSetting kDecodeClusterMinSliceBytes{"DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES", 256, 1,
+                                           1 << 30};
+constexpr int kMaxDecodeClusterRanks = 8;  // the portable cluster size
+
 }  // namespace
+
+int decode_cluster_ranks(int64_t blocks, int64_t k_units, int slices, int64_t unit_bytes) {
+  if (ops::batch_invariant() || !kDecodeClusterK.enabled()) return 1;
+  const int64_t target = static_cast<int64_t>(kDecodeClusterBlocksPerSm.value()) *
+                         deepinfer::cuda::multiprocessor_count();
+  int best = 1;
+  for (int ranks = 2; ranks <= kMaxDecodeClusterRanks; ++ranks) {
+    const int64_t cut = static_cast<int64_t>(slices) * ranks;
+    if (k_units % cut != 0 || k_units / cut * unit_bytes < kDecodeClusterMinSliceBytes.value() ||
+        blocks * ranks > target) {
+      continue;
+    }
+    best = ranks;
+  }
+  return best;
+}
 
 DeviceWeight describe(const LinearWeight& weight) {
   const TensorView& w = weight.weight;

@@ -3,6 +3,8 @@
 // the released numerics' activation quantizer. Internal to the CUDA backend.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "ops/cuda/common.cuh"
 #include "ops/ops.h"
 
@@ -147,6 +149,73 @@ __device__ __forceinline__ void sum_slice_partials(float (&partials)[kWarps][kTo
       take(j, total);
     }
   }
+}
+
+// Batch invariance off: how many blocks of a thread-block cluster (grid.z, cluster (1, 1, G))
+// a split-K decode tile launch of `blocks` blocks also cuts K over, its S `slices` a block
+// becoming S x G slices of K / unit_bytes units (unit_bytes: a unit's weight bytes per row). 1
+// with invariance on or DEEPINFER_DECODE_CLUSTER_K=0. The most ranks (up to the portable 8) that
+// divide the units evenly, leave every warp at least DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES of
+// each weight row (default 256: two of the FP8 tile's 128-byte stages) and the launch at most
+// DEEPINFER_DECODE_CLUSTER_BLOCKS_PER_SM blocks an SM (default 4: two waves of the tiles' two
+// blocks an SM, enough to even out the SMs' shares). The decode roles' grids are otherwise under
+// one wave (wq_a 80 blocks, the gate 24 on 132 SMs), with most SMs idle.
+int decode_cluster_ranks(int64_t blocks, int64_t k_units, int slices, int64_t unit_bytes);
+
+// Launches `kernel` on `grid` with clusters of (1, 1, ranks) blocks (grid.z a multiple of ranks).
+template <typename Kernel, typename Args>
+void launch_cluster_z(Kernel kernel, dim3 grid, int threads, size_t shared_bytes,
+                      cudaStream_t stream, int ranks, const Args& args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = static_cast<unsigned>(ranks);
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  DI_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+}
+
+// sum_slice_partials across a thread-block cluster (batch invariance off): the cluster's blocks
+// are ranks 0..G-1 of the same row groups and token tiles, rank r holding K slices
+// [r S, r S + S). Each block sums its own S slices as sum_slice_partials does and leaves the
+// sums in the sums warp's own `partials` slot (no other warp reads it again); after a cluster
+// barrier rank 0 adds the ranks' sums in rank order, T_0 + T_1 + ..., reading the others' shared
+// memory, and hands them to take(j, sums). A second cluster barrier keeps every block's shared
+// memory alive and unchanged until rank 0 has read it. Every thread of every block must call it.
+template <int kWarps, int kTokenTiles, typename Take>
+__device__ __forceinline__ void sum_cluster_slice_partials(
+    float (&partials)[kWarps][kTokenTiles * 4][32], const float (&acc)[kTokenTiles][4], bool active,
+    bool sums, int slices, const Take& take) {
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  sum_slice_partials(partials, acc, active, sums, slices, [&](int j, const float(&total)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partials[warp][4 * j + i][lane] = total[i];
+  });
+  cluster.sync();
+  if (active && sums && cluster.block_rank() == 0) {
+    const int ranks = static_cast<int>(cluster.num_blocks());
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j) {
+      float total[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) total[i] = partials[warp][4 * j + i][lane];
+      for (int rank = 1; rank < ranks; ++rank) {
+        const float* remote = cluster.map_shared_rank(&partials[warp][4 * j][lane], rank);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) total[i] += remote[32 * i];
+      }
+      take(j, total);
+    }
+  }
+  cluster.sync();
 }
 
 // The BF16 tensor-core GEMM of linear_bf16_mma.cu (bf16 weights, f32 activations, no activation

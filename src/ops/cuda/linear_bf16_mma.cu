@@ -23,6 +23,8 @@
 // with the slices on grid.z, through scratch in slice order. Tensor-core results
 // of one output element depend only on its weight row and token column (the FP8 kernel's bit-exact
 // invariance test on the H200 relies on the same property).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -889,7 +891,11 @@ __device__ __forceinline__ int decode_piece_offset(int row, int piece) {
 // activations it loads and splits per chunk feed twice the weight bytes (at 16 tokens the
 // activations read from L2 otherwise outweigh the weights twice over). Each output is still
 // the same MMA chain and additions; the stages hold 32 rows, so there are half as many.
-template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups>
+//
+// kClusterK (batch invariance off only, linear.cuh's decode_cluster_ranks): the grid's z blocks
+// are one cluster whose rank r takes K slices [r S, r S + S) of S x ranks; rank 0 adds the ranks'
+// sums in rank order (sum_cluster_slice_partials) and stores them. Other additions, other bits.
+template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups, bool kClusterK>
 __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
     bf16_decode_tile_kernel(Bf16MmaArgs args) {
   extern __shared__ __align__(128) uint8_t decode_shared[];
@@ -916,8 +922,14 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
   // Rows of this warp inside the weight (a multiple of 16: a second row group past N is skipped).
   const int64_t warp_rows = active ? min(static_cast<int64_t>(kWarpRows), args.n - n_base) : 0;
   const int first_slice = warp % slices;
-  const int chunk_count = static_cast<int>(args.k / (kChunk * slices));
-  const int chunk_begin = first_slice * chunk_count;
+  int cluster_rank = 0;
+  int cluster_ranks = 1;
+  if constexpr (kClusterK) {
+    cluster_rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+    cluster_ranks = static_cast<int>(cooperative_groups::this_cluster().num_blocks());
+  }
+  const int chunk_count = static_cast<int>(args.k / (kChunk * slices * cluster_ranks));
+  const int chunk_begin = (cluster_rank * slices + first_slice) * chunk_count;
   const int stage_count = (chunk_count + kDecodeStageChunks - 1) / kDecodeStageChunks;
   // This warp's 16 rows at its slice's first chunk.
   const uint8_t* w_slice = args.weight + (active ? n_base * args.row_bytes : 0) +
@@ -1046,12 +1058,16 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
     // The register kernel's reduction: 0 + P_0 + P_1 + ... in slice order.
     __shared__ float partials[kWarps][kRowGroups * kTokenTiles * 4][32];
     float total[kRowGroups * kTokenTiles][4] = {};
-    sum_slice_partials(partials, acc, active, first_slice == 0, slices,
-                       [&](int j, const float(&sums)[4]) {
-                         for (int i = 0; i < 4; ++i) total[j][i] = sums[i];
-                       });
+    const auto keep = [&](int j, const float(&sums)[4]) {
+      for (int i = 0; i < 4; ++i) total[j][i] = sums[i];
+    };
+    if constexpr (kClusterK) {
+      sum_cluster_slice_partials(partials, acc, active, first_slice == 0, slices, keep);
+    } else {
+      sum_slice_partials(partials, acc, active, first_slice == 0, slices, keep);
+    }
     __syncthreads();  // partials are rewritten by the next token tile
-    if (active && first_slice == 0) {
+    if (active && first_slice == 0 && cluster_rank == 0) {
 #pragma unroll
       for (int rg = 0; rg < kRowGroups; ++rg) {
         if (16 * rg >= warp_rows) break;
@@ -1076,15 +1092,31 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
 
 // One decode tile launch; the first of each instance allows its 96 KB of dynamic shared memory
 // (an attribute of the kernel, so one static per instance).
-template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups = 1>
-void launch_decode_tile(const Bf16MmaArgs& args, dim3 grid, cudaStream_t stream) {
-  constexpr auto kernel = bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups>;
+template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups, bool kClusterK>
+void allow_decode_tile_smem() {
   static const bool allowed = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kDecodeSmemBytes));
+    DI_CUDA_CHECK(cudaFuncSetAttribute(
+        bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, kClusterK>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, kDecodeSmemBytes));
     return true;
   }();
   (void)allowed;
+}
+
+// `ranks` > 1: the cluster form, grid.z = ranks (the row groups' K over a cluster's blocks).
+template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups = 1>
+void launch_decode_tile(const Bf16MmaArgs& args, dim3 grid, cudaStream_t stream, int ranks = 1) {
+  if (ranks > 1) {
+    constexpr auto kernel =
+        bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, true>;
+    allow_decode_tile_smem<kTokenTiles, kTerms, kPreSplit, kRowGroups, true>();
+    launch_cluster_z(kernel, dim3(grid.x, grid.y, static_cast<unsigned>(ranks)), kThreads,
+                     kDecodeSmemBytes, stream, ranks, args);
+    return;
+  }
+  constexpr auto kernel =
+      bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, false>;
+  allow_decode_tile_smem<kTokenTiles, kTerms, kPreSplit, kRowGroups, false>();
   kernel<<<grid, kThreads, kDecodeSmemBytes, stream>>>(args);
   DI_CUDA_LAUNCHED(bf16_decode_tile_kernel);
 }
@@ -1203,10 +1235,11 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
       run(register_kernel, tokens_per_block, split_row_groups);
       return;
     }
-    launch_tile(args,
-                dim3(blocks_for(row_groups, split_row_groups),
-                     std::min(blocks_for(x.rows, tokens_per_block), 65535u)),
-                stream);
+    const dim3 grid(blocks_for(row_groups, split_row_groups),
+                    std::min(blocks_for(x.rows, tokens_per_block), 65535u));
+    launch_tile(args, grid, stream,
+                decode_cluster_ranks(static_cast<int64_t>(grid.x) * grid.y, w.in / kChunk,
+                                     args.slices, kChunkBytes));
   };
   const bool wide = static_cast<int64_t>(blocks_for(row_groups, kWarps)) * blocks_for(x.rows, 32) >=
                     kWideMinBlocks;
@@ -1215,7 +1248,7 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
     launch_tile(args,
                 dim3(blocks_for(blocks_for(row_groups, row_groups_per_warp), split_row_groups),
                      std::min(blocks_for(x.rows, tokens_per_block), 65535u)),
-                stream);
+                stream, 1);
   };
   if (big_decode) {
     launch_big_tile<kTerms, 2>(args, x.rows, stream);
