@@ -662,6 +662,25 @@ bool check_cluster_k(const Role& r, int64_t rows) {
   return changed;
 }
 
+// Programmatic dependent launch (DEEPINFER_DECODE_PDL) moves no arithmetic: the decode tile
+// gives the same bits with it and without it (invariant and clustered launches).
+TEST_F(LinearBf16MmaTest, DecodePdlSameBits) {
+  const Role r = make_role("small", 48, 1536, 1536 + 32, 32, 24, 187);
+  for (bool invariant : {true, false}) {
+    const ScopedBatchInvariance mode(invariant);
+    for (int64_t rows : {1, 13, 24}) {
+      const Tensor dependent = run_gpu(r, 0, rows);
+      Tensor ordered;
+      {
+        const rt::ScopedSwitch plain_order("DEEPINFER_DECODE_PDL", false);
+        ordered = run_gpu(r, 0, rows);
+      }
+      EXPECT_TRUE(same_bits(dependent, ordered))
+          << rows << " rows, invariance " << (invariant ? "on" : "off");
+    }
+  }
+}
+
 // Small shapes with the slice floor at one 32-chunk (quick under compute-sanitizer): 48 x 8192
 // (8 slices a block, up to 8 ranks of 32 chunks), 48 x 1536 (6 ranks of one chunk: a stage half
 // empty), over the 8-, 16- and 32-token tiles.

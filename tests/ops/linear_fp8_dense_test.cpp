@@ -5,9 +5,7 @@
 // a sample of rows is checked against the reference (it costs N x K per row on the CPU), every
 // row bit for bit against the largest call, and every launch variant against kAuto. Outputs are
 // fully written and nothing else. The decode tile (split_tile_kernel) is compared bit for bit with
-// the register kernel before it (split_kernel) at decode row counts. With batch invariance off
-// the decode launches' cluster form (K over the blocks of a cluster) is checked against the
-// reference at the same shapes. Skips without a GPU.
+// the register kernel before it (split_kernel) at decode row counts. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +18,6 @@
 
 #include "core/error.h"
 #include "gpu_support.h"
-#include "ops/batch_invariance.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/linear_fp8_dense.h"
@@ -364,88 +361,27 @@ TEST_F(LinearFp8DenseTest, DecodeTileRealShapes) {
   }
 }
 
-// Batch invariance off, the decode launches' K cut over a thread-block cluster as well
-// (linear_fp8_dense_cluster_ranks): rows [first, first + count) of `r` through `launch` with
-// invariance off must match the CPU reference within the tolerance (only additions differ from
-// it) and, with the clusters switched off, equal the invariant launch bit for bit. Returns the
-// ranks the launch took.
-int expect_cluster_k(const Role& r, int64_t first, int64_t count, Fp8DenseLaunch launch) {
-  const Tensor invariant = run_gpu(r, first, count, Path::kDense, launch);
-  const ScopedBatchInvariance off(false);
-  const int ranks = cuda::linear_fp8_dense_cluster_ranks(count, r.n, r.k, launch);
-  const Tensor clustered = run_gpu(r, first, count, Path::kDense, launch);
-  const double error = sample_error(r, clustered, first, count);
-  std::printf("%s [%ld x %ld], rows %ld..%ld, %s: %d ranks, worst error %.3g\n", r.name.c_str(),
-              static_cast<long>(r.n), static_cast<long>(r.k), static_cast<long>(first),
-              static_cast<long>(first + count), launch_name(launch), ranks, error);
-  EXPECT_LE(error, kTolerance) << r.name << ", rows " << first << ".." << first + count << ", "
-                               << launch_name(launch) << ", " << ranks << " ranks";
-  {
-    const rt::ScopedSwitch no_clusters{"DEEPINFER_DECODE_CLUSTER_K", false};
-    EXPECT_EQ(cuda::linear_fp8_dense_cluster_ranks(count, r.n, r.k, launch), 1);
-    EXPECT_EQ(differing_rows(invariant, run_gpu(r, first, count, Path::kDense, launch), 0, r.n), 0)
-        << r.name << ": invariance off without clusters differs from the invariant launch";
-  }
-  return ranks;
-}
-
-// The cluster launches on small shapes, every row against the CPU reference (quick under
-// compute-sanitizer), with the slice floor at one 32-block so the ranks go up to 8: 48 x 2048
-// (8 slices a block, 8 ranks: slices of one block), 48 x 3072 (6 ranks: slices of 2 blocks, which
-// end inside the pipeline's 4-block chunks), 1 to 40 rows and rows not on a token tile's edge.
-TEST_F(LinearFp8DenseTest, ClusterKSmallShapes) {
-  const rt::ScopedSetting thin_slices{"DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES", 32};
+// Programmatic dependent launch (DEEPINFER_DECODE_PDL) moves no arithmetic: the decode launches
+// give the same bits with it and without it, also right behind the activation quantizer that
+// lets them start early (every call here is one).
+TEST_F(LinearFp8DenseTest, DecodePdlSameBits) {
   struct Case {
-    int64_t n, k;
-    int ranks;
+    int64_t n, k, rows;
   };
-  for (const Case& c : {Case{48, 2048, 8}, Case{48, 3072, 6}}) {
-    constexpr int64_t kRows = 40;
-    Role r = make_role("small", c.n, c.k, kRows, 131, /*with_reference=*/false);
-    r.sample.clear();
-    for (int64_t row = 0; row < kRows; ++row) r.sample.push_back(row);
-    Tensor dense = Tensor::empty(DType::kF32, {kRows, c.k});
-    for (int64_t row = 0; row < kRows; ++row) {
-      const float* source = r.x.data<float>() + row * (c.k + kExtraColumns) + kColumnOffset;
-      std::copy(source, source + c.k, dense.data<float>() + row * c.k);
-    }
-    r.want = Tensor::empty(DType::kF32, {kRows, c.n});
-    linear(dense.view(), LinearWeight{r.weight.view(), r.scale.view()}, r.want.view(),
-           ActivationQuant::kFp8PerBlock32);
+  for (const Case& c : {Case{48, 2048, 1}, Case{64, 2432, 13}, Case{48, 384, 40}}) {
+    const Role r = make_role("small", c.n, c.k, c.rows, 151, /*with_reference=*/false);
     for (Fp8DenseLaunch launch :
          {Fp8DenseLaunch::kTokens8, Fp8DenseLaunch::kTokens16, Fp8DenseLaunch::kTokens32}) {
-      for (int64_t rows : {int64_t{1}, int64_t{13}, kRows}) {
-        EXPECT_EQ(expect_cluster_k(r, 0, rows, launch), c.ranks) << c.n << " x " << c.k;
+      const Tensor dependent = run_gpu(r, 0, c.rows, Path::kDense, launch);
+      Tensor ordered;
+      {
+        const rt::ScopedSwitch plain_order{"DEEPINFER_DECODE_PDL", false};
+        ordered = run_gpu(r, 0, c.rows, Path::kDense, launch);
       }
-      EXPECT_EQ(expect_cluster_k(r, 3, 7, launch), c.ranks) << c.n << " x " << c.k;
+      EXPECT_EQ(differing_rows(ordered, dependent, 0, c.n), 0)
+          << c.n << " x " << c.k << ", " << c.rows << " rows, " << launch_name(launch);
     }
   }
-}
-
-// The cluster launches at every released FP8 role's shape and decode row counts, with the
-// default ranks (asserted above one where a role's grid is under a wave) and with the most the
-// shape allows (slices of one 4-block chunk, up to 64 blocks an SM).
-TEST_F(LinearFp8DenseTest, ClusterKRealShapes) {
-  struct Shape {
-    const char* name;
-    int64_t n, k;
-  };
-  uint32_t seed = 141;
-  for (const Shape& s :
-       {Shape{"wq_a", 1280, 5120}, Shape{"wkv", 512, 5120}, Shape{"wq_b", 32768, 1280},
-        Shape{"wo_b", 5120, 8192}, Shape{"shared w1|w3", 4608, 5120},
-        Shape{"shared w2", 5120, 2304}, Shape{"indexer wq_b", 4096, 1280}}) {
-    const Role r = make_role(s.name, s.n, s.k, 40, seed);
-    seed += 10;
-    for (int64_t rows : {1, 8, 16, 40}) expect_cluster_k(r, 0, rows, Fp8DenseLaunch::kAuto);
-    const rt::ScopedSetting chunk_slices{"DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES", 128};
-    const rt::ScopedSetting many_blocks{"DEEPINFER_DECODE_CLUSTER_BLOCKS_PER_SM", 64};
-    for (int64_t rows : {1, 16, 40}) expect_cluster_k(r, 0, rows, Fp8DenseLaunch::kAuto);
-  }
-  // Under a wave at one row: wq_a's 80 blocks and wo_b's 160 (132 SMs or more).
-  const ScopedBatchInvariance off(false);
-  EXPECT_GT(cuda::linear_fp8_dense_cluster_ranks(1, 1280, 5120), 1);
-  EXPECT_GT(cuda::linear_fp8_dense_cluster_ranks(1, 5120, 8192), 1);
 }
 
 // Shapes the path does not take (K % 128 != 0, N % 16 != 0): linear_fp8_dense refuses them and

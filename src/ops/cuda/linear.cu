@@ -35,8 +35,14 @@ RuntimeSetting kDecodeClusterBlocksPerSm{"DEEPINFER_DECODE_CLUSTER_BLOCKS_PER_SM
 RuntimeSetting kDecodeClusterMinSliceBytes{"DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES", 256, 1,
                                            1 << 30};
 constexpr int kMaxDecodeClusterRanks = 8;  // the portable cluster size
+// decode_pdl_enabled's switch (linear.cuh).
+RuntimeSwitch kDecodePdl{"DEEPINFER_DECODE_PDL", true};
 
 }  // namespace
+
+bool decode_pdl_enabled() {
+  return kDecodePdl.enabled();
+}
 
 int decode_cluster_ranks(int64_t blocks, int64_t k_units, int slices, int64_t unit_bytes) {
   if (ops::batch_invariant() || !kDecodeClusterK.enabled()) return 1;

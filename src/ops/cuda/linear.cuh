@@ -151,33 +151,64 @@ __device__ __forceinline__ void sum_slice_partials(float (&partials)[kWarps][kTo
   }
 }
 
-// Batch invariance off: how many blocks of a thread-block cluster (grid.z, cluster (1, 1, G))
-// a split-K decode tile launch of `blocks` blocks also cuts K over, its S `slices` a block
-// becoming S x G slices of K / unit_bytes units (unit_bytes: a unit's weight bytes per row). 1
-// with invariance on or DEEPINFER_DECODE_CLUSTER_K=0. The most ranks (up to the portable 8) that
-// divide the units evenly, leave every warp at least DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES of
-// each weight row (default 256: two of the FP8 tile's 128-byte stages) and the launch at most
-// DEEPINFER_DECODE_CLUSTER_BLOCKS_PER_SM blocks an SM (default 4: two waves of the tiles' two
-// blocks an SM, enough to even out the SMs' shares). The decode roles' grids are otherwise under
-// one wave (wq_a 80 blocks, the gate 24 on 132 SMs), with most SMs idle.
+// Batch invariance off: how many blocks of a thread-block cluster (grid.z, cluster (1, 1, G)) a
+// split-K decode tile launch of `blocks` blocks (linear_bf16_mma.cu's) also cuts K over, its S
+// `slices` a block becoming S x G slices of K / unit_bytes units (unit_bytes: a unit's weight
+// bytes per row). 1 with invariance on or DEEPINFER_DECODE_CLUSTER_K=0. The most ranks (up to the
+// portable 8) that divide the units evenly, leave every warp at least
+// DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES of each weight row (default 256: two of the BF16
+// tile's stages) and the launch at most DEEPINFER_DECODE_CLUSTER_BLOCKS_PER_SM blocks an SM
+// (default 4: two waves of the tile's two blocks an SM). The router gate's grid is otherwise 24
+// blocks and the compressor's 32 at decode, with most of 132 SMs idle (on the H100, 2026-12-07:
+// 14.5 us under ncu for the gate's 4 MB; 6.8 us a call clustered in the model against 10).
+// The FP8 split tile was measured with the same clusters and gained nothing (docs/BENCHMARKS.md).
 int decode_cluster_ranks(int64_t blocks, int64_t k_units, int slices, int64_t unit_bytes);
 
-// Launches `kernel` on `grid` with clusters of (1, 1, ranks) blocks (grid.z a multiple of ranks).
+// Programmatic dependent launch of the decode tiles (both batch-invariance modes: it moves no
+// arithmetic): launched with it, a tile's blocks may start while the kernel before it in the
+// stream still runs, stream their first weight stages (weights are never written by the step) and
+// only then wait for that kernel (wait_for_prior_grids) before reading activations or writing
+// anything. Hides the launch gap and the first weight bytes' latency behind the kernel before,
+// which at decode is a small one (the activation quantizer, a norm). DEEPINFER_DECODE_PDL=0: plain
+// stream order.
+bool decode_pdl_enabled();
+
+// griddepcontrol: the PTX of programmatic dependent launch (sm_90+); both are no-ops in a grid
+// not launched with it or without dependents.
+__device__ __forceinline__ void wait_for_prior_grids() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void allow_dependent_grids() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Launches `kernel` on `grid` with clusters of (1, 1, ranks) blocks (grid.z a multiple of ranks;
+// ranks 1: no cluster) and, with `dependent`, as a programmatic dependent launch (the kernel must
+// call wait_for_prior_grids before it reads another kernel's output or writes memory).
 template <typename Kernel, typename Args>
-void launch_cluster_z(Kernel kernel, dim3 grid, int threads, size_t shared_bytes,
-                      cudaStream_t stream, int ranks, const Args& args) {
+void launch_decode_kernel(Kernel kernel, dim3 grid, int threads, size_t shared_bytes,
+                          cudaStream_t stream, int ranks, bool dependent, const Args& args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = static_cast<unsigned>(ranks);
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (ranks > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = 1;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = static_cast<unsigned>(ranks);
+    ++count;
+  }
+  if (dependent) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
   DI_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
 }
 

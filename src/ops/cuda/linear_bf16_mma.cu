@@ -989,6 +989,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
         if (s < stage_count) copy_stage(s);
         commit_copies();
       }
+      // Launched as a dependent: the weights above are in flight; the activations below are
+      // the kernel before's output.
+      wait_for_prior_grids();
 #pragma unroll
       for (int slot = 0; slot < kXSlots; ++slot) {
         if (slot < chunk_count) load_x(slot, slot);
@@ -1055,6 +1058,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
         }
       }
     }
+    wait_for_prior_grids();  // warps past the last row group, before any store
     // The register kernel's reduction: 0 + P_0 + P_1 + ... in slice order.
     __shared__ float partials[kWarps][kRowGroups * kTokenTiles * 4][32];
     float total[kRowGroups * kTokenTiles][4] = {};
@@ -1110,15 +1114,15 @@ void launch_decode_tile(const Bf16MmaArgs& args, dim3 grid, cudaStream_t stream,
     constexpr auto kernel =
         bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, true>;
     allow_decode_tile_smem<kTokenTiles, kTerms, kPreSplit, kRowGroups, true>();
-    launch_cluster_z(kernel, dim3(grid.x, grid.y, static_cast<unsigned>(ranks)), kThreads,
-                     kDecodeSmemBytes, stream, ranks, args);
+    launch_decode_kernel(kernel, dim3(grid.x, grid.y, static_cast<unsigned>(ranks)), kThreads,
+                         kDecodeSmemBytes, stream, ranks, decode_pdl_enabled(), args);
     return;
   }
   constexpr auto kernel =
       bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, false>;
   allow_decode_tile_smem<kTokenTiles, kTerms, kPreSplit, kRowGroups, false>();
-  kernel<<<grid, kThreads, kDecodeSmemBytes, stream>>>(args);
-  DI_CUDA_LAUNCHED(bf16_decode_tile_kernel);
+  launch_decode_kernel(kernel, grid, kThreads, kDecodeSmemBytes, stream, 1, decode_pdl_enabled(),
+                       args);
 }
 
 // Decode variants for weights of at least kDecodePreSplitMinBytes (the LM head) at 1-16 rows,

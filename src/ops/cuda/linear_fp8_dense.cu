@@ -20,8 +20,6 @@
 // one slice the bits equal its own. Every kernel here computes each output element as the same
 // sequence (the same MMAs, the same scaled additions per slice, 0 + P_0 + P_1 + ...), which keeps
 // batch invariance when the launch changes with the row count.
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -430,14 +428,7 @@ static_assert(DecodeTileSmem<4>::kBytes + kWarps * 4 * 4 * 32 * 4 <= 227 * 1024,
 // c % kDecodeStages, weight row r at row r of the slot with swizzled() (so the 8-byte reads of
 // rows r .. r + 3 by a half warp hit 32 different banks). A slice that does not end on a chunk
 // (slices of 3, 5 or 10 blocks) copies and computes only its own blocks of the last chunk.
-//
-// kClusterK (batch invariance off only): the grid's z blocks are one thread-block cluster whose
-// rank r takes K slices [r S, r S + S) of the row group's S x ranks; each block sums its S as
-// above, then rank 0 adds the ranks' sums in rank order through distributed shared memory. The
-// decode roles' grids (N / 16 / (8 / S) blocks: 80 for wq_a, 160 for wo_b on 132 SMs) are under
-// one wave of two blocks an SM; the ranks multiply the blocks without changing a warp's pipeline.
-// Other additions, so other bits than the invariant launches (same products).
-template <int kTokenTiles, bool kClusterK>
+template <int kTokenTiles>
 __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   extern __shared__ __align__(128) uint8_t shared[];
   constexpr int kTokens = 8 * kTokenTiles;
@@ -460,14 +451,8 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   const bool active = n_base < args.n;
   const int slice = warp % slices;
   const int64_t k_blocks = args.k / kBlockK;
-  int cluster_rank = 0;
-  int cluster_ranks = 1;
-  if constexpr (kClusterK) {
-    cluster_rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
-    cluster_ranks = static_cast<int>(cooperative_groups::this_cluster().num_blocks());
-  }
-  const int slice_blocks = static_cast<int>(k_blocks / (slices * cluster_ranks));
-  const int64_t block_begin = static_cast<int64_t>(cluster_rank * slices + slice) * slice_blocks;
+  const int slice_blocks = static_cast<int>(k_blocks / slices);
+  const int64_t block_begin = static_cast<int64_t>(slice) * slice_blocks;
   const int chunks = (slice_blocks + kDecodeChunkBlocks - 1) / kDecodeChunkBlocks;
   // Row 0 of the warp's 16 at the slice's first byte.
   const uint8_t* weight_rows = args.weight + (active ? n_base * args.k : 0) + block_begin * kBlockK;
@@ -521,6 +506,9 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
         if (s < chunks) copy_chunk(s, s);
         commit_copies();
       }
+      // Launched as a dependent (linear.cuh's decode_pdl_enabled): the weights above are in
+      // flight; the codes below are the quantizer's, the kernel before this one.
+      wait_for_prior_grids();
       // A chunk's operands besides the weights: activation words, weight and token scale codes.
       struct ChunkOperands {
         uint2 x[kDecodeChunkBlocks][kTokenTiles];
@@ -592,19 +580,13 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
       }
       wait_copies<0>();  // only empty groups are left; nothing in flight past the tile
     }
+    wait_for_prior_grids();  // warps past the last row group, before any store
     // 0 + P_0 + P_1 + ... in slice order, as split_kernel.
     __shared__ float partials[kWarps][kTokenTiles * 4][32];
-    if constexpr (kClusterK) {
-      sum_cluster_slice_partials(
-          partials, acc, active, slice == 0, slices, [&](int j, const float(&total)[4]) {
-            store_mma_totals(args, n_base + group, tile + 8 * j + 2 * quad, total);
-          });
-    } else {
-      sum_slice_partials(partials, acc, active, slice == 0, slices,
-                         [&](int j, const float(&total)[4]) {
-                           store_mma_totals(args, n_base + group, tile + 8 * j + 2 * quad, total);
-                         });
-    }
+    sum_slice_partials(partials, acc, active, slice == 0, slices,
+                       [&](int j, const float(&total)[4]) {
+                         store_mma_totals(args, n_base + group, tile + 8 * j + 2 * quad, total);
+                       });
     __syncthreads();  // partials are rewritten by the next token tile
   }
 }
@@ -635,47 +617,22 @@ bool weight_fits(const LinearWeight& weight) {
   return aligned_to(w.raw_data(), 16) && aligned_to(s.raw_data(), 4);
 }
 
-// Cluster ranks for a decode tile launch of `blocks` blocks (1: no cluster).
-int cluster_ranks(int64_t blocks, int64_t k_blocks, int slices) {
-  if (!decode_tile_enabled()) return 1;
-  return decode_cluster_ranks(blocks, k_blocks, slices, kBlockK);
-}
-
-template <int kTokenTiles>
-dim3 split_grid(const DenseArgs& args) {
-  const int64_t row_groups = args.n / kRowsPerWarp;
-  return dim3(blocks_for(row_groups, kWarps / args.slices),
-              std::min(blocks_for(args.rows, 8 * kTokenTiles), 65535u));
-}
-
-template <int kTokenTiles, bool kClusterK>
-void configure_split_tile() {
-  static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles, kClusterK>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       DecodeTileSmem<kTokenTiles>::kBytes));
-    return true;
-  }();
-  (void)configured;
-}
-
 template <int kTokenTiles>
 void launch_split(const DenseArgs& args, deepinfer::cuda::StreamHandle stream) {
-  const dim3 grid = split_grid<kTokenTiles>(args);
+  const int64_t row_groups = args.n / kRowsPerWarp;
+  const dim3 grid(blocks_for(row_groups, kWarps / args.slices),
+                  std::min(blocks_for(args.rows, 8 * kTokenTiles), 65535u));
   if (decode_tile_enabled()) {
-    const int ranks =
-        cluster_ranks(static_cast<int64_t>(grid.x) * grid.y, args.k / kBlockK, args.slices);
-    if (ranks > 1) {
-      configure_split_tile<kTokenTiles, true>();
-      launch_cluster_z(split_tile_kernel<kTokenTiles, true>,
-                       dim3(grid.x, grid.y, static_cast<unsigned>(ranks)), kThreads,
-                       DecodeTileSmem<kTokenTiles>::kBytes, stream, ranks, args);
-      return;
-    }
-    configure_split_tile<kTokenTiles, false>();
-    split_tile_kernel<kTokenTiles, false>
-        <<<grid, kThreads, DecodeTileSmem<kTokenTiles>::kBytes, stream>>>(args);
-    DI_CUDA_LAUNCHED(split_tile_kernel);
+    static const bool configured = [] {
+      DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         DecodeTileSmem<kTokenTiles>::kBytes));
+      return true;
+    }();
+    (void)configured;
+    launch_decode_kernel(split_tile_kernel<kTokenTiles>, grid, kThreads,
+                         DecodeTileSmem<kTokenTiles>::kBytes, stream, /*ranks=*/1,
+                         decode_pdl_enabled(), args);
     return;
   }
   split_kernel<kTokenTiles><<<grid, kThreads, 0, stream>>>(args);
@@ -699,30 +656,6 @@ bool linear_fp8_dense_decode_tile_enabled() {
 int linear_fp8_dense_k_slices(int64_t n, int64_t k) {
   // The same rule as linear_bf16_mma's (for the K % 128 == 0 this path takes).
   return split_k_slices(n, k);
-}
-
-int linear_fp8_dense_cluster_ranks(int64_t rows, int64_t n, int64_t k, Fp8DenseLaunch launch) {
-  if (launch == Fp8DenseLaunch::kAuto) launch = linear_fp8_dense_auto_launch(rows, n, k);
-  DenseArgs args{};
-  args.rows = rows;
-  args.n = n;
-  args.k = k;
-  args.slices = linear_fp8_dense_k_slices(n, k);
-  dim3 grid;
-  switch (launch) {
-    case Fp8DenseLaunch::kTokens8:
-      grid = split_grid<1>(args);
-      break;
-    case Fp8DenseLaunch::kTokens16:
-      grid = split_grid<2>(args);
-      break;
-    case Fp8DenseLaunch::kTokens32:
-      grid = split_grid<4>(args);
-      break;
-    default:
-      return 1;
-  }
-  return cluster_ranks(static_cast<int64_t>(grid.x) * grid.y, k / kBlockK, args.slices);
 }
 
 Fp8DenseLaunch linear_fp8_dense_auto_launch(int64_t rows, int64_t n, int64_t k) {

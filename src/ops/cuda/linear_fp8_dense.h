@@ -56,15 +56,6 @@ bool linear_fp8_dense_decode_tile_enabled();
 // How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
 int linear_fp8_dense_k_slices(int64_t n, int64_t k);
 
-// Batch invariance off, the decode launches (8, 16, 32 tokens) also cut K over the blocks of a
-// thread-block cluster: this many ranks (linear.cuh's decode_cluster_ranks; 1 with invariance
-// on, for the prefill tile, or with DEEPINFER_DECODE_CLUSTER_K=0). Rank r takes slices
-// [r S, r S + S) of S x ranks equal slices and rank 0 adds the ranks' sums in rank order, so the
-// bits depend on the row count through the ranks (other additions than with invariance on, the
-// same products).
-int linear_fp8_dense_cluster_ranks(int64_t rows, int64_t n, int64_t k,
-                                   Fp8DenseLaunch launch = Fp8DenseLaunch::kAuto);
-
 // The kernel kAuto picks for `rows` rows of a [n, k] weight.
 Fp8DenseLaunch linear_fp8_dense_auto_launch(int64_t rows, int64_t n, int64_t k);
 

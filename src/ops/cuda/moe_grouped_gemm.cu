@@ -95,6 +95,9 @@ __device__ __forceinline__ void store_quantized(float value, int64_t row, int64_
 template <CodeLayout kLayout>
 __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
                                      uint8_t* scale_codes, int64_t blocks_per_row) {
+  // A GEMM launched as its dependent (linear.cuh's decode tiles) may start streaming its weights
+  // now; it waits for this grid's completion before reading the codes.
+  allow_dependent_grids();
   const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (block >= x.rows * blocks_per_row) return;
   const int lane = threadIdx.x & 31;
