@@ -37,6 +37,12 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
   DI_DISPATCH(x, linear(x, weight, out, activation_quant));
 }
 
+void linear_pair(const TensorView& x, const LinearWeight& first, const TensorView& first_out,
+                 const LinearWeight& second, const TensorView& second_out,
+                 ActivationQuant activation_quant) {
+  DI_DISPATCH(x, linear_pair(x, first, first_out, second, second_out, activation_quant));
+}
+
 void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
                     const TensorView& out) {
   DI_DISPATCH(x, linear_grouped(x, weight, groups, out));

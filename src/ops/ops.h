@@ -51,6 +51,13 @@ enum class ActivationQuant {
 void linear(const TensorView& x, const LinearWeight& weight, const TensorView& out,
             ActivationQuant activation_quant = ActivationQuant::kNone);
 
+// Two linears of one input, linear(x, first, first_out, q) and linear(x, second, second_out, q),
+// with the same bits as those calls; the GPU makes one launch of both at decode where it can (a
+// layer's wq_a and wkv, the shared expert's w1 and w3: small calls that each leave most SMs idle).
+void linear_pair(const TensorView& x, const LinearWeight& first, const TensorView& first_out,
+                 const LinearWeight& second, const TensorView& second_out,
+                 ActivationQuant activation_quant = ActivationQuant::kNone);
+
 // A grouped linear: for g < groups, out[:, g * N/G, (g + 1) * N/G) = x[:, g * K, (g + 1) * K)
 // times weight rows [g * N/G, (g + 1) * N/G), i.e. the `groups` calls
 //   linear(x.narrow(1, g * K, K), {weight.weight.narrow(0, g * N/G, N/G)}, out.narrow(1, ...)),

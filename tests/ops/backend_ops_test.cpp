@@ -304,6 +304,55 @@ TEST_F(BackendOpsTest, LinearAllFormatsAndActivationQuant) {
   }
 }
 
+// linear_pair is two linears of one input: on each backend the same bits as its two linear
+// calls (the GPU's one decode launch of two FP8 weights included), every weight format and both
+// activation numerics.
+TEST_F(BackendOpsTest, LinearPairEqualsTwoLinears) {
+  for (const ModelShapes& s : all_shapes()) {
+    const int64_t in = s.hidden;
+    std::vector<WeightCase> firsts = weight_cases(s.q_lora, in, 31);
+    std::vector<WeightCase> seconds = weight_cases(s.moe_intermediate, in, 41);
+    for (size_t i = 0; i < firsts.size(); ++i) {
+      const WeightCase& w1 = firsts[i];
+      const WeightCase& w2 = seconds[i];
+      Tensor dw1 = gpu(w1.weight), ds1 = w1.scale.numel() ? gpu(w1.scale) : Tensor();
+      Tensor dw2 = gpu(w2.weight), ds2 = w2.scale.numel() ? gpu(w2.scale) : Tensor();
+      for (int64_t rows : {int64_t{1}, s.rows}) {
+        Tensor x = host_f32({rows, in}, 9);
+        Tensor dx = gpu(x);
+        for (ActivationQuant quant : {ActivationQuant::kNone, ActivationQuant::kFp8PerBlock32}) {
+          const std::string what = s.name + " linear_pair " + w1.name + ", " +
+                                   std::to_string(rows) + " rows" +
+                                   (quant == ActivationQuant::kNone ? "" : " fp8-act");
+          const LinearWeight hw1{w1.weight, w1.scale.view()}, hw2{w2.weight, w2.scale.view()};
+          Tensor want1 = Tensor::empty(DType::kF32, {rows, s.q_lora});
+          Tensor want2 = Tensor::empty(DType::kF32, {rows, s.moe_intermediate});
+          linear(x, hw1, want1, quant);
+          linear(x, hw2, want2, quant);
+          Tensor got1 = Tensor::empty(DType::kF32, {rows, s.q_lora});
+          Tensor got2 = Tensor::empty(DType::kF32, {rows, s.moe_intermediate});
+          linear_pair(x, hw1, got1, hw2, got2, quant);
+          EXPECT_EQ(0, std::memcmp(want1.data<float>(), got1.data<float>(), want1.view().nbytes()))
+              << what << ": CPU first";
+          EXPECT_EQ(0, std::memcmp(want2.data<float>(), got2.data<float>(), want2.view().nbytes()))
+              << what << ": CPU second";
+          const LinearWeight gw1{dw1, ds1.view()}, gw2{dw2, ds2.view()};
+          Tensor single1 = gpu_output(DType::kF32, {rows, s.q_lora});
+          Tensor single2 = gpu_output(DType::kF32, {rows, s.moe_intermediate});
+          cuda::linear(dx, gw1, single1, quant);
+          cuda::linear(dx, gw2, single2, quant);
+          Tensor pair1 = gpu_output(DType::kF32, {rows, s.q_lora});
+          Tensor pair2 = gpu_output(DType::kF32, {rows, s.moe_intermediate});
+          cuda::linear_pair(dx, gw1, pair1, gw2, pair2, quant);
+          expect_equal(rt::to_host(single1), pair1, what + ": GPU first");
+          expect_equal(rt::to_host(single2), pair2, what + ": GPU second");
+          expect_close(want1, pair1, kLinearTolerance, what + ": against the CPU");
+        }
+      }
+    }
+  }
+}
+
 TEST_F(BackendOpsTest, LinearIsBatchInvariantAndTakesStridedRows) {
   // 130 rows span three row tiles; each row must equal the same row computed alone.
   const int64_t rows = 130, in = 96, out = 72;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -380,6 +381,93 @@ TEST_F(LinearFp8DenseTest, DecodePdlSameBits) {
       }
       EXPECT_EQ(differing_rows(ordered, dependent, 0, c.n), 0)
           << c.n << " x " << c.k << ", " << c.rows << " rows, " << launch_name(launch);
+    }
+  }
+}
+
+// Both outputs of linear_fp8_dense_pair (pair) or of two linear_fp8_dense calls on rows
+// [0, rows) of `a`'s input, each a column slice of a NaN-filled matrix twice as wide (checked
+// written, and nothing else).
+std::pair<Tensor, Tensor> run_pair(const Role& a, const Role& b, int64_t rows, bool pair) {
+  Tensor wide_a = Tensor::empty(DType::kF32, {rows, 2 * a.n}, rt::device_allocator());
+  Tensor wide_b = Tensor::empty(DType::kF32, {rows, 2 * b.n}, rt::device_allocator());
+  rt::fill_bytes(wide_a.view(), 0xFF);
+  rt::fill_bytes(wide_b.view(), 0xFF);
+  const TensorView out_a = wide_a.view().narrow(1, a.n, a.n);
+  const TensorView out_b = wide_b.view().narrow(1, b.n, b.n);
+  const TensorView x = input_rows(a, 0, rows);
+  const LinearWeight wa{a.device_weight.view(), a.device_scale.view()};
+  const LinearWeight wb{b.device_weight.view(), b.device_scale.view()};
+  if (pair) {
+    cuda::linear_fp8_dense_pair(x, wa, out_a, wb, out_b);
+  } else {
+    cuda::linear_fp8_dense(x, wa, out_a);
+    cuda::linear_fp8_dense(x, wb, out_b);
+  }
+  rt::synchronize();
+  return {testing::output_between_guards(rt::to_host(wide_a.view()), rows, a.n, a.name),
+          testing::output_between_guards(rt::to_host(wide_b.view()), rows, b.n, b.name)};
+}
+
+// linear_fp8_dense_pair gives two linear_fp8_dense calls' bits: in one launch where it fuses (the
+// model's wq_a + wkv and the shared expert's w1 + w3 at decode rows, small shapes with partial
+// row-group blocks, with and without the dependent launch), in two calls where it does not
+// (other K slices). The model's op (ops::cuda::linear_pair) takes it at decode rows.
+TEST_F(LinearFp8DenseTest, PairSameBitsAsTwoCalls) {
+  struct Case {
+    int64_t n1, n2, k;
+    std::vector<int64_t> rows;
+    bool same_slices;
+  };
+  const std::vector<Case> cases = {
+      {1280, 512, 5120, {1, 7, 16, 40}, true},  // wq_a + wkv
+      {2304, 2304, 5120, {1, 5, 33}, true},     // shared w1 + w3
+      {48, 80, 2048, {1, 13, 40}, true},        // partial blocks of 8 / S row groups
+      {48, 8192, 384, {1, 9}, false},           // K in 4 slices against 2: two calls
+  };
+  uint32_t seed = 211;
+  for (const Case& c : cases) {
+    const int64_t max_rows = *std::max_element(c.rows.begin(), c.rows.end());
+    const Role a = make_role("pair first", c.n1, c.k, max_rows, seed, /*with_reference=*/false);
+    const Role b = make_role("pair second", c.n2, c.k, max_rows, seed + 7, false);
+    seed += 13;
+    const LinearWeight wa{a.device_weight.view(), a.device_scale.view()};
+    const LinearWeight wb{b.device_weight.view(), b.device_scale.view()};
+    for (int64_t rows : c.rows) {
+      const bool fuses = cuda::linear_fp8_dense_pair_fuses(rows, wa, wb);
+      std::printf("%ld + %ld x %ld, %ld rows: %s\n", static_cast<long>(c.n1),
+                  static_cast<long>(c.n2), static_cast<long>(c.k), static_cast<long>(rows),
+                  fuses ? "one launch" : "two calls");
+      if (rows <= 16) {
+        EXPECT_EQ(fuses, c.same_slices) << c.n1 << " + " << c.n2 << ", " << rows;
+      }
+      const auto [want_a, want_b] = run_pair(a, b, rows, /*pair=*/false);
+      const auto [got_a, got_b] = run_pair(a, b, rows, /*pair=*/true);
+      EXPECT_EQ(differing_rows(want_a, got_a, 0, c.n1), 0) << c.n1 << " + " << c.n2 << ", " << rows;
+      EXPECT_EQ(differing_rows(want_b, got_b, 0, c.n2), 0) << c.n1 << " + " << c.n2 << ", " << rows;
+      if (rows == 1) {
+        const rt::ScopedSwitch plain_order{"DEEPINFER_DECODE_PDL", false};
+        const auto [ordered_a, ordered_b] = run_pair(a, b, rows, /*pair=*/true);
+        EXPECT_EQ(differing_rows(want_a, ordered_a, 0, c.n1), 0) << "without PDL";
+        EXPECT_EQ(differing_rows(want_b, ordered_b, 0, c.n2), 0) << "without PDL";
+      }
+    }
+  }
+}
+
+// The decode ring's depth (DEEPINFER_FP8_DECODE_STAGES 4, 5, 6) moves no arithmetic.
+TEST_F(LinearFp8DenseTest, DecodeStagesSameBits) {
+  struct Case {
+    int64_t n, k, rows;
+  };
+  for (const Case& c :
+       {Case{48, 2048, 1}, Case{64, 2432, 13}, Case{48, 384, 40}, Case{512, 5120, 3}}) {
+    const Role r = make_role("stages", c.n, c.k, c.rows, 171, /*with_reference=*/false);
+    const Tensor four = run_gpu(r, 0, c.rows, Path::kModelOp);
+    for (int stages : {5, 6}) {
+      const rt::ScopedSetting depth{"DEEPINFER_FP8_DECODE_STAGES", stages};
+      EXPECT_EQ(differing_rows(four, run_gpu(r, 0, c.rows, Path::kModelOp), 0, c.n), 0)
+          << c.n << " x " << c.k << ", " << c.rows << " rows, " << stages << " stages";
     }
   }
 }

@@ -241,6 +241,13 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
 
 // The reference is the per-group calls themselves, so the GPU's one launch is checked against
 // exactly what the model ran before it.
+void linear_pair(const TensorView& x, const LinearWeight& first, const TensorView& first_out,
+                 const LinearWeight& second, const TensorView& second_out,
+                 ActivationQuant activation_quant) {
+  cpu::linear(x, first, first_out, activation_quant);
+  cpu::linear(x, second, second_out, activation_quant);
+}
+
 void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
                     const TensorView& out) {
   if (groups <= 0 || weight.scale.numel() != 0 || weight.weight.rank() != 2 || x.rank() != 2 ||

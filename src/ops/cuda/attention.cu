@@ -651,6 +651,8 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
 // barrier between chunks, and the next chunks' loads can be in flight during a merge.
 __global__ void __launch_bounds__(kGroupThreads) sink_attention_combine_kernel(AttentionArgs args) {
   __shared__ TokenKeys token_keys;
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t t = blockIdx.x / args.heads;
   const int64_t head = blockIdx.x % args.heads;
   const int64_t groups = args.heads / kGroupHeads;
@@ -1150,6 +1152,8 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
     sink_attention_mma_chunk_kernel(AttentionArgs args) {
   extern __shared__ float4 shared_quads[];
   MmaShared& shared = *reinterpret_cast<MmaShared*>(shared_quads);
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t groups = args.heads / kGroupHeads;
   const int64_t chunk = blockIdx.x % args.max_chunks;
   const int64_t token_group = blockIdx.x / args.max_chunks;
@@ -1418,17 +1422,16 @@ void launch_attention(AttentionArgs args, int64_t tokens, bool key_rows_aligned,
       args.chunk_states = scratch.as<ChunkState>();
       args.max_chunks = max_chunks;
       if (mma) {
-        sink_attention_mma_chunk_kernel<<<static_cast<unsigned>(blocks * max_chunks), kGroupThreads,
-                                          kMmaSharedBytes, current_stream()>>>(args);
-        DI_CUDA_LAUNCHED(sink_attention_mma_chunk_kernel);
+        launch_dependent(sink_attention_mma_chunk_kernel,
+                         static_cast<unsigned>(blocks * max_chunks), kGroupThreads, kMmaSharedBytes,
+                         current_stream(), args);
       } else {
         sink_attention_chunk_kernel<<<static_cast<unsigned>(blocks * max_chunks), kGroupThreads,
                                       kGroupSharedBytes, current_stream()>>>(args);
         DI_CUDA_LAUNCHED(sink_attention_chunk_kernel);
       }
-      sink_attention_combine_kernel<<<static_cast<unsigned>(tokens * args.heads), kGroupThreads, 0,
-                                      current_stream()>>>(args);
-      DI_CUDA_LAUNCHED(sink_attention_combine_kernel);
+      launch_dependent(sink_attention_combine_kernel, static_cast<unsigned>(tokens * args.heads),
+                       kGroupThreads, 0, current_stream(), args);
       return;
     }
     if (mma) {
@@ -1595,6 +1598,8 @@ constexpr int kRingThreads = 128;
 __global__ void __launch_bounds__(kRingThreads)
     write_window_rings_kernel(DeviceRows<const float> fresh, const DeviceRequest* requests,
                               const int32_t* token_request) {
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t t = blockIdx.x;
   if (token_request[t] < 0) return;  // a row no request claims is not written (as on the CPU)
   const DeviceRequest& request = requests[token_request[t]];
@@ -1684,9 +1689,8 @@ void write_window_rings(const TensorView& new_kv, std::span<const AttentionReque
   }
   const UploadedTable uploaded(table);
   DI_CHECK(tokens <= INT32_MAX, "write_window_rings: ", tokens, " rows exceed one launch");
-  write_window_rings_kernel<<<static_cast<unsigned>(tokens), kRingThreads, 0, current_stream()>>>(
-      fresh, uploaded.requests, uploaded.token_request);
-  DI_CUDA_LAUNCHED(write_window_rings_kernel);
+  launch_dependent(write_window_rings_kernel, static_cast<unsigned>(tokens), kRingThreads, 0,
+                   current_stream(), fresh, uploaded.requests, uploaded.token_request);
 }
 
 }  // namespace deepinfer::ops::cuda

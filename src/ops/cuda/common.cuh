@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -268,6 +269,61 @@ __device__ __forceinline__ void warp_fake_quant_fp8_block(const float* in, float
 }
 
 }  // namespace deepinfer::cuda
+
+// ---- programmatic dependent launch ----------------------------------------------------------
+//
+// A decode step is some 390 small kernels in a row, each a few microseconds; between two of them
+// the next one's launch and prologue cost about a microsecond the GPU spends idle. Launched as a
+// programmatic dependent of the kernel before it in the stream, a kernel's blocks may start as
+// soon as that kernel lets them (allow_dependent_grids, or its end) and wait on the device
+// (wait_for_prior_grids) instead. The arithmetic and its order are untouched.
+namespace deepinfer::ops::cuda {
+
+// Whether the decode tiles (linear.cuh) launch as programmatic dependents (DEEPINFER_DECODE_PDL,
+// on), and whether launch_dependent does (that switch and DEEPINFER_DEPENDENT_LAUNCH, on: the
+// second A/Bs the small kernels alone). =0: plain stream order, the same bits.
+bool decode_pdl_enabled();
+bool dependent_launch_enabled();
+
+// griddepcontrol: the PTX of programmatic dependent launch (sm_90+); both are no-ops in a grid
+// not launched with it or without dependents.
+// Waits until every prerequisite grid has completed and its memory is visible to this thread.
+__device__ __forceinline__ void wait_for_prior_grids() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+// Lets the next kernel of the stream, if launched as a dependent, start before this one ends.
+__device__ __forceinline__ void allow_dependent_grids() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// `kernel` on `stream` as a programmatic dependent of the kernel before it when
+// dependent_launch_enabled(), else in plain stream order. The contract: a thread executes
+// wait_for_prior_grids() before it reads anything a kernel may write (activations, routing, tile
+// lists, caches: only weights and tables that no step writes may be read before it) and before it
+// writes any global memory; a thread that leaves early must touch no memory at all. Its blocks
+// may run beside the kernel before until they wait; and the kernel after it, if also dependent,
+// waits for this grid only, so this grid must not finish before the one it depends on (every
+// kernel launched this way waits). It runs the same under a plain <<<...>>> launch (the waits are
+// then no-ops).
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  if (dependent_launch_enabled()) {
+    config.attrs = &dependent;
+    config.numAttrs = 1;
+  }
+  DI_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace deepinfer::ops::cuda
 
 // Every op file launches through these helpers; naming them once here keeps the files' own
 // using-lists to what is particular to them.

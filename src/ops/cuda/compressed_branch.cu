@@ -620,6 +620,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   using Slot = DecodeSlot<kDim>;
   __shared__ uint32_t staged[kDecodeMaxHeads * kRowWords];  // bf16 q rows, zero past `heads`
   __shared__ Slot slots[kDecodeWarps][kDecodeStages];
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const DecodeIndexerRow row = rows[blockIdx.y];
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -1126,6 +1128,8 @@ __global__ void __launch_bounds__(kRegisterSelectThreads, 1)
   __shared__ int warp_valid[kRegisterSelectWarps];
   __shared__ uint32_t chosen_prefix;
   __shared__ int chosen_remaining;
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -1269,16 +1273,11 @@ void launch_register_select(const RegisterSelectArgs& args) {
   const dim3 grid(static_cast<unsigned>(args.scores.rows), static_cast<unsigned>(chunks));
   const int64_t per_thread =
       (args.chunk_width + kRegisterSelectThreads - 1) / kRegisterSelectThreads;
-  if (per_thread <= 4) {
-    topk_indices_registers_kernel<4><<<grid, kRegisterSelectThreads, 0, current_stream()>>>(args);
-  } else if (per_thread <= 8) {
-    topk_indices_registers_kernel<8><<<grid, kRegisterSelectThreads, 0, current_stream()>>>(args);
-  } else if (per_thread <= 16) {
-    topk_indices_registers_kernel<16><<<grid, kRegisterSelectThreads, 0, current_stream()>>>(args);
-  } else {
-    topk_indices_registers_kernel<32><<<grid, kRegisterSelectThreads, 0, current_stream()>>>(args);
-  }
-  DI_CUDA_LAUNCHED(topk_indices_registers_kernel);
+  const auto kernel = per_thread <= 4    ? topk_indices_registers_kernel<4>
+                      : per_thread <= 8  ? topk_indices_registers_kernel<8>
+                      : per_thread <= 16 ? topk_indices_registers_kernel<16>
+                                         : topk_indices_registers_kernel<32>;
+  launch_dependent(kernel, grid, kRegisterSelectThreads, 0, current_stream(), args);
 }
 
 // Block score = max entry; the block of the newest visible entry is pinned in with +inf.
@@ -1446,9 +1445,9 @@ void launch_indexer_decode(const std::vector<DecodeIndexerRow>& rows, int64_t wi
              row.code_stride, " bytes apart exceed the decode kernel's 32-bit offsets");
   }
   const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(rows.size()));
-  indexer_decode_scores_kernel<kDim><<<grid, kDecodeThreads, 0, current_stream()>>>(
-      device_rows_table, q, heads, weights, visible, scale, static_cast<int>(tiles_per_warp), out);
-  DI_CUDA_LAUNCHED(indexer_decode_scores_kernel);
+  launch_dependent(indexer_decode_scores_kernel<kDim>, grid, kDecodeThreads, 0, current_stream(),
+                   device_rows_table, q, heads, weights, visible, scale,
+                   static_cast<int>(tiles_per_warp), out);
 }
 
 }  // namespace

@@ -60,19 +60,27 @@ __global__ void rmsnorm_kernel(DeviceRows<const float> x, ParameterVector weight
 // load of the row and the weight is issued before the first add, and the row stays in registers
 // for the output. The loop above, with its run-time trip count, waits for one group of loads
 // after another: at decode the row is one block, and that chain of memory latencies is its time.
+// Launched as a dependent (launch_dependent): the weight, which no kernel writes, is loaded while
+// the kernel before still runs; the row only after it.
 template <int kPerThread>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_registers_kernel(DeviceRows<const float> x, ParameterVector weight, float eps,
                              DeviceRows<float> out) {
   __shared__ float scratch[32];
-  const float* a = x.row(blockIdx.x);
-  float values[kPerThread];
   float weights[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t d = threadIdx.x + static_cast<int64_t>(i) * kThreads;
-    values[i] = d < x.cols ? a[d] : 0.0f;
     weights[i] = d < x.cols ? weight[d] : 0.0f;
+  }
+  wait_for_prior_grids();
+  allow_dependent_grids();
+  const float* a = x.row(blockIdx.x);
+  float values[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t d = threadIdx.x + static_cast<int64_t>(i) * kThreads;
+    values[i] = d < x.cols ? a[d] : 0.0f;
   }
   float partial = 0.0f;
 #pragma unroll
@@ -100,41 +108,48 @@ bool launch_rmsnorm_registers(DeviceRows<const float> in, ParameterVector w, flo
   if (!kRmsnormRegisters.enabled()) return false;
   const int64_t per_thread = (in.cols + kThreads - 1) / kThreads;
   const dim3 grid(static_cast<unsigned>(in.rows));
-  const auto stream = current_stream();
+  const auto launch = [&](auto kernel) {
+    launch_dependent(kernel, grid, kThreads, 0, current_stream(), in, w, eps, o);
+  };
   if (per_thread <= 2) {
-    rmsnorm_registers_kernel<2><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+    launch(rmsnorm_registers_kernel<2>);
   } else if (per_thread <= 4) {
-    rmsnorm_registers_kernel<4><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+    launch(rmsnorm_registers_kernel<4>);
   } else if (per_thread <= 8) {
-    rmsnorm_registers_kernel<8><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+    launch(rmsnorm_registers_kernel<8>);
   } else if (per_thread <= 16) {
-    rmsnorm_registers_kernel<16><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+    launch(rmsnorm_registers_kernel<16>);
   } else if (per_thread <= 20) {  // hidden 5120
-    rmsnorm_registers_kernel<20><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+    launch(rmsnorm_registers_kernel<20>);
   } else if (per_thread <= 32) {
-    rmsnorm_registers_kernel<32><<<grid, kThreads, 0, stream>>>(in, w, eps, o);
+    launch(rmsnorm_registers_kernel<32>);
   } else {
     return false;
   }
-  DI_CUDA_LAUNCHED(rmsnorm_registers_kernel);
   return true;
 }
 
 // One thread per (row, pair, kRopeHeads heads); every head of the row turns by the same angle
 // (a decode row's 64 heads in one thread's loop were a chain of dependent loads and stores).
+// Launched as a dependent (launch_dependent): the frequency table (resident, written by no kernel)
+// is read before the wait for the kernel before, the positions and rows after it.
 constexpr int64_t kRopeHeads = 8;
 
 __global__ void rope_kernel(DeviceRows<float> x, int64_t head_dim, int64_t heads, int rope_dim,
                             const int32_t* positions, const float* inv_freq, bool inverse) {
   const int pairs = rope_dim / 2;
   const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= x.rows * pairs) return;
-  const int64_t first_head = static_cast<int64_t>(blockIdx.y) * kRopeHeads;
-  const int64_t last_head = deepinfer::cuda::min64(heads, first_head + kRopeHeads);
+  const bool active = index < x.rows * pairs;
   const int64_t m = index / pairs;
   const int i = static_cast<int>(index % pairs);
+  const float frequency = active ? inv_freq[i] : 0.0f;
+  wait_for_prior_grids();
+  allow_dependent_grids();
+  if (!active) return;
+  const int64_t first_head = static_cast<int64_t>(blockIdx.y) * kRopeHeads;
+  const int64_t last_head = deepinfer::cuda::min64(heads, first_head + kRopeHeads);
   // As the reference: the f32 angle, its cosine and sine in double, rounded to f32.
-  const float angle = static_cast<float>(positions[m]) * inv_freq[i];
+  const float angle = static_cast<float>(positions[m]) * frequency;
   const float c = static_cast<float>(cos(static_cast<double>(angle)));
   const float s0 = static_cast<float>(sin(static_cast<double>(angle)));
   const float s = inverse ? -s0 : s0;
@@ -244,10 +259,10 @@ void rope(const TensorView& x, const TensorView& positions, const RopeTable& tab
       deepinfer::cuda::resident_copy(table.inv_freq.data(), table.inv_freq.size() * sizeof(float)));
   const int64_t head_blocks = (heads + kRopeHeads - 1) / kRopeHeads;
   DI_CHECK(head_blocks <= 65535, "rope: ", heads, " heads exceed one launch");
-  rope_kernel<<<dim3(blocks_for(rows.rows * pairs, kThreads), static_cast<unsigned>(head_blocks)),
-                kThreads, 0, current_stream()>>>(rows, head_dim, heads, table.rope_dim, pos, freq,
-                                                 inverse);
-  DI_CUDA_LAUNCHED(rope_kernel);
+  launch_dependent(
+      rope_kernel,
+      dim3(blocks_for(rows.rows * pairs, kThreads), static_cast<unsigned>(head_blocks)), kThreads,
+      0, current_stream(), rows, head_dim, heads, table.rope_dim, pos, freq, inverse);
 }
 
 void softmax_rows(const TensorView& x) {

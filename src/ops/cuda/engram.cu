@@ -25,6 +25,8 @@ struct GatherArgs {
 };
 
 __global__ void engram_gather_kernel(GatherArgs args) {
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t per_token = args.columns * args.dim;
   if (index >= args.tokens * per_token) return;
@@ -56,6 +58,8 @@ __global__ void engram_mix_kernel(DeviceRows<const float> x, DeviceRows<const fl
                                   DeviceRows<const float> value, DeviceRows<const float> qk,
                                   int64_t hc, int64_t dim, float eps, DeviceRows<float> out) {
   __shared__ float scratch[32];
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t m = blockIdx.x / hc;
   const int64_t s = blockIdx.x % hc;
   const float* hs = x.row(m) + s * dim;
@@ -119,8 +123,8 @@ void engram_gather(const TensorView& table, const TensorView& scale, const Tenso
   args.error = deepinfer::cuda::kernel_error_word();
   const int64_t total = args.tokens * args.columns * args.dim;
   if (total == 0) return;
-  engram_gather_kernel<<<blocks_for(total, kThreads), kThreads, 0, current_stream()>>>(args);
-  DI_CUDA_LAUNCHED(engram_gather_kernel);
+  launch_dependent(engram_gather_kernel, blocks_for(total, kThreads), kThreads, 0, current_stream(),
+                   args);
 }
 
 void engram_mix(const TensorView& x, const TensorView& key, const TensorView& value,
@@ -137,9 +141,8 @@ void engram_mix(const TensorView& x, const TensorView& key, const TensorView& va
                w.rows == hc && w.cols == dim && o.rows == h.rows && o.cols == hc * dim,
            "engram_mix shapes");
   if (h.rows * hc == 0) return;
-  engram_mix_kernel<<<static_cast<unsigned>(h.rows * hc), kThreads, 0, current_stream()>>>(
-      h, k, v, w, hc, dim, eps, o);
-  DI_CUDA_LAUNCHED(engram_mix_kernel);
+  launch_dependent(engram_mix_kernel, static_cast<unsigned>(h.rows * hc), kThreads, 0,
+                   current_stream(), h, k, v, w, hc, dim, eps, o);
 }
 
 }  // namespace deepinfer::ops::cuda

@@ -8,6 +8,8 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void fill_kernel(DeviceRows<float> x, float value) {
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= x.rows * x.cols) return;
   x.row(index / x.cols)[index % x.cols] = value;
@@ -39,9 +41,8 @@ void copy(const TensorView& src, const TensorView& dst) {
 void fill(const TensorView& x, float value) {
   const auto rows = device_rows<float>(x, "fill target");
   if (rows.rows * rows.cols == 0) return;
-  fill_kernel<<<blocks_for(rows.rows * rows.cols, kThreads), kThreads, 0, current_stream()>>>(
-      rows, value);
-  DI_CUDA_LAUNCHED(fill_kernel);
+  launch_dependent(fill_kernel, blocks_for(rows.rows * rows.cols, kThreads), kThreads, 0,
+                   current_stream(), rows, value);
 }
 
 void scale(const TensorView& x, float factor, const TensorView& out) {

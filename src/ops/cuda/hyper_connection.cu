@@ -221,7 +221,9 @@ __global__ void __launch_bounds__(kFinishThreads)
 // are group 0's. A lane's eight float4s of fn are loaded into registers before the block waits
 // for its rows, then summed in the same order, so every partial has the same bits. The old
 // kernel's run-time loop waits for one float4 of fn at a time: at decode each of its 20 blocks
-// sat through 24 memory latencies in a row.
+// sat through 24 memory latencies in a row. Launched as a dependent (launch_dependent), the first
+// fn loads (a weight: no kernel writes it) also overlap the end of the kernel before; the rows
+// are read after the wait for it.
 constexpr int kQuadsPerLane = kSliceCols / 128;
 
 __global__ void __launch_bounds__(kThreads)
@@ -251,6 +253,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   if (first_mix < mix_count) load_weights(first_mix);  // in flight while the rows arrive
+  wait_for_prior_grids();
+  allow_dependent_grids();
   for (int i = threadIdx.x; i < row_count * quads; i += kThreads) {
     const int r = i / quads;
     const int quad = i % quads;
@@ -392,6 +396,8 @@ constexpr int kMaxWarpSlices = 32;  // rows of up to 32768 columns
 template <int kHc>
 __global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
     hc_mix_finish_warp_kernel(MixArgs args, int slices, const float* partials) {
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t m = static_cast<int64_t>(blockIdx.x) * kFinishRowsPerBlock + threadIdx.x / 32;
   if (m >= args.x.rows) return;  // a whole warp leaves together
   const unsigned all = 0xffffffffu;
@@ -456,14 +462,8 @@ __global__ void __launch_bounds__(kFinishRowsPerBlock * 32)
 
 void launch_finish_warp(const MixArgs& args, int slices, const float* partials) {
   const unsigned blocks = blocks_for(args.x.rows, kFinishRowsPerBlock);
-  if (args.hc == 4) {
-    hc_mix_finish_warp_kernel<4>
-        <<<blocks, kFinishRowsPerBlock * 32, 0, current_stream()>>>(args, slices, partials);
-  } else {
-    hc_mix_finish_warp_kernel<0>
-        <<<blocks, kFinishRowsPerBlock * 32, 0, current_stream()>>>(args, slices, partials);
-  }
-  DI_CUDA_LAUNCHED(hc_mix_finish_warp_kernel);
+  launch_dependent(args.hc == 4 ? hc_mix_finish_warp_kernel<4> : hc_mix_finish_warp_kernel<0>,
+                   blocks, kFinishRowsPerBlock * 32, 0, current_stream(), args, slices, partials);
 }
 
 // false (or DEEPINFER_HC_PRELOAD=0): hc_mix_partials_kernel.
@@ -588,6 +588,8 @@ template <int kHc>
 __global__ void __launch_bounds__(kThreads)
     hc_collapse_vec_kernel(DeviceRows<const float> x, int quads, DeviceRows<const float> pre,
                            DeviceRows<float> out) {
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int quad = blockIdx.x * kThreads + threadIdx.x;
   if (quad >= quads) return;
   for (int64_t m = blockIdx.y; m < x.rows; m += gridDim.y) {
@@ -616,6 +618,8 @@ __global__ void __launch_bounds__(kThreads)
     hc_expand_vec_kernel(DeviceRows<const float> y, DeviceRows<const float> residual, int quads,
                          DeviceRows<const float> post, DeviceRows<const float> comb,
                          DeviceRows<float> out) {
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int quad = blockIdx.x * kThreads + threadIdx.x;
   if (quad >= quads) return;
   for (int64_t m = blockIdx.y; m < residual.rows; m += gridDim.y) {
@@ -729,12 +733,10 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
     const int groups = one_group_blocks < kWideGrid
                            ? static_cast<int>((mix_count + kMixWarps - 1) / kMixWarps)
                            : 1;
-    hc_mix_partials_preload_kernel<<<dim3(static_cast<unsigned>(groups),
-                                          static_cast<unsigned>(slices),
-                                          static_cast<unsigned>(row_blocks)),
-                                     kThreads, 0, current_stream()>>>(args, slices, groups,
-                                                                      partials.as<float>());
-    DI_CUDA_LAUNCHED(hc_mix_partials_preload_kernel);
+    launch_dependent(hc_mix_partials_preload_kernel,
+                     dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices),
+                          static_cast<unsigned>(row_blocks)),
+                     kThreads, 0, current_stream(), args, slices, groups, partials.as<float>());
   } else {
     hc_mix_partials_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(row_blocks)),
                              kThreads, 0, current_stream()>>>(args, slices, partials.as<float>());
@@ -762,22 +764,12 @@ void hc_collapse(const TensorView& x, const TensorView& pre, const TensorView& o
   if (kCollapseVec.enabled() && (hc == 1 || hc == 2 || hc == 4 || hc == 8) && dim % 4 == 0 &&
       dim / 4 <= INT32_MAX && float4_rows(in) && float4_rows(o)) {
     const int quads = static_cast<int>(dim / 4);
-    const dim3 grid = vec_grid(in.rows, quads);
-    switch (hc) {
-      case 1:
-        hc_collapse_vec_kernel<1><<<grid, kThreads, 0, current_stream()>>>(in, quads, p, o);
-        break;
-      case 2:
-        hc_collapse_vec_kernel<2><<<grid, kThreads, 0, current_stream()>>>(in, quads, p, o);
-        break;
-      case 4:
-        hc_collapse_vec_kernel<4><<<grid, kThreads, 0, current_stream()>>>(in, quads, p, o);
-        break;
-      default:
-        hc_collapse_vec_kernel<8><<<grid, kThreads, 0, current_stream()>>>(in, quads, p, o);
-        break;
-    }
-    DI_CUDA_LAUNCHED(hc_collapse_vec_kernel);
+    const auto kernel = hc == 1   ? hc_collapse_vec_kernel<1>
+                        : hc == 2 ? hc_collapse_vec_kernel<2>
+                        : hc == 4 ? hc_collapse_vec_kernel<4>
+                                  : hc_collapse_vec_kernel<8>;
+    launch_dependent(kernel, vec_grid(in.rows, quads), kThreads, 0, current_stream(), in, quads, p,
+                     o);
     return;
   }
   hc_collapse_kernel<<<blocks_for(in.rows * dim, kThreads), kThreads, 0, current_stream()>>>(
@@ -803,22 +795,12 @@ void hc_expand(const TensorView& y, const TensorView& residual, const TensorView
   if (kExpandVec.enabled() && (hc == 1 || hc == 2 || hc == 4 || hc == 8) && dim % 4 == 0 &&
       dim / 4 <= INT32_MAX && float4_rows(in) && float4_rows(r) && float4_rows(o)) {
     const int quads = static_cast<int>(dim / 4);
-    const dim3 grid = vec_grid(r.rows, quads);
-    switch (hc) {
-      case 1:
-        hc_expand_vec_kernel<1><<<grid, kThreads, 0, current_stream()>>>(in, r, quads, q, c, o);
-        break;
-      case 2:
-        hc_expand_vec_kernel<2><<<grid, kThreads, 0, current_stream()>>>(in, r, quads, q, c, o);
-        break;
-      case 4:
-        hc_expand_vec_kernel<4><<<grid, kThreads, 0, current_stream()>>>(in, r, quads, q, c, o);
-        break;
-      default:
-        hc_expand_vec_kernel<8><<<grid, kThreads, 0, current_stream()>>>(in, r, quads, q, c, o);
-        break;
-    }
-    DI_CUDA_LAUNCHED(hc_expand_vec_kernel);
+    const auto kernel = hc == 1   ? hc_expand_vec_kernel<1>
+                        : hc == 2 ? hc_expand_vec_kernel<2>
+                        : hc == 4 ? hc_expand_vec_kernel<4>
+                                  : hc_expand_vec_kernel<8>;
+    launch_dependent(kernel, vec_grid(r.rows, quads), kThreads, 0, current_stream(), in, r, quads,
+                     q, c, o);
     return;
   }
   hc_expand_kernel<<<blocks_for(r.rows * dim, kThreads), kThreads, 0, current_stream()>>>(

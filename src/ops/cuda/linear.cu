@@ -35,13 +35,18 @@ RuntimeSetting kDecodeClusterBlocksPerSm{"DEEPINFER_DECODE_CLUSTER_BLOCKS_PER_SM
 RuntimeSetting kDecodeClusterMinSliceBytes{"DEEPINFER_DECODE_CLUSTER_MIN_SLICE_BYTES", 256, 1,
                                            1 << 30};
 constexpr int kMaxDecodeClusterRanks = 8;  // the portable cluster size
-// decode_pdl_enabled's switch (linear.cuh).
+// decode_pdl_enabled's and dependent_launch_enabled's switches (common.cuh).
 RuntimeSwitch kDecodePdl{"DEEPINFER_DECODE_PDL", true};
+RuntimeSwitch kDependentLaunch{"DEEPINFER_DEPENDENT_LAUNCH", true};
 
 }  // namespace
 
 bool decode_pdl_enabled() {
   return kDecodePdl.enabled();
+}
+
+bool dependent_launch_enabled() {
+  return kDecodePdl.enabled() && kDependentLaunch.enabled();
 }
 
 int decode_cluster_ranks(int64_t blocks, int64_t k_units, int slices, int64_t unit_bytes) {
@@ -326,6 +331,21 @@ void linear(const TensorView& x, const LinearWeight& weight, const TensorView& o
     in = DeviceRows<const float>{quantized.as<float>(), in.rows, in.cols, in.cols};
   }
   launch_linear(in, w, o);
+}
+
+void linear_pair(const TensorView& x, const LinearWeight& first, const TensorView& first_out,
+                 const LinearWeight& second, const TensorView& second_out,
+                 ActivationQuant activation_quant) {
+  // Where linear would take linear_fp8_dense for both weights (not cuBLASLt), the pair form: the
+  // same kernels' bits, one quantizer and, at decode, one launch.
+  if (activation_quant == ActivationQuant::kFp8PerBlock32 && x.rank() == 2 &&
+      !linear_cublaslt_selected(x.size(0)) && linear_fp8_dense_supports(first) &&
+      linear_fp8_dense_supports(second)) {
+    linear_fp8_dense_pair(x, first, first_out, second, second_out);
+    return;
+  }
+  cuda::linear(x, first, first_out, activation_quant);
+  cuda::linear(x, second, second_out, activation_quant);
 }
 
 void quantize_activation(DeviceRows<const float> x, float* out) {

@@ -165,23 +165,13 @@ __device__ __forceinline__ void sum_slice_partials(float (&partials)[kWarps][kTo
 int decode_cluster_ranks(int64_t blocks, int64_t k_units, int slices, int64_t unit_bytes);
 
 // Programmatic dependent launch of the decode tiles (both batch-invariance modes: it moves no
-// arithmetic): launched with it, a tile's blocks may start while the kernel before it in the
+// arithmetic; decode_pdl_enabled, wait_for_prior_grids and allow_dependent_grids are in
+// common.cuh): launched with it, a tile's blocks may start while the kernel before it in the
 // stream still runs, stream their first weight stages (weights are never written by the step) and
 // only then wait for that kernel (wait_for_prior_grids) before reading activations or writing
 // anything. Hides the launch gap and the first weight bytes' latency behind the kernel before,
-// which at decode is a small one (the activation quantizer, a norm). DEEPINFER_DECODE_PDL=0: plain
-// stream order.
-bool decode_pdl_enabled();
-
-// griddepcontrol: the PTX of programmatic dependent launch (sm_90+); both are no-ops in a grid
-// not launched with it or without dependents.
-__device__ __forceinline__ void wait_for_prior_grids() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void allow_dependent_grids() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
+// which at decode is a small one (the activation quantizer, a norm).
+//
 // Launches `kernel` on `grid` with clusters of (1, 1, ranks) blocks (grid.z a multiple of ranks;
 // ranks 1: no cluster) and, with `dependent`, as a programmatic dependent launch (the kernel must
 // call wait_for_prior_grids before it reads another kernel's output or writes memory).

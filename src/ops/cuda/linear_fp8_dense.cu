@@ -39,6 +39,8 @@ RuntimeSwitch kFp8DenseEnabled{"DEEPINFER_FP8_DENSE", true};
 // The prefill tile's switch: false makes kAuto use the 32-token decode kernel for every batch
 // above 16 rows (same bits, slower at prefill).
 RuntimeSwitch kFp8DenseTileEnabled{"DEEPINFER_FP8_DENSE_TILE", true};
+// false: linear_fp8_dense_pair makes two calls (same bits).
+RuntimeSwitch kFp8DensePair{"DEEPINFER_FP8_DENSE_PAIR", true};
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -61,6 +63,15 @@ struct DenseArgs {
   int64_t n;
   int64_t k;
   int slices;  // S: K slices of k / 32 / S blocks each
+  // A pair launch (linear_fp8_dense_pair; the decode tile only): blocks from second_first_block
+  // on compute the second weight [n2, k] of the same x into out2, with the same slices.
+  // second_first_block stays past the grid in every other launch.
+  const uint8_t* weight2;
+  const uint8_t* w_scales2;
+  float* out2;
+  int64_t out2_stride;
+  int64_t n2;
+  unsigned second_first_block = ~0u;
 };
 
 __device__ __forceinline__ float scale_value(uint8_t code) {
@@ -404,33 +415,48 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_tile_kernel(DenseArgs arg
 // false: the decode launches take split_kernel again (the path before this one).
 RuntimeSwitch kFp8DenseDecodeTileEnabled{"DEEPINFER_FP8_DENSE_DECODE_TILE", true};
 
-constexpr int kDecodeStages = 4;
+// Chunk slots a warp's ring holds (kDecodeStages - 1 chunks in flight): 4 by default, 5 or 6
+// with DEEPINFER_FP8_DECODE_STAGES (at 6 a slice of 640 K, the 5120-wide calls' at 8 slices, is
+// in flight whole from the start; still two 8-token blocks an SM). Same bits.
+RuntimeSetting kFp8DecodeStages{"DEEPINFER_FP8_DECODE_STAGES", 4, 4, 6};
 constexpr int kDecodeChunkBlocks = kRequiredK / kBlockK;           // 4 blocks of 32 K
 constexpr int kDecodeRowBytes = kDecodeChunkBlocks * kBlockK;      // a 128-byte line
 constexpr int kDecodeStageBytes = kRowsPerWarp * kDecodeRowBytes;  // 2 KB
 constexpr int kDecodePiecesPerLane = kDecodeStageBytes / 16 / 32;  // 16-byte copies
 // A decode tile kernel's shared memory: per warp its slots, then the chunk's token scales as
 // floats, [block][token].
-template <int kTokenTiles>
+template <int kTokenTiles, int kStages>
 struct DecodeTileSmem {
   static constexpr int kTokenScaleBytes = kDecodeChunkBlocks * 8 * kTokenTiles * 4;
-  static constexpr int kWarpBytes = kDecodeStages * kDecodeStageBytes + kTokenScaleBytes;
+  static constexpr int kWarpBytes = kStages * kDecodeStageBytes + kTokenScaleBytes;
   static constexpr int kBytes = kWarps * kWarpBytes;
 };
 static_assert(kDecodeRowBytes == kStageRowBytes, "the slots use the prefill tile's swizzle");
-static_assert(DecodeTileSmem<1>::kWarpBytes % 128 == 0 && kDecodeStageBytes % 128 == 0,
+static_assert(DecodeTileSmem<1, 4>::kWarpBytes % 128 == 0 && kDecodeStageBytes % 128 == 0,
               "every slot starts on 128 bytes, where the swizzle is conflict-free");
 static_assert(kDecodeStageBytes % (16 * 32) == 0, "each lane copies the same number of pieces");
-static_assert(DecodeTileSmem<4>::kBytes + kWarps * 4 * 4 * 32 * 4 <= 227 * 1024,
+static_assert(DecodeTileSmem<4, 6>::kBytes + kWarps * 4 * 4 * 32 * 4 <= 227 * 1024,
               "the slots and the slice partials fit one SM");
+static_assert(2 * (DecodeTileSmem<1, 6>::kBytes + kWarps * 4 * 32 * 4) <= 227 * 1024,
+              "two 8-token blocks an SM with six slots a warp");
 
 // split_kernel's grid, warps, K slices and token tiles; chunk c of a warp's slice lives in slot
 // c % kDecodeStages, weight row r at row r of the slot with swizzled() (so the 8-byte reads of
 // rows r .. r + 3 by a half warp hit 32 different banks). A slice that does not end on a chunk
 // (slices of 3, 5 or 10 blocks) copies and computes only its own blocks of the last chunk.
-template <int kTokenTiles>
-__global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
+template <int kTokenTiles, int kDecodeStages>
+__global__ void __launch_bounds__(kThreads, kTokenTiles == 1 ? 2 : 1)
+    split_tile_kernel(DenseArgs args) {
   extern __shared__ __align__(128) uint8_t shared[];
+  unsigned block_x = blockIdx.x;
+  if (block_x >= args.second_first_block) {
+    block_x -= args.second_first_block;
+    args.weight = args.weight2;
+    args.w_scales = args.w_scales2;
+    args.out = args.out2;
+    args.out_stride = args.out2_stride;
+    args.n = args.n2;
+  }
   constexpr int kTokens = 8 * kTokenTiles;
   // Token scale codes per chunk, entry e = block * kTokens + token, lane e % 32 loads it.
   constexpr int kScaleEntries = kDecodeChunkBlocks * kTokens;
@@ -445,7 +471,7 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   const int group = lane >> 2;  // MMA row (weights) and column (tokens) of this thread
   const int quad = lane & 3;
   const int slices = args.slices;
-  const int64_t row_group = static_cast<int64_t>(blockIdx.x) * (kWarps / slices) + warp / slices;
+  const int64_t row_group = static_cast<int64_t>(block_x) * (kWarps / slices) + warp / slices;
   const int64_t n_base = row_group * kRowsPerWarp;
   // Warps past the last row group still reach every barrier; they only skip the work.
   const bool active = n_base < args.n;
@@ -459,7 +485,7 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   // Rows n_base .. n_base + 15 lie in one 32-row scale block (n_base is a multiple of 16).
   const uint8_t* w_scale_at =
       args.w_scales + (active ? (n_base / kBlockK) * k_blocks : 0) + block_begin;
-  uint8_t* warp_shared = shared + warp * DecodeTileSmem<kTokenTiles>::kWarpBytes;
+  uint8_t* warp_shared = shared + warp * DecodeTileSmem<kTokenTiles, kDecodeStages>::kWarpBytes;
   float* token_scale = reinterpret_cast<float*>(warp_shared + kDecodeStages * kDecodeStageBytes);
   const int64_t rows = args.rows;
 
@@ -617,24 +643,45 @@ bool weight_fits(const LinearWeight& weight) {
   return aligned_to(w.raw_data(), 16) && aligned_to(s.raw_data(), 4);
 }
 
+template <int kTokenTiles, int kStages>
+void launch_split_tile(const DenseArgs& args, dim3 grid, deepinfer::cuda::StreamHandle stream) {
+  static const bool configured = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles, kStages>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       DecodeTileSmem<kTokenTiles, kStages>::kBytes));
+    return true;
+  }();
+  (void)configured;
+  launch_decode_kernel(split_tile_kernel<kTokenTiles, kStages>, grid, kThreads,
+                       DecodeTileSmem<kTokenTiles, kStages>::kBytes, stream, /*ranks=*/1,
+                       decode_pdl_enabled(), args);
+}
+
+// The decode launch of `args` (and, where args.weight2 is set, of its second weight: the blocks
+// of the first weight's row groups, then the second's).
 template <int kTokenTiles>
-void launch_split(const DenseArgs& args, deepinfer::cuda::StreamHandle stream) {
-  const int64_t row_groups = args.n / kRowsPerWarp;
-  const dim3 grid(blocks_for(row_groups, kWarps / args.slices),
+void launch_split(DenseArgs args, deepinfer::cuda::StreamHandle stream) {
+  const unsigned first_blocks = blocks_for(args.n / kRowsPerWarp, kWarps / args.slices);
+  const unsigned second_blocks =
+      args.weight2 != nullptr ? blocks_for(args.n2 / kRowsPerWarp, kWarps / args.slices) : 0u;
+  const dim3 grid(first_blocks + second_blocks,
                   std::min(blocks_for(args.rows, 8 * kTokenTiles), 65535u));
   if (decode_tile_enabled()) {
-    static const bool configured = [] {
-      DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         DecodeTileSmem<kTokenTiles>::kBytes));
-      return true;
-    }();
-    (void)configured;
-    launch_decode_kernel(split_tile_kernel<kTokenTiles>, grid, kThreads,
-                         DecodeTileSmem<kTokenTiles>::kBytes, stream, /*ranks=*/1,
-                         decode_pdl_enabled(), args);
+    args.second_first_block = args.weight2 != nullptr ? first_blocks : ~0u;
+    switch (kFp8DecodeStages.value()) {
+      case 6:
+        launch_split_tile<kTokenTiles, 6>(args, grid, stream);
+        break;
+      case 5:
+        launch_split_tile<kTokenTiles, 5>(args, grid, stream);
+        break;
+      default:
+        launch_split_tile<kTokenTiles, 4>(args, grid, stream);
+        break;
+    }
     return;
   }
+  require(args.weight2 == nullptr, "linear_fp8_dense: a pair launch needs the decode tile");
   split_kernel<kTokenTiles><<<grid, kThreads, 0, stream>>>(args);
   DI_CUDA_LAUNCHED(split_kernel);
 }
@@ -673,43 +720,51 @@ bool linear_fp8_dense_supports(const LinearWeight& weight) {
   return linear_fp8_dense_enabled() && weight_fits(weight);
 }
 
-void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const TensorView& out,
-                      Fp8DenseLaunch launch) {
+namespace {
+
+// The checks every entry makes: the weight's form and the shapes of x, weight and out.
+void check_call(const TensorView& x, const LinearWeight& weight, const TensorView& out) {
   require(weight_fits(weight),
           "linear_fp8_dense needs an e4m3 weight [N, K] with N % 16 == 0, K % 128 == 0, 16-byte "
           "aligned, and ue8m0 scales [ceil(N / 32), K / 32] 4-byte aligned, got weight ",
           weight.weight.to_string(), ", scale ", weight.scale.to_string());
   const DeviceRows<const float> in = device_rows<const float>(x, "linear_fp8_dense input");
   const DeviceRows<float> o = device_rows<float>(out, "linear_fp8_dense output");
-  const int64_t n = weight.weight.size(0);
-  const int64_t k = weight.weight.size(1);
-  require(in.cols == k && o.cols == n && o.rows == in.rows,
+  require(in.cols == weight.weight.size(1) && o.cols == weight.weight.size(0) && o.rows == in.rows,
           "linear_fp8_dense shapes do not match: x ", x.to_string(), ", weight ",
           weight.weight.to_string(), ", out ", out.to_string());
-  if (launch == Fp8DenseLaunch::kAuto) launch = linear_fp8_dense_auto_launch(in.rows, n, k);
-  require(launch != Fp8DenseLaunch::kPrefillTile || tile_fits(n),
-          "linear_fp8_dense: the prefill tile needs N % ", kTileRows, " == 0, got weight ",
-          weight.weight.to_string());
-  if (in.rows == 0) return;
+}
 
-  const auto stream = current_stream();
-  const int64_t k_blocks = k / kBlockK;
-  StreamBuffer codes(static_cast<size_t>(in.rows * k));
-  StreamBuffer scales(static_cast<size_t>(in.rows * k_blocks));
-  // The released activation quantizer in K order (the tile's and the decode kernels' loads).
-  quantize_fp8_rows(in, CodeLayout::kNatural, codes.as<uint8_t>(), scales.as<uint8_t>());
+// x quantized by the released activation quantizer in K order (the tile's and the decode
+// kernels' loads); `codes` and `scales` hold the results for the calls on this stream.
+struct QuantizedRows {
+  StreamBuffer codes;
+  StreamBuffer scales;
+  QuantizedRows(DeviceRows<const float> in, int64_t k)
+      : codes(static_cast<size_t>(in.rows * k)),
+        scales(static_cast<size_t>(in.rows * (k / kBlockK))) {
+    quantize_fp8_rows(in, CodeLayout::kNatural, codes.as<uint8_t>(), scales.as<uint8_t>());
+  }
+};
 
+DenseArgs dense_args(const QuantizedRows& x, int64_t rows, const LinearWeight& weight,
+                     const TensorView& out) {
+  const DeviceRows<float> o = device_rows<float>(out, "linear_fp8_dense output");
   DenseArgs args{};
-  args.x_codes = codes.as<uint8_t>();
-  args.x_scales = scales.as<uint8_t>();
+  args.x_codes = x.codes.as<uint8_t>();
+  args.x_scales = x.scales.as<uint8_t>();
   args.weight = static_cast<const uint8_t*>(weight.weight.raw_data());
   args.w_scales = static_cast<const uint8_t*>(weight.scale.raw_data());
   args.out = o.data;
   args.out_stride = o.stride;
-  args.rows = in.rows;
-  args.n = n;
-  args.k = k;
-  args.slices = linear_fp8_dense_k_slices(n, k);
+  args.rows = rows;
+  args.n = weight.weight.size(0);
+  args.k = weight.weight.size(1);
+  args.slices = linear_fp8_dense_k_slices(args.n, args.k);
+  return args;
+}
+
+void launch(const DenseArgs& args, Fp8DenseLaunch launch, deepinfer::cuda::StreamHandle stream) {
   switch (launch) {
     case Fp8DenseLaunch::kTokens8:
       launch_split<1>(args, stream);
@@ -717,7 +772,7 @@ void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const Ten
     case Fp8DenseLaunch::kTokens16:
       launch_split<2>(args, stream);
       return;
-    case Fp8DenseLaunch::kAuto:  // resolved above
+    case Fp8DenseLaunch::kAuto:  // resolved by the callers
     case Fp8DenseLaunch::kTokens32:
       launch_split<4>(args, stream);
       return;
@@ -728,14 +783,77 @@ void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const Ten
         return true;
       }();
       (void)configured;
-      const int64_t blocks = (n / kTileRows) * ((in.rows + kTileTokens - 1) / kTileTokens);
-      require(blocks <= INT32_MAX, "linear_fp8_dense: ", in.rows, " rows exceed one launch");
+      const int64_t blocks = (args.n / kTileRows) * ((args.rows + kTileTokens - 1) / kTileTokens);
+      require(blocks <= INT32_MAX, "linear_fp8_dense: ", args.rows, " rows exceed one launch");
       prefill_tile_kernel<<<static_cast<unsigned>(blocks), kThreads, kTileSmemBytes, stream>>>(
           args);
       DI_CUDA_LAUNCHED(prefill_tile_kernel);
       return;
     }
   }
+}
+
+bool is_decode_launch(Fp8DenseLaunch launch) {
+  return launch == Fp8DenseLaunch::kTokens8 || launch == Fp8DenseLaunch::kTokens16 ||
+         launch == Fp8DenseLaunch::kTokens32;
+}
+
+}  // namespace
+
+void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const TensorView& out,
+                      Fp8DenseLaunch launch_kind) {
+  check_call(x, weight, out);
+  const DeviceRows<const float> in = device_rows<const float>(x, "linear_fp8_dense input");
+  const int64_t n = weight.weight.size(0);
+  const int64_t k = weight.weight.size(1);
+  if (launch_kind == Fp8DenseLaunch::kAuto) {
+    launch_kind = linear_fp8_dense_auto_launch(in.rows, n, k);
+  }
+  require(launch_kind != Fp8DenseLaunch::kPrefillTile || tile_fits(n),
+          "linear_fp8_dense: the prefill tile needs N % ", kTileRows, " == 0, got weight ",
+          weight.weight.to_string());
+  if (in.rows == 0) return;
+  const QuantizedRows quantized(in, k);
+  launch(dense_args(quantized, in.rows, weight, out), launch_kind, current_stream());
+}
+
+bool linear_fp8_dense_pair_fuses(int64_t rows, const LinearWeight& first,
+                                 const LinearWeight& second) {
+  if (!kFp8DensePair.enabled() || !decode_tile_enabled() || !weight_fits(first) ||
+      !weight_fits(second)) {
+    return false;
+  }
+  const int64_t k = first.weight.size(1);
+  const int64_t n1 = first.weight.size(0);
+  const int64_t n2 = second.weight.size(0);
+  const Fp8DenseLaunch kind = linear_fp8_dense_auto_launch(rows, n1, k);
+  return second.weight.size(1) == k && is_decode_launch(kind) &&
+         kind == linear_fp8_dense_auto_launch(rows, n2, k) &&
+         linear_fp8_dense_k_slices(n1, k) == linear_fp8_dense_k_slices(n2, k);
+}
+
+void linear_fp8_dense_pair(const TensorView& x, const LinearWeight& first,
+                           const TensorView& first_out, const LinearWeight& second,
+                           const TensorView& second_out) {
+  check_call(x, first, first_out);
+  check_call(x, second, second_out);
+  const DeviceRows<const float> in = device_rows<const float>(x, "linear_fp8_dense input");
+  if (!linear_fp8_dense_pair_fuses(in.rows, first, second)) {
+    linear_fp8_dense(x, first, first_out);
+    linear_fp8_dense(x, second, second_out);
+    return;
+  }
+  if (in.rows == 0) return;
+  const int64_t k = first.weight.size(1);
+  const QuantizedRows quantized(in, k);
+  DenseArgs args = dense_args(quantized, in.rows, first, first_out);
+  const DenseArgs second_args = dense_args(quantized, in.rows, second, second_out);
+  args.weight2 = second_args.weight;
+  args.w_scales2 = second_args.w_scales;
+  args.out2 = second_args.out;
+  args.out2_stride = second_args.out_stride;
+  args.n2 = second_args.n;
+  launch(args, linear_fp8_dense_auto_launch(in.rows, args.n, k), current_stream());
 }
 
 }  // namespace deepinfer::ops::cuda

@@ -35,6 +35,20 @@ enum class Fp8DenseLaunch {
 void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const TensorView& out,
                       Fp8DenseLaunch launch = Fp8DenseLaunch::kAuto);
 
+// linear_fp8_dense(x, first, first_out) and linear_fp8_dense(x, second, second_out), the same
+// bits, with x quantized once and, where linear_fp8_dense_pair_fuses, one decode launch for both
+// (the blocks of first's row groups, then second's): a layer's projections of one input at decode
+// (wq_a and wkv, the shared expert's w1 and w3) are small calls that leave most SMs idle and
+// cost their own launch and quantizer each. DEEPINFER_FP8_DENSE_PAIR=0: two calls.
+void linear_fp8_dense_pair(const TensorView& x, const LinearWeight& first,
+                           const TensorView& first_out, const LinearWeight& second,
+                           const TensorView& second_out);
+
+// Whether linear_fp8_dense_pair makes one launch for `rows` rows: both weights fit, the same K
+// and K slices, the decode tile on, and kAuto picks the same decode kernel for both.
+bool linear_fp8_dense_pair_fuses(int64_t rows, const LinearWeight& first,
+                                 const LinearWeight& second);
+
 // Whether ops::cuda::linear sends this weight (under kFp8PerBlock32) here: the path's switch
 // (linear_fp8_dense_enabled()) and the shape, dtype and alignment rules above.
 bool linear_fp8_dense_supports(const LinearWeight& weight);

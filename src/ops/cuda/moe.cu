@@ -147,6 +147,8 @@ __global__ void __launch_bounds__(kThreads) route_warp_select_kernel(RouteArgs a
   extern __shared__ float shared[];  // scores[E], biased[E]
   __shared__ float scratch[32];
   __shared__ int picked[kMaxTopK];
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t m = blockIdx.x;
   const int experts = static_cast<int>(args.experts);
   float* scores = shared;
@@ -234,9 +236,8 @@ void route(const TensorView& x, const TensorView& gate, const TensorView& bias,
   const size_t shared_bytes = static_cast<size_t>(2 * args.experts) * sizeof(float);
   DI_CHECK(shared_bytes <= 48 * 1024, "route: ", args.experts, " experts exceed shared memory");
   if (kRouteWarpSelect.enabled() && args.experts <= 32 * kMaxLaneExperts) {
-    route_warp_select_kernel<<<static_cast<unsigned>(in.rows), kThreads, shared_bytes,
-                               current_stream()>>>(args);
-    DI_CUDA_LAUNCHED(route_warp_select_kernel);
+    launch_dependent(route_warp_select_kernel, static_cast<unsigned>(in.rows), kThreads,
+                     shared_bytes, current_stream(), args);
     return;
   }
   route_kernel<<<static_cast<unsigned>(in.rows), kThreads, shared_bytes, current_stream()>>>(args);

@@ -51,6 +51,8 @@ struct SortArgs {
 // One block: count per expert, exclusive scan, place. The order inside a group is whatever the
 // atomics give: every row's GEMM result is independent of its group and position.
 __global__ void __launch_bounds__(kSortThreads) sort_by_expert_kernel(SortArgs args) {
+  wait_for_prior_grids();
+  allow_dependent_grids();
   extern __shared__ int32_t shared[];
   int32_t* counts = shared;                      // [E]
   int32_t* cursor = shared + args.expert_count;  // [E]
@@ -122,6 +124,8 @@ __global__ void combine_kernel(const float* results, int64_t dim, const int32_t*
   __shared__ int32_t chosen[kMaxTopK];
   __shared__ int64_t row_start[kMaxTopK];
   __shared__ bool broken;
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t t = blockIdx.x;
   if (threadIdx.x < k) chosen[threadIdx.x] = experts[t * expert_stride + threadIdx.x];
   if (threadIdx.x < k) row_start[threadIdx.x] = slot_position[t * k + threadIdx.x];
@@ -171,6 +175,8 @@ __global__ void __launch_bounds__(kCombineThreads)
                            int64_t expert_stride, const int32_t* slot_position, int k,
                            int64_t quads_per_block, DeviceRows<float> out) {
   __shared__ int64_t row_start[kCombineSlots];
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int64_t t = blockIdx.y;
   // Slot s goes to its place in ascending expert id, equal ids in slot order: the place
   // combine_kernel's (stable) insertion sort gives it, found by every slot at once.
@@ -235,16 +241,14 @@ void launch_combine(const float* results, int64_t dim, const int32_t* experts,
     const int64_t quads_per_block =
         y.rows <= 32 ? kCombineThreads : deepinfer::cuda::min64(quads, 4 * kCombineThreads);
     const int64_t column_blocks = (quads + quads_per_block - 1) / quads_per_block;
-    combine_columns_kernel<<<dim3(static_cast<unsigned>(column_blocks),
-                                  static_cast<unsigned>(y.rows)),
-                             kCombineThreads, 0, current_stream()>>>(
-        results, dim, experts, expert_stride, slot_position, k, quads_per_block, y);
-    DI_CUDA_LAUNCHED(combine_columns_kernel);
+    launch_dependent(combine_columns_kernel,
+                     dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(y.rows)),
+                     kCombineThreads, 0, current_stream(), results, dim, experts, expert_stride,
+                     slot_position, k, quads_per_block, y);
     return;
   }
-  combine_kernel<<<static_cast<unsigned>(y.rows), kThreads, 0, current_stream()>>>(
-      results, dim, experts, expert_stride, slot_position, k, y);
-  DI_CUDA_LAUNCHED(combine_kernel);
+  launch_dependent(combine_kernel, static_cast<unsigned>(y.rows), kThreads, 0, current_stream(),
+                   results, dim, experts, expert_stride, slot_position, k, y);
 }
 
 // Describes one role of every expert and checks they share a shape.
@@ -429,8 +433,7 @@ void moe_experts(const TensorView& x, const TensorView& experts, const TensorVie
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(sort_shared)));
   }
-  sort_by_expert_kernel<<<1, kSortThreads, sort_shared, current_stream()>>>(sort);
-  DI_CUDA_LAUNCHED(sort_by_expert_kernel);
+  launch_dependent(sort_by_expert_kernel, 1, kSortThreads, sort_shared, current_stream(), sort);
 
   GemmGroups groups;
   groups.offsets = offsets;

@@ -390,6 +390,8 @@ __global__ void __launch_bounds__(kThreads)
                 "sized tiles of the prefill tile sizes");
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
+  wait_for_prior_grids();
+  allow_dependent_grids();
   int listed = 0;
   for (int64_t base = 0; base < groups; base += kThreads) {
     const int64_t expert = base + threadIdx.x;
@@ -1112,9 +1114,8 @@ struct TokenTileList {
         tile_count(buffer.as<int>()),
         tiles(reinterpret_cast<TokenTile*>(buffer.as<uint8_t>() + kCountBytes)) {
     const auto list = [&](auto kernel) {
-      kernel<<<1, kListThreads, 0, stream>>>(args.offsets, args.groups, args.rows, tiles,
-                                             static_cast<int>(max_tiles), tile_count);
-      DI_CUDA_LAUNCHED(list_token_tiles_kernel);
+      launch_dependent(kernel, 1, kListThreads, 0, stream, args.offsets, args.groups, args.rows,
+                       tiles, static_cast<int>(max_tiles), tile_count);
     };
     if constexpr (kBigTokens == kBigTileTokens && kSmallTokens == kSmallTileTokens) {
       if (sized == 128) {

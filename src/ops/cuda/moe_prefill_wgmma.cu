@@ -1668,6 +1668,8 @@ __global__ void quantize_rows_per128_kernel(ExpertRowsSource source, uint8_t* co
 template <bool kSwiglu>
 __global__ void quantize_rows_per128_vec_kernel(ExpertRowsSource source, uint8_t* codes,
                                                 float* step_scales) {
+  wait_for_prior_grids();  // quant_warp reads the placed row count
+  allow_dependent_grids();
   const QuantWarp warp = quant_warp(source);
   if (!warp.active) return;
   const int lane = threadIdx.x & 31;
@@ -2354,6 +2356,11 @@ __global__ void __launch_bounds__(kThreads, Shape::kBlocksPerSm)
   extern __shared__ uint8_t dynamic_shared[];
   uint8_t* shared = align_to_swizzle_atom(dynamic_shared);
   lean::fill_tables<Shape>(shared);
+  // Launched as a dependent (launch_dependent): the tables above are constants in shared memory,
+  // built while the kernel before still runs; the tile list, the tokens' codes and the outputs
+  // are touched only after it.
+  wait_for_prior_grids();
+  allow_dependent_grids();
   __syncthreads();
   const int row_tiles = static_cast<int>(args.n / kRows);
   const int64_t items_per_tile = (args.second_out != nullptr ? 2 : 1) * row_tiles;
@@ -2409,9 +2416,8 @@ void launch(const PrefillWgmmaArgs& args, const PrefillTokenTile* tiles, const i
     return true;
   }();
   (void)configured;
-  decode_wgmma_kernel<Shape>
-      <<<blocks, kThreads, Shape::kSharedAllocation, current_stream()>>>(args, tiles, tile_count);
-  DI_CUDA_LAUNCHED(decode_wgmma_kernel);
+  launch_dependent(decode_wgmma_kernel<Shape>, blocks, kThreads, Shape::kSharedAllocation,
+                   current_stream(), args, tiles, tile_count);
 }
 
 }  // namespace decode_a
@@ -2475,9 +2481,8 @@ void quantize_rows_per128(const ExpertRowsSource& source, uint8_t* codes, float*
   if (warps == 0) return;
   const unsigned blocks = blocks_for(warps * 32, kQuantThreads);
   if (kQuantHardwareCvt.enabled() && expert_rows_float4(source) && aligned_to(codes, 2)) {
-    quantize_rows_per128_vec_kernel<kSwiglu>
-        <<<blocks, kQuantThreads, 0, current_stream()>>>(source, codes, step_scales);
-    DI_CUDA_LAUNCHED(quantize_rows_per128_vec_kernel);
+    launch_dependent(quantize_rows_per128_vec_kernel<kSwiglu>, blocks, kQuantThreads, 0,
+                     current_stream(), source, codes, step_scales);
     return;
   }
   if (kQuantHardwareCvt.enabled()) {
