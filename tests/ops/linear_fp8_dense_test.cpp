@@ -455,23 +455,6 @@ TEST_F(LinearFp8DenseTest, PairSameBitsAsTwoCalls) {
   }
 }
 
-// The decode ring's depth (DEEPINFER_FP8_DECODE_STAGES 4, 5, 6) moves no arithmetic.
-TEST_F(LinearFp8DenseTest, DecodeStagesSameBits) {
-  struct Case {
-    int64_t n, k, rows;
-  };
-  for (const Case& c :
-       {Case{48, 2048, 1}, Case{64, 2432, 13}, Case{48, 384, 40}, Case{512, 5120, 3}}) {
-    const Role r = make_role("stages", c.n, c.k, c.rows, 171, /*with_reference=*/false);
-    const Tensor four = run_gpu(r, 0, c.rows, Path::kModelOp);
-    for (int stages : {5, 6}) {
-      const rt::ScopedSetting depth{"DEEPINFER_FP8_DECODE_STAGES", stages};
-      EXPECT_EQ(differing_rows(four, run_gpu(r, 0, c.rows, Path::kModelOp), 0, c.n), 0)
-          << c.n << " x " << c.k << ", " << c.rows << " rows, " << stages << " stages";
-    }
-  }
-}
-
 // Shapes the path does not take (K % 128 != 0, N % 16 != 0): linear_fp8_dense refuses them and
 // the prefill tile refuses N % 128 != 0; ops::cuda::linear still runs them (another kernel).
 TEST_F(LinearFp8DenseTest, UnsupportedShapesFallBack) {

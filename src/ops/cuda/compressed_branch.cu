@@ -253,8 +253,9 @@ struct LaneCodes {
   float scale;
 };
 
-// Lane quad `quad`'s code bytes and scale of key `key` (zeros when absent), through the
-// read-only cache.
+// Lane quad `quad`'s code bytes and scale of key `key` (zeros when absent), through L2 only
+// (ld.global.cg): the keys may be written by the kernel a dependent launch waited for, after this
+// grid started, and the non-coherent path promises data that does not change while a grid runs.
 template <int kDim>
 __device__ __forceinline__ LaneCodes<kDim> load_lane_codes(const uint8_t* codes,
                                                            const uint8_t* scales,
@@ -266,17 +267,17 @@ __device__ __forceinline__ LaneCodes<kDim> load_lane_codes(const uint8_t* codes,
   if (!present) return lane;
   const uint8_t* source = codes + key * code_stride + quad * (kDim / 8);
   if constexpr (kDim == 128) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(source));
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(source));
     lane.words[0] = v.x;
     lane.words[1] = v.y;
     lane.words[2] = v.z;
     lane.words[3] = v.w;
   } else if constexpr (kDim == 64) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(source));
+    const uint2 v = __ldcg(reinterpret_cast<const uint2*>(source));
     lane.words[0] = v.x;
     lane.words[1] = v.y;
   } else {
-    lane.words[0] = __ldg(reinterpret_cast<const unsigned int*>(source));
+    lane.words[0] = __ldcg(reinterpret_cast<const unsigned int*>(source));
   }
   lane.scale = e8m0_to_float(scales[key * scale_stride + quad * kDim / 128]);
   return lane;
@@ -699,8 +700,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     const int r = w % 2;
     const int ch = c * (kDim / 4) + 8 * (s / 2) + 2 * (s % 2) + r;
     const float* head_q = q_row + h * kDim;
-    staged[h * kRowWords + w] = h < heads ? pack_bf16x2(__ldg(head_q + ch) * kDecodeQFactor,
-                                                        __ldg(head_q + ch + 4) * kDecodeQFactor)
+    staged[h * kRowWords + w] = h < heads ? pack_bf16x2(__ldcg(head_q + ch) * kDecodeQFactor,
+                                                        __ldcg(head_q + ch + 4) * kDecodeQFactor)
                                           : 0u;
   }
   // The lane's C columns are heads 8n + 2c and 8n + 2c + 1; padding heads weigh zero.

@@ -979,7 +979,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
         for (int j = 0; j < kTokenTiles; ++j) {
 #pragma unroll
           for (int word = 0; word < kXWords; ++word) {
-            x_ring[slot][j][word] = __ldg(x_at[j] + chunk * kXChunkWords + word);
+            // L2 only (ld.global.cg): written by the kernel this dependent launch waited for,
+            // while this grid ran; .nc loads promise data that does not change meanwhile.
+            x_ring[slot][j][word] = __ldcg(x_at[j] + chunk * kXChunkWords + word);
           }
         }
       };

@@ -415,38 +415,34 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_tile_kernel(DenseArgs arg
 // false: the decode launches take split_kernel again (the path before this one).
 RuntimeSwitch kFp8DenseDecodeTileEnabled{"DEEPINFER_FP8_DENSE_DECODE_TILE", true};
 
-// Chunk slots a warp's ring holds (kDecodeStages - 1 chunks in flight): 4 by default, 5 or 6
-// with DEEPINFER_FP8_DECODE_STAGES (at 6 a slice of 640 K, the 5120-wide calls' at 8 slices, is
-// in flight whole from the start; still two 8-token blocks an SM). Same bits.
-RuntimeSetting kFp8DecodeStages{"DEEPINFER_FP8_DECODE_STAGES", 4, 4, 6};
+// A warp's ring: kDecodeStages chunk slots, kDecodeStages - 1 chunks in flight. 5 and 6 were
+// measured on the H100 (2026-12-07, b1 step 2.94 and 2.95 ms against 2.91 at 4): no gain.
+constexpr int kDecodeStages = 4;
 constexpr int kDecodeChunkBlocks = kRequiredK / kBlockK;           // 4 blocks of 32 K
 constexpr int kDecodeRowBytes = kDecodeChunkBlocks * kBlockK;      // a 128-byte line
 constexpr int kDecodeStageBytes = kRowsPerWarp * kDecodeRowBytes;  // 2 KB
 constexpr int kDecodePiecesPerLane = kDecodeStageBytes / 16 / 32;  // 16-byte copies
 // A decode tile kernel's shared memory: per warp its slots, then the chunk's token scales as
 // floats, [block][token].
-template <int kTokenTiles, int kStages>
+template <int kTokenTiles>
 struct DecodeTileSmem {
   static constexpr int kTokenScaleBytes = kDecodeChunkBlocks * 8 * kTokenTiles * 4;
-  static constexpr int kWarpBytes = kStages * kDecodeStageBytes + kTokenScaleBytes;
+  static constexpr int kWarpBytes = kDecodeStages * kDecodeStageBytes + kTokenScaleBytes;
   static constexpr int kBytes = kWarps * kWarpBytes;
 };
 static_assert(kDecodeRowBytes == kStageRowBytes, "the slots use the prefill tile's swizzle");
-static_assert(DecodeTileSmem<1, 4>::kWarpBytes % 128 == 0 && kDecodeStageBytes % 128 == 0,
+static_assert(DecodeTileSmem<1>::kWarpBytes % 128 == 0 && kDecodeStageBytes % 128 == 0,
               "every slot starts on 128 bytes, where the swizzle is conflict-free");
 static_assert(kDecodeStageBytes % (16 * 32) == 0, "each lane copies the same number of pieces");
-static_assert(DecodeTileSmem<4, 6>::kBytes + kWarps * 4 * 4 * 32 * 4 <= 227 * 1024,
+static_assert(DecodeTileSmem<4>::kBytes + kWarps * 4 * 4 * 32 * 4 <= 227 * 1024,
               "the slots and the slice partials fit one SM");
-static_assert(2 * (DecodeTileSmem<1, 6>::kBytes + kWarps * 4 * 32 * 4) <= 227 * 1024,
-              "two 8-token blocks an SM with six slots a warp");
 
 // split_kernel's grid, warps, K slices and token tiles; chunk c of a warp's slice lives in slot
 // c % kDecodeStages, weight row r at row r of the slot with swizzled() (so the 8-byte reads of
 // rows r .. r + 3 by a half warp hit 32 different banks). A slice that does not end on a chunk
 // (slices of 3, 5 or 10 blocks) copies and computes only its own blocks of the last chunk.
-template <int kTokenTiles, int kDecodeStages>
-__global__ void __launch_bounds__(kThreads, kTokenTiles == 1 ? 2 : 1)
-    split_tile_kernel(DenseArgs args) {
+template <int kTokenTiles>
+__global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   extern __shared__ __align__(128) uint8_t shared[];
   unsigned block_x = blockIdx.x;
   if (block_x >= args.second_first_block) {
@@ -485,7 +481,7 @@ __global__ void __launch_bounds__(kThreads, kTokenTiles == 1 ? 2 : 1)
   // Rows n_base .. n_base + 15 lie in one 32-row scale block (n_base is a multiple of 16).
   const uint8_t* w_scale_at =
       args.w_scales + (active ? (n_base / kBlockK) * k_blocks : 0) + block_begin;
-  uint8_t* warp_shared = shared + warp * DecodeTileSmem<kTokenTiles, kDecodeStages>::kWarpBytes;
+  uint8_t* warp_shared = shared + warp * DecodeTileSmem<kTokenTiles>::kWarpBytes;
   float* token_scale = reinterpret_cast<float*>(warp_shared + kDecodeStages * kDecodeStageBytes);
   const int64_t rows = args.rows;
 
@@ -550,16 +546,19 @@ __global__ void __launch_bounds__(kThreads, kTokenTiles == 1 ? 2 : 1)
           o.w_codes[b] = b < valid ? __ldg(w_scale_at + first_block + b) : uint8_t{0};
 #pragma unroll
           for (int j = 0; j < kTokenTiles; ++j) {
+            // The activations through L2 only (ld.global.cg), not the non-coherent path: this
+            // grid may have started before the kernel that wrote them (a dependent launch), and
+            // .nc loads promise data that does not change while the grid runs.
             o.x[b][j] =
                 b < valid
-                    ? __ldg(reinterpret_cast<const uint2*>(x_at[j] + (first_block + b) * kBlockK))
+                    ? __ldcg(reinterpret_cast<const uint2*>(x_at[j] + (first_block + b) * kBlockK))
                     : make_uint2(0u, 0u);
           }
         }
 #pragma unroll
         for (int i = 0; i < kEntriesPerLane; ++i) {
           const int block = (lane + 32 * i) / kTokens;
-          o.token_codes[i] = block < valid ? __ldg(token_code_at[i] + first_block) : uint8_t{0};
+          o.token_codes[i] = block < valid ? __ldcg(token_code_at[i] + first_block) : uint8_t{0};
         }
         return o;
       };
@@ -643,17 +642,17 @@ bool weight_fits(const LinearWeight& weight) {
   return aligned_to(w.raw_data(), 16) && aligned_to(s.raw_data(), 4);
 }
 
-template <int kTokenTiles, int kStages>
+template <int kTokenTiles>
 void launch_split_tile(const DenseArgs& args, dim3 grid, deepinfer::cuda::StreamHandle stream) {
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles, kStages>,
+    DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       DecodeTileSmem<kTokenTiles, kStages>::kBytes));
+                                       DecodeTileSmem<kTokenTiles>::kBytes));
     return true;
   }();
   (void)configured;
-  launch_decode_kernel(split_tile_kernel<kTokenTiles, kStages>, grid, kThreads,
-                       DecodeTileSmem<kTokenTiles, kStages>::kBytes, stream, /*ranks=*/1,
+  launch_decode_kernel(split_tile_kernel<kTokenTiles>, grid, kThreads,
+                       DecodeTileSmem<kTokenTiles>::kBytes, stream, /*ranks=*/1,
                        decode_pdl_enabled(), args);
 }
 
@@ -668,17 +667,7 @@ void launch_split(DenseArgs args, deepinfer::cuda::StreamHandle stream) {
                   std::min(blocks_for(args.rows, 8 * kTokenTiles), 65535u));
   if (decode_tile_enabled()) {
     args.second_first_block = args.weight2 != nullptr ? first_blocks : ~0u;
-    switch (kFp8DecodeStages.value()) {
-      case 6:
-        launch_split_tile<kTokenTiles, 6>(args, grid, stream);
-        break;
-      case 5:
-        launch_split_tile<kTokenTiles, 5>(args, grid, stream);
-        break;
-      default:
-        launch_split_tile<kTokenTiles, 4>(args, grid, stream);
-        break;
-    }
+    launch_split_tile<kTokenTiles>(args, grid, stream);
     return;
   }
   require(args.weight2 == nullptr, "linear_fp8_dense: a pair launch needs the decode tile");

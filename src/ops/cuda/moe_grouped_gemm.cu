@@ -96,8 +96,10 @@ template <CodeLayout kLayout>
 __global__ void quantize_rows_kernel(DeviceRows<const float> x, uint8_t* codes,
                                      uint8_t* scale_codes, int64_t blocks_per_row) {
   // A GEMM launched as its dependent (linear.cuh's decode tiles) may start streaming its weights
-  // now; it waits for this grid's completion before reading the codes.
+  // now; it waits for this grid's completion before reading the codes. This grid, launched as a
+  // dependent itself (launch_dependent), reads x only once the kernel before it is done.
   allow_dependent_grids();
+  wait_for_prior_grids();
   const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (block >= x.rows * blocks_per_row) return;
   const int lane = threadIdx.x & 31;
@@ -1330,21 +1332,12 @@ void quantize_fp8_rows(DeviceRows<const float> x, CodeLayout layout, uint8_t* co
   const auto stream = current_stream();
   const int64_t blocks_per_row = x.cols / kScaleBlock;
   const unsigned quant_blocks = blocks_for(x.rows * x.cols, kQuantThreads);
-  switch (layout) {
-    case CodeLayout::kNatural:
-      quantize_rows_kernel<CodeLayout::kNatural>
-          <<<quant_blocks, kQuantThreads, 0, stream>>>(x, codes, scale_codes, blocks_per_row);
-      break;
-    case CodeLayout::kMmaHalves:
-      quantize_rows_kernel<CodeLayout::kMmaHalves>
-          <<<quant_blocks, kQuantThreads, 0, stream>>>(x, codes, scale_codes, blocks_per_row);
-      break;
-    case CodeLayout::kEvenOdd8:
-      quantize_rows_kernel<CodeLayout::kEvenOdd8>
-          <<<quant_blocks, kQuantThreads, 0, stream>>>(x, codes, scale_codes, blocks_per_row);
-      break;
-  }
-  DI_CUDA_LAUNCHED(quantize_rows_kernel);
+  const auto kernel = layout == CodeLayout::kNatural ? quantize_rows_kernel<CodeLayout::kNatural>
+                      : layout == CodeLayout::kMmaHalves
+                          ? quantize_rows_kernel<CodeLayout::kMmaHalves>
+                          : quantize_rows_kernel<CodeLayout::kEvenOdd8>;
+  launch_dependent(kernel, quant_blocks, kQuantThreads, 0, stream, x, codes, scale_codes,
+                   blocks_per_row);
 }
 
 bool grouped_fp4_supports(const DeviceWeight& w) {
