@@ -280,8 +280,8 @@ __device__ __forceinline__ void warp_fake_quant_fp8_block(const float* in, float
 namespace deepinfer::ops::cuda {
 
 // Whether the decode tiles (linear.cuh) launch as programmatic dependents (DEEPINFER_DECODE_PDL,
-// on), and whether launch_dependent does (that switch and DEEPINFER_DEPENDENT_LAUNCH, on: the
-// second A/Bs the small kernels alone). =0: plain stream order, the same bits.
+// on), and whether launch_dependent does (that switch and DEEPINFER_DEPENDENT_LAUNCH, off until
+// the GPU goldens pass with it: linear.cu says why). Off: plain stream order, the same bits.
 bool decode_pdl_enabled();
 bool dependent_launch_enabled();
 
