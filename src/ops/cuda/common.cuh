@@ -284,6 +284,10 @@ namespace deepinfer::ops::cuda {
 // the GPU goldens pass with it: linear.cu says why). Off: plain stream order, the same bits.
 bool decode_pdl_enabled();
 bool dependent_launch_enabled();
+// A diagnostic for bisecting the dependent launches: with DEEPINFER_DEPENDENT_LAUNCH_ONLY set to
+// comma-separated pieces of kernel names, only kernels whose (mangled) name contains one of them
+// launch as dependents; unset, every kernel does.
+bool dependent_launch_selected(const void* kernel);
 
 // griddepcontrol: the PTX of programmatic dependent launch (sm_90+); both are no-ops in a grid
 // not launched with it or without dependents.
@@ -316,7 +320,8 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
-  if (dependent_launch_enabled()) {
+  if (dependent_launch_enabled() &&
+      dependent_launch_selected(reinterpret_cast<const void*>(kernel))) {
     config.attrs = &dependent;
     config.numAttrs = 1;
   }

@@ -4,6 +4,12 @@
 // the call (batch invariance). FP8 weights with FP8 activations (linear_fp8_dense.cu, else
 // linear_fp8_mma) and BF16 weights without activation quantization (linear_bf16_mma.cu) of
 // aligned shapes run on the tensor cores instead.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+
 #include "ops/batch_invariance.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear.cuh"
@@ -50,6 +56,22 @@ bool decode_pdl_enabled() {
 
 bool dependent_launch_enabled() {
   return kDecodePdl.enabled() && kDependentLaunch.enabled();
+}
+
+bool dependent_launch_selected(const void* kernel) {
+  static const char* const only = std::getenv("DEEPINFER_DEPENDENT_LAUNCH_ONLY");
+  if (only == nullptr) return true;
+  const char* name = nullptr;
+  if (cudaFuncGetName(&name, kernel) != cudaSuccess || name == nullptr) return false;
+  const std::string_view names(only);
+  size_t start = 0;
+  while (start <= names.size()) {
+    const size_t comma = std::min(names.find(',', start), names.size());
+    const std::string piece(names.substr(start, comma - start));
+    if (!piece.empty() && std::strstr(name, piece.c_str()) != nullptr) return true;
+    start = comma + 1;
+  }
+  return false;
 }
 
 int decode_cluster_ranks(int64_t blocks, int64_t k_units, int slices, int64_t unit_bytes) {
