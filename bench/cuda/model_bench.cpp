@@ -200,10 +200,22 @@ uint8_t ue8m0_ceil(double value) {
   return static_cast<uint8_t>(127 + static_cast<int>(std::ceil(std::log2(value))));
 }
 
+// Whether the loader keeps the FP8 wo_a as stored (deepseek_v41::keeps_wo_a_as_stored:
+// DEEPINFER_WO_A_FP8=1 and each group whole scale blocks) rather than dequantizing it on the host.
+// Shapes only: the views repeat one byte.
+bool loader_keeps_wo_a(const WeightSpec& weight, const WeightSpec& scale, int64_t groups) {
+  static std::byte byte{};
+  const auto shaped = [](const WeightSpec& spec) {
+    return TensorView(&byte, 1, 0, spec.dtype, Shape(std::span<const int64_t>(spec.shape)),
+                      Strides{0, 0});
+  };
+  return deepseek_v41::keeps_wo_a_as_stored({shaped(weight), shaped(scale)}, groups);
+}
+
 // Random released-format parameters, built by the loader's own build_parameters from tensors
 // allocated and filled on `device` as it asks for them. The few tensors the loader converts on
-// the host (f32 mixes, sinks, gate biases, the engram's q/k, the grouped wo_a it runs dense)
-// are made on the host and moved afterwards.
+// the host (f32 mixes, sinks, gate biases, the engram's q/k; wo_a where the loader dequantizes
+// it, as for the tests' tiny config) are made on the host and moved afterwards.
 struct RandomModel {
   std::map<std::string, Tensor> tensors;
   std::unique_ptr<ModelParameters> parameters;
@@ -230,7 +242,10 @@ std::unique_ptr<RandomModel> make_random_model(const DeepseekV41TextConfig& conf
     const bool converted_on_host = spec.dtype == DType::kF32 ||
                                    ends_with(spec.name, "engram.q_weight") ||
                                    ends_with(spec.name, "engram.k_weight");
-    if (converted_on_host || ends_with(spec.name, "attn.wo_a.weight")) {
+    const bool dense_wo_a = ends_with(spec.name, "attn.wo_a.weight") &&
+                            (spec.scale_name.empty() ||
+                             !loader_keeps_wo_a(spec, *specs.at(spec.scale_name), config.o_groups));
+    if (converted_on_host || dense_wo_a) {
       host_names.insert(spec.name);
       if (!spec.scale_name.empty()) host_names.insert(spec.scale_name);
     }
@@ -257,12 +272,6 @@ std::unique_ptr<RandomModel> make_random_model(const DeepseekV41TextConfig& conf
       case WeightRole::kEngramTable:
         fill.kind = FillKind::kE4m3;
         fill.stddev = static_cast<float>(sigma / scale_value(fp8_scale));
-        // The grouped wo_a runs dense (bf16, as the loader's own_dense leaves FP8 weights): on a
-        // GPU its copy is drawn there (below), so the host codes it comes from need no drawing.
-        if (device.is_cuda() && ends_with(name, "attn.wo_a.weight")) {
-          fill.kind = FillKind::kByte;
-          fill.byte = 0x38;  // 1.0
-        }
         break;
       case WeightRole::kFp8BlockScale:
       case WeightRole::kEngramScale:
@@ -290,15 +299,6 @@ std::unique_ptr<RandomModel> make_random_model(const DeepseekV41TextConfig& conf
       deepseek_v41::build_parameters(config, deepseek_v41::WeightLayout::kReleased, lookup);
   ModelParameters& p = *model->parameters;
   if (device.is_cuda()) {
-    for (size_t layer = 0; layer < p.layers.size(); ++layer) {
-      ops::LinearWeight& wo_a = p.layers[layer].attn.wo_a;
-      Tensor dense = Tensor::empty(DType::kBF16, wo_a.weight.shape(), target);
-      fill_tensor(dense.view(), {FillKind::kNormal, 0.0f, static_cast<float>(sigma)},
-                  seed ^ hash_name("wo_a.dense." + std::to_string(layer)));
-      model->device_bytes += static_cast<double>(dense.view().nbytes());
-      p.owned.push_back(std::move(dense));
-      wo_a = ops::LinearWeight{p.owned.back().view(), TensorView()};
-    }
     deepseek_v41::for_each_view(p, [&](TensorView& view) {
       if (view.numel() == 0 || view.device() == device) return;
       Tensor copy = Tensor::empty(view.dtype(), view.shape(), target);
@@ -378,14 +378,14 @@ std::unique_ptr<RequestState> filled_state(const DeepseekV41TextConfig& c, int64
 
 // What a step must move and compute, from the config and the released storage formats: the
 // floor an implementation reading the release's compact caches would meet (ours keeps f32
-// caches and runs wo_a dense bf16; the "as stored here" figure counts those).
+// caches; the "as stored here" figure counts those). The weights are read as released, wo_a
+// included, so both figures count the same weight bytes.
 class CostModel {
  public:
   explicit CostModel(const DeepseekV41TextConfig& config) : c_(config) {
     const std::vector<WeightSpec> table =
         deepseek_v41::build_weight_table(config, deepseek_v41::WeightLayout::kReleased);
     layer_bytes_.assign(static_cast<size_t>(c_.num_hidden_layers), 0.0);
-    layer_bytes_here_.assign(static_cast<size_t>(c_.num_hidden_layers), 0.0);
     for (const WeightSpec& spec : table) {
       const double bytes =
           static_cast<double>(dtype_storage_bytes(spec.dtype, spec.element_count()));
@@ -404,14 +404,7 @@ class CostModel {
           ends_with(spec.name, "gate.bias_vl")) {
         continue;
       }
-      const size_t layer = static_cast<size_t>(spec.layer);
-      layer_bytes_[layer] += bytes;
-      // Here wo_a runs as dense bf16 (2 bytes an element, no scale).
-      if (ends_with(spec.name, "attn.wo_a.weight")) {
-        layer_bytes_here_[layer] += 2.0 * static_cast<double>(spec.element_count());
-      } else if (!ends_with(spec.name, "attn.wo_a.scale")) {
-        layer_bytes_here_[layer] += bytes;
-      }
+      layer_bytes_[static_cast<size_t>(spec.layer)] += bytes;
     }
     engram_row_bytes_ = static_cast<double>(c_.engram_head_dim) * (1.0 + 1.0 / 32.0);
   }
@@ -435,9 +428,9 @@ class CostModel {
   }
 
   struct Bytes {
-    double weights = 0, cache = 0, cache_here = 0, weights_here = 0;
+    double weights = 0, cache = 0, cache_here = 0;
     double total() const { return weights + cache; }
-    double total_here() const { return weights_here + cache_here; }
+    double total_here() const { return weights + cache_here; }  // the weights as released
   };
 
   // One decode step: `batch` requests, one token each at position `context`.
@@ -450,10 +443,8 @@ class CostModel {
     const double shared = head_bytes_ + static_cast<double>(batch) * embed_row_bytes_ +
                           engram_rows * engram_row_bytes_;
     b.weights = shared;
-    b.weights_here = shared;
     for (int64_t layer = 0; layer < c_.num_hidden_layers; ++layer) {
       b.weights += layer_bytes_[static_cast<size_t>(layer)] + distinct * expert_bytes_;
-      b.weights_here += layer_bytes_here_[static_cast<size_t>(layer)] + distinct * expert_bytes_;
     }
     const double dh = static_cast<double>(c_.head_dim), di = static_cast<double>(c_.index_head_dim);
     const double window_row = dh + dh / 32.0;            // e4m3 + a ue8m0 scale per 32
@@ -526,7 +517,7 @@ class CostModel {
 
  private:
   const DeepseekV41TextConfig& c_;
-  std::vector<double> layer_bytes_, layer_bytes_here_;
+  std::vector<double> layer_bytes_;
   double expert_bytes_ = 0, head_bytes_ = 0, embed_row_bytes_ = 0, engram_row_bytes_ = 0;
 };
 
@@ -864,6 +855,13 @@ void Bench::setup_device() {
              static_cast<double>(copy_bytes) * 1e-9);
   }
   report_["bf16_weight_copies_bytes"] = copy_bytes;
+  // DEEPINFER_WO_A_FP8=1: wo_a read as stored (FP8) instead of its bf16 dequantization.
+  const std::string wo_a_dtype(
+      weights_->parameters->layers.empty()
+          ? std::string_view("none")
+          : dtype_name(weights_->parameters->layers.front().attn.wo_a.weight.dtype()));
+  report_["wo_a_dtype"] = wo_a_dtype;
+  progress("wo_a held as %s", wo_a_dtype.c_str());
   model_ = std::make_unique<Model>(config_, *weights_->parameters,
                                    deepseek_v41::Numerics::kReleased, hasher_);
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool's `run`, repo root as working directory) over the
 # programs scripts/cuda/stage_device_build.sh staged in $BIN (default build-cuda/device): whether
-# the small kernels' dependent launches (DEEPINFER_DEPENDENT_LAUNCH, off by default) keep the GPU
+# the small kernels' dependent launches (DEEPINFER_DEPENDENT_LAUNCH, on by default) keep the GPU
 # goldens' decode mode equal to prefill. The failure they caused was not reproducible run to run
 # (docs/BENCHMARKS.md, twelfth session, "The race"), so the goldens run ROUNDS times with the
 # switch on and once off; if any round on fails, one kernel family at a time is launched as a

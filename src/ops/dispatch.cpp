@@ -48,6 +48,21 @@ void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t gro
   DI_DISPATCH(x, linear_grouped(x, weight, groups, out));
 }
 
+int64_t scale_block_edge(int64_t extent, int64_t blocks) {
+  if (blocks <= 0) return 0;
+  for (int64_t edge : {32, 128, 64, 16}) {
+    if ((extent + edge - 1) / edge == blocks) return edge;
+  }
+  for (int64_t edge = 1; edge <= extent; ++edge) {
+    if ((extent + edge - 1) / edge == blocks) return edge;
+  }
+  return 0;
+}
+
+bool linear_grouped_supports(const LinearWeight& weight, int64_t groups) {
+  return cpu::linear_grouped_supports(weight, groups);  // shapes only: host logic for every backend
+}
+
 void dequantize_weight(const LinearWeight& weight, const TensorView& out) {
   DI_DISPATCH(weight.weight, dequantize_weight(weight, out));
 }

@@ -60,11 +60,26 @@ void linear_pair(const TensorView& x, const LinearWeight& first, const TensorVie
 
 // A grouped linear: for g < groups, out[:, g * N/G, (g + 1) * N/G) = x[:, g * K, (g + 1) * K)
 // times weight rows [g * N/G, (g + 1) * N/G), i.e. the `groups` calls
-//   linear(x.narrow(1, g * K, K), {weight.weight.narrow(0, g * N/G, N/G)}, out.narrow(1, ...)),
-// with the same bits as those calls (the attention's wo_a groups in one launch on the GPU).
-// x [M, groups * K] f32, weight [N, K] f32 or bf16 without scale (N % groups == 0), out [M, N].
+//   linear(x.narrow(1, g * K, K), {weight.weight.narrow(0, g * N/G, N/G),
+//          weight.scale.narrow(0, g * S/G, S/G)}, out.narrow(1, ...), ActivationQuant::kNone)
+// (S the scale's rows; no scale for f32 / bf16), with the same bits as those calls (the
+// attention's wo_a groups in one launch on the GPU). x [M, groups * K] f32, out [M, N]; weight
+// [N, K] f32 or bf16 without scale, or fp8 e4m3 with ue8m0 block scales whose groups are whole
+// scale blocks (linear_grouped_supports; Error otherwise). The activation is never quantized, so
+// an fp8 weight gives the bits of its exact bf16 dequantization (dequantize_weight).
 void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
                     const TensorView& out);
+
+// Whether linear_grouped takes `weight` in `groups` groups (formats and shapes only, any device):
+// N % groups == 0 and an f32 / bf16 weight without scale, or an fp8 one whose row block (derived
+// from the scale grid as linear derives it) divides N / groups, and which each group's share of
+// the scale rows gives again. The released wo_a (1024-row groups, 32-row blocks) fits.
+bool linear_grouped_supports(const LinearWeight& weight, int64_t groups);
+
+// The edge of `blocks` fp8 scale blocks over `extent` weight rows or columns, as every backend
+// reads a scale grid: the grid is ceil(extent / edge) blocks, and where several edges give it the
+// power of two the checkpoints use wins (32, then 128, 64, 16). 0: no edge gives it.
+int64_t scale_block_edge(int64_t extent, int64_t blocks);
 
 // Dequantizes any LinearWeight to a dense f32 [out, in] tensor (exact: every stored format is a
 // subset of f32), or to a bf16 one for bf16 and fp8 weights (exact too: an e4m3 value times a
@@ -431,4 +446,5 @@ inline OpRecorder* op_recorder(Device device) {
 namespace deepinfer::ops::cpu {
 #include "ops/backend_ops.inc"
 RopeTable make_rope_table(int rope_dim, double theta, const YarnParams& yarn = {});
+bool linear_grouped_supports(const LinearWeight& weight, int64_t groups);
 }  // namespace deepinfer::ops::cpu

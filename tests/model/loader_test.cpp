@@ -4,6 +4,8 @@
 // checkpoints fail naming the tensor.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -11,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype_convert.h"
+#include "core/error.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/deepseek_v41/loader.h"
@@ -138,15 +141,41 @@ std::vector<float> run_prompt(const LoadedModel& loaded, Numerics numerics,
   return logits;
 }
 
+// DEEPINFER_WO_A_FP8 set to `value` while it lives (nullptr: unset), unset afterwards.
+class WoAFp8Setting {
+ public:
+  explicit WoAFp8Setting(const char* value) {
+    if (value == nullptr) {
+      unsetenv(kVariable);
+    } else {
+      setenv(kVariable, value, 1);
+    }
+  }
+  ~WoAFp8Setting() { unsetenv(kVariable); }
+  WoAFp8Setting(const WoAFp8Setting&) = delete;
+  WoAFp8Setting& operator=(const WoAFp8Setting&) = delete;
+
+ private:
+  static constexpr const char* kVariable = "DEEPINFER_WO_A_FP8";
+};
+
 TEST(LoaderTest, ReleasedAndHfLayoutsGiveIdenticalDenseLogits) {
   TempDir released("released"), hf("hf");
   write_checkpoints(released.path, hf.path);
+  const WoAFp8Setting keep_fp8_wo_a("1");
   const LoadedModel a = load_model(released.path);
   const LoadedModel b = load_model(hf.path);
   EXPECT_EQ(a.layout, WeightLayout::kReleased);
   EXPECT_EQ(b.layout, WeightLayout::kHfDense);
   std::vector<int32_t> prompt(29);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % 300);
+  // wo_a: the released FP8 weight kept as stored (each group's 32 rows one scale block row),
+  // the HF layout's bf16 as stored; the same values, so the same logits.
+  const ops::LinearWeight& released_wo_a = a.parameters->layers[0].attn.wo_a;
+  EXPECT_EQ(released_wo_a.weight.dtype(), DType::kF8E4M3);
+  EXPECT_EQ(released_wo_a.scale.dtype(), DType::kF8E8M0);
+  EXPECT_EQ(b.parameters->layers[0].attn.wo_a.weight.dtype(), DType::kBF16);
+  EXPECT_EQ(b.parameters->layers[0].attn.wo_a.scale.numel(), 0);
   const std::vector<float> dense_released = run_prompt(a, Numerics::kDense, prompt);
   const std::vector<float> dense_hf = run_prompt(b, Numerics::kDense, prompt);
   EXPECT_EQ(dense_released, dense_hf);
@@ -155,12 +184,91 @@ TEST(LoaderTest, ReleasedAndHfLayoutsGiveIdenticalDenseLogits) {
   EXPECT_GT(spread, 0.0f);
   // The released numerics quantize activations: close to, but not the same as, dense.
   const std::vector<float> quantized = run_prompt(a, Numerics::kReleased, prompt);
+  // wo_a dequantized at load, as before it was kept as stored: the same logits in both numerics.
+  LoadedModel dense_wo_a = load_model(released.path);
+  for (LayerParameters& layer : dense_wo_a.parameters->layers) {
+    layer.attn.wo_a = dense_wo_a.parameters->own_dense(layer.attn.wo_a);
+  }
+  EXPECT_EQ(run_prompt(dense_wo_a, Numerics::kDense, prompt), dense_released);
+  EXPECT_EQ(run_prompt(dense_wo_a, Numerics::kReleased, prompt), quantized);
   double worst = 0;
   for (size_t i = 0; i < quantized.size(); ++i) {
     ASSERT_TRUE(std::isfinite(quantized[i]));
     worst = std::max(worst, std::fabs(double(quantized[i]) - dense_released[i]));
   }
   EXPECT_GT(worst, 0.0);
+}
+
+// Random released-layout tensors of `config` in memory, and the loader's parameters over them.
+struct RandomReleasedWeights {
+  explicit RandomReleasedWeights(const DeepseekV41TextConfig& text_config)
+      : config(text_config),
+        table(build_weight_table(text_config, WeightLayout::kReleased)),
+        tensors(make_random_weights(table, 0.3, 5)) {
+    for (RandomTensor& t : tensors) {
+      views[t.spec->name] =
+          TensorView::contiguous(t.bytes.data(), t.spec->dtype, Shape(std::span(t.spec->shape)));
+    }
+  }
+  std::unique_ptr<ModelParameters> build() const {
+    return build_parameters(config, WeightLayout::kReleased,
+                            [&](const std::string& name) { return views.at(name); });
+  }
+
+  const DeepseekV41TextConfig& config;
+  std::vector<WeightSpec> table;  // the tensors' specs point into it
+  std::vector<RandomTensor> tensors;
+  std::map<std::string, TensorView> views;
+};
+
+// The FP8 wo_a stays as stored only where linear_grouped can take each group's share of the
+// scale rows: with o_lora_rank 16 a 32-row scale block spans both groups, so the loader
+// dequantizes it (exactly, to bf16) as it did every wo_a before.
+TEST(LoaderTest, Fp8WoAIsKeptOnlyInWholeScaleBlocksPerGroup) {
+  const WoAFp8Setting keep_fp8_wo_a("1");
+  for (const int64_t o_lora_rank : {32, 16}) {
+    nlohmann::json json = tiny_config_json(engram_rows());
+    json["text_config"]["o_lora_rank"] = o_lora_rank;
+    const DeepseekV41Config config = parse_config(json, "test config");
+    const RandomReleasedWeights weights(config.text);
+    const std::unique_ptr<ModelParameters> parameters = weights.build();
+    const std::map<std::string, TensorView>& views = weights.views;
+    const ops::LinearWeight& wo_a = parameters->layers[0].attn.wo_a;
+    const TensorView& stored = views.at("layers.0.attn.wo_a.weight");
+    const TensorView& stored_scale = views.at("layers.0.attn.wo_a.scale");
+    if (o_lora_rank == 32) {
+      EXPECT_EQ(wo_a.weight.raw_data(), stored.raw_data());
+      EXPECT_EQ(wo_a.scale.raw_data(), stored_scale.raw_data());
+      continue;
+    }
+    ASSERT_EQ(wo_a.weight.dtype(), DType::kBF16);
+    EXPECT_EQ(wo_a.scale.numel(), 0);
+    Tensor want = Tensor::empty(DType::kBF16, stored.shape());
+    ops::dequantize_weight({stored, stored_scale}, want.view());
+    EXPECT_EQ(std::memcmp(wo_a.weight.raw_data(), want.view().raw_data(), want.view().nbytes()), 0);
+  }
+}
+
+// By default (DEEPINFER_WO_A_FP8 unset or 0) every wo_a is dequantized exactly to bf16, as
+// before the switch; any other value is an error naming it.
+TEST(LoaderTest, Fp8WoAIsDequantizedByDefault) {
+  const DeepseekV41Config config = parse_config(tiny_config_json(engram_rows()), "test config");
+  const RandomReleasedWeights weights(config.text);
+  const auto build = [&] { return weights.build(); };
+  for (const char* value : {static_cast<const char*>(nullptr), "0"}) {
+    const WoAFp8Setting setting(value);
+    const std::unique_ptr<ModelParameters> parameters = build();
+    EXPECT_EQ(parameters->layers[0].attn.wo_a.weight.dtype(), DType::kBF16);
+    EXPECT_EQ(parameters->layers[0].attn.wo_a.scale.numel(), 0);
+  }
+  const WoAFp8Setting bad("yes");
+  try {
+    build();
+    FAIL() << "DEEPINFER_WO_A_FP8=yes was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("DEEPINFER_WO_A_FP8='yes'"), std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(LoaderTest, MissingTensorIsNamed) {

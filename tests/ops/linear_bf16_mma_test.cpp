@@ -478,6 +478,75 @@ TEST_F(LinearBf16MmaTest, GroupedLinearWoA) {
   for (int64_t rows : {1, 2, 8, 16, 32}) check_grouped(8, 1024, 4096, rows, 171);
 }
 
+// ---- fp8 weights without activation quantization: wo_a as released -----------------------------
+
+// Weight [groups * group_out, group_in] as e4m3 codes with ue8m0 scales of 32 x 32 blocks (all
+// codes but NaN, scales 2^-10..2^-6). The GPU's linear_grouped on the fp8 weight (one group: a
+// plain linear without activation quantization) must give the bits of the same call on its exact
+// bf16 dequantization (the decode tile converting the codes at 1-16 rows, the bf16 path on a
+// dequantized copy beyond), under batch invariance on or off; and the CPU reference's values
+// within the tolerance.
+void check_fp8_weight(int64_t groups, int64_t group_out, int64_t group_in, int64_t rows,
+                      uint32_t seed, bool invariant) {
+  const std::string what = std::to_string(groups) + " x fp8 [" + std::to_string(group_out) + " x " +
+                           std::to_string(group_in) + "], " + std::to_string(rows) +
+                           " rows, invariance " + (invariant ? "on" : "off");
+  const ScopedBatchInvariance invariance(invariant);
+  const int64_t n = groups * group_out;
+  const int64_t width = groups * group_in;
+  const Tensor codes = testing::random_e4m3({n, group_in}, seed);
+  const Tensor scale =
+      testing::random_bytes(DType::kF8E8M0, {n / 32, group_in / 32}, seed + 1, 117, 121);
+  Tensor dense = Tensor::empty(DType::kBF16, {n, group_in});
+  dequantize_weight(LinearWeight{codes.view(), scale.view()}, dense.view());
+  const Tensor x = host_f32({rows, width + 64}, seed + 2);
+  const Tensor device_codes = rt::to_device(codes.view());
+  const Tensor device_scale = rt::to_device(scale.view());
+  const Tensor device_dense = rt::to_device(dense.view());
+  const Tensor device_x = rt::to_device(x.view());
+  const TensorView x_view = device_x.view().narrow(1, 32, width);
+  const auto gpu = [&](const LinearWeight& w) {
+    Tensor out = Tensor::empty(DType::kF32, {rows, n}, rt::device_allocator());
+    rt::fill_bytes(out.view(), 0xFF);
+    linear_grouped(x_view, w, groups, out.view());
+    rt::synchronize();
+    return rt::to_host(out.view());
+  };
+  const Tensor from_codes = gpu(LinearWeight{device_codes.view(), device_scale.view()});
+  const Tensor from_dense = gpu(LinearWeight{device_dense.view(), TensorView()});
+  EXPECT_TRUE(same_bits(from_codes, from_dense)) << what << ": fp8 codes differ from bf16";
+
+  const TensorView host_x = x.view().narrow(1, 32, width);
+  Tensor want = Tensor::empty(DType::kF32, {rows, n});
+  linear_grouped(host_x, LinearWeight{dense.view(), TensorView()}, groups, want.view());
+  const double error = worst_error(want, from_codes);
+  std::printf("%s: worst error %.3g\n", what.c_str(), error);
+  EXPECT_LE(error, kTolerance) << what;
+}
+
+// Small shapes (quick under compute-sanitizer): one and several row groups and K slices, rows on
+// both decode tiles and past them (the dequantized copy).
+TEST_F(LinearBf16MmaTest, Fp8WeightSmallShapes) {
+  struct Case {
+    int64_t groups, group_out, group_in;
+  };
+  for (const Case& c : {Case{8, 32, 64}, Case{4, 64, 320}, Case{1, 96, 1024}, Case{2, 32, 96}}) {
+    for (int64_t rows : {1, 5, 8, 13, 16, 24}) {
+      for (bool invariant : {true, false}) {
+        check_fp8_weight(c.groups, c.group_out, c.group_in, rows, 181, invariant);
+      }
+    }
+  }
+}
+
+// The attention's wo_a as released: 8 groups of 1024 x 4096 fp8 on the 32768-wide attention
+// output, decode and past it (80 rows: cuBLASLt with batch invariance off).
+TEST_F(LinearBf16MmaTest, Fp8WeightWoA) {
+  for (int64_t rows : {1, 2, 8, 16, 80}) {
+    for (bool invariant : {true, false}) check_fp8_weight(8, 1024, 4096, rows, 191, invariant);
+  }
+}
+
 // ---- prefill: the wide tile and the grouped block order against the kernel before them -------
 
 // Runs its body on prefill's one-row-group-per-warp kernel (bf16_mma_kernel<4, false, ...>), in

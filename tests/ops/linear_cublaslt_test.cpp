@@ -6,8 +6,9 @@
 // invariance off and from DEEPINFER_CUBLASLT_MIN_ROWS rows (with invariance on, the bits are the
 // invariant kernels' whatever the threshold); the path is deterministic (two calls, same bits);
 // calls it does not fit fall back; under a graph recording it runs on staging that fits; an fp8
-// weight's bf16 copy (LinearWeight::bf16_copy) gives the same bits as dequantizing on every call.
-// Skips without a GPU.
+// weight's bf16 copy (LinearWeight::bf16_copy) gives the same bits as dequantizing on every call;
+// an fp8 weight without activation quantization (the grouped wo_a as released) gives the bits of
+// its bf16 dequantization as a bf16 weight. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,7 +46,9 @@ constexpr double kTolerance = testing::kExactProductsTolerance;
 using testing::kColumnOffset;
 using testing::kExtraColumns;
 
-enum class Kind { kFp8, kBf16 };
+// kFp8: the FP8 roles (fp8 weight, kFp8PerBlock32). kBf16: the BF16 roles on a bf16 weight;
+// kFp8Weight: the same role (kNone) on an fp8 weight, read as its exact bf16 dequantization.
+enum class Kind { kFp8, kBf16, kFp8Weight };
 
 struct Case {
   std::string name;
@@ -56,19 +59,50 @@ struct Case {
   int64_t rows = 0;
   Tensor x;  // host f32 [rows, groups k + kExtraColumns]
   Tensor weight;
-  Tensor scale;  // fp8 only
+  Tensor scale;  // fp8 weights only
   Tensor device_x, device_weight, device_scale;
   std::vector<int64_t> sample;  // rows checked against the reference
   Tensor want;                  // host f32 [sample.size(), n]
 
   int64_t in_cols() const { return groups * k; }
+  bool fp8_weight() const { return kind != Kind::kBf16; }
   ActivationQuant quant() const {
     return kind == Kind::kFp8 ? ActivationQuant::kFp8PerBlock32 : ActivationQuant::kNone;
   }
+  LinearWeight host_linear_weight() const {
+    return {weight.view(), fp8_weight() ? scale.view() : TensorView()};
+  }
   LinearWeight device_linear_weight() const {
-    return {device_weight.view(), kind == Kind::kFp8 ? device_scale.view() : TensorView()};
+    return {device_weight.view(), fp8_weight() ? device_scale.view() : TensorView()};
   }
 };
+
+// c.sample and c.want: the rows of `sample` below c.rows (every row when empty) through the CPU
+// reference.
+void set_reference(Case& c, std::vector<int64_t> sample) {
+  const int64_t rows = c.rows;
+  const int64_t n = c.n;
+  const int64_t groups = c.groups;
+  const int64_t width = c.in_cols() + kExtraColumns;
+  if (sample.empty()) {
+    for (int64_t r = 0; r < rows; ++r) sample.push_back(r);
+  }
+  for (int64_t r : sample) {
+    if (r < rows) c.sample.push_back(r);
+  }
+  const auto count = static_cast<int64_t>(c.sample.size());
+  Tensor gathered = Tensor::empty(DType::kF32, {count, c.in_cols()});
+  for (int64_t i = 0; i < count; ++i) {
+    const float* row = c.x.data<float>() + c.sample[i] * width + kColumnOffset;
+    std::copy(row, row + c.in_cols(), gathered.data<float>() + i * c.in_cols());
+  }
+  c.want = Tensor::empty(DType::kF32, {count, n});
+  if (groups > 1) {
+    linear_grouped(gathered.view(), c.host_linear_weight(), groups, c.want.view());
+  } else {
+    linear(gathered.view(), c.host_linear_weight(), c.want.view(), c.quant());
+  }
+}
 
 // A case with its reference on `sample` rows (every row when empty and rows are few).
 Case make_case(std::string name, Kind kind, int64_t n, int64_t k, int64_t groups, int64_t rows,
@@ -85,7 +119,7 @@ Case make_case(std::string name, Kind kind, int64_t n, int64_t k, int64_t groups
   const std::vector<float> values =
       testing::random_values(static_cast<size_t>(c.x.numel()), seed, 2.0f);
   std::copy(values.begin(), values.end(), c.x.data<float>());
-  if (kind == Kind::kFp8) {
+  if (c.fp8_weight()) {
     c.weight = random_e4m3({n, k}, seed + 1);
     // ue8m0 codes near 2^-8: realistic weight magnitudes.
     c.scale = random_bytes(DType::kF8E8M0, {(n + 31) / 32, (k + 31) / 32}, seed + 2, 117, 121);
@@ -104,33 +138,35 @@ Case make_case(std::string name, Kind kind, int64_t n, int64_t k, int64_t groups
   }
   c.device_x = rt::to_device(c.x.view());
   c.device_weight = rt::to_device(c.weight.view());
-  if (sample.empty()) {
-    for (int64_t r = 0; r < rows; ++r) sample.push_back(r);
-  }
-  for (int64_t r : sample) {
-    if (r < rows) c.sample.push_back(r);
-  }
-  const auto count = static_cast<int64_t>(c.sample.size());
-  Tensor gathered = Tensor::empty(DType::kF32, {count, c.in_cols()});
-  for (int64_t i = 0; i < count; ++i) {
-    const float* row = c.x.data<float>() + c.sample[i] * width + kColumnOffset;
-    std::copy(row, row + c.in_cols(), gathered.data<float>() + i * c.in_cols());
-  }
-  c.want = Tensor::empty(DType::kF32, {count, n});
-  if (groups > 1) {
-    linear_grouped(gathered.view(), LinearWeight{c.weight.view(), TensorView()}, groups,
-                   c.want.view());
-  } else {
-    linear(gathered.view(),
-           LinearWeight{c.weight.view(), kind == Kind::kFp8 ? c.scale.view() : TensorView()},
-           c.want.view(), c.quant());
-  }
+  set_reference(c, std::move(sample));
   return c;
+}
+
+// The case as a bf16 weight: the fp8 weight's exact bf16 dequantization, the same input, rows and
+// reference rows (its reference computed again on the bf16 weight: the same bits on the CPU).
+Case bf16_twin(const Case& c) {
+  Case twin;
+  twin.name = c.name + " as bf16";
+  twin.kind = Kind::kBf16;
+  twin.n = c.n;
+  twin.k = c.k;
+  twin.groups = c.groups;
+  twin.rows = c.rows;
+  twin.x = Tensor::empty(DType::kF32, c.x.shape());
+  std::memcpy(twin.x.view().raw_data(), c.x.view().raw_data(), c.x.view().nbytes());
+  twin.weight = Tensor::empty(DType::kBF16, {c.n, c.k});
+  dequantize_weight(c.host_linear_weight(), twin.weight.view());
+  twin.device_x = rt::to_device(twin.x.view());
+  twin.device_weight = rt::to_device(twin.weight.view());
+  set_reference(twin, c.sample);
+  return twin;
 }
 
 // How run_gpu calls the GPU: the model's op (ops::cuda::linear / linear_grouped under the
 // current policy), linear_cublaslt forced, or the invariant kernel the op runs with batch
-// invariance on (linear_fp8_dense / linear_bf16_mma; grouped: linear_bf16_mma per group).
+// invariance on (linear_fp8_dense / linear_bf16_mma; grouped: linear_bf16_mma per group; an fp8
+// weight without activation quantization: linear_bf16_mma on its bf16 dequantization, whose bits
+// the op promises).
 enum class Path { kModelOp, kCublasLt, kInvariantKernel };
 
 // Rows [first, first + count) on the GPU into a column slice of a NaN-filled matrix twice as
@@ -160,13 +196,20 @@ Tensor run_gpu(const Case& c, int64_t first, int64_t count, Path path,
       if (c.kind == Kind::kFp8) {
         cuda::linear_fp8_dense(x, w, out);
       } else {
+        Tensor dequantized;
+        TensorView bf16_weight = c.device_weight.view();
+        if (c.kind == Kind::kFp8Weight) {
+          dequantized = Tensor::empty(DType::kBF16, {c.n, c.k}, rt::device_allocator());
+          cuda::dequantize_weight(c.device_linear_weight(), dequantized.view());
+          bf16_weight = dequantized.view();
+        }
         const int64_t group_out = c.n / c.groups;
         for (int64_t g = 0; g < c.groups; ++g) {
-          cuda::linear_bf16_mma(
-              x.narrow(1, g * c.k, c.k),
-              LinearWeight{c.device_weight.view().narrow(0, g * group_out, group_out), {}},
-              out.narrow(1, g * group_out, group_out));
+          cuda::linear_bf16_mma(x.narrow(1, g * c.k, c.k),
+                                LinearWeight{bf16_weight.narrow(0, g * group_out, group_out), {}},
+                                out.narrow(1, g * group_out, group_out));
         }
+        rt::synchronize();  // before `dequantized` is freed
       }
       break;
   }
@@ -199,7 +242,7 @@ void check_case(const Case& c, bool compare_invariant_kernel) {
   EXPECT_LE(error, kTolerance) << c.name << ", " << c.rows << " rows";
   EXPECT_TRUE(same_bits(forced, run_gpu(c, 0, c.rows, Path::kCublasLt)))
       << c.name << ": two calls of the path differ";
-  if (c.kind == Kind::kBf16) {
+  if (c.quant() == ActivationQuant::kNone) {
     // The stacked-terms form (one GEMM of terms x M rows, the blocks added in term order), at the
     // default two terms and at three (x exactly), which must take effect: other bits.
     for (const int terms : {2, 3}) {
@@ -220,7 +263,7 @@ void check_case(const Case& c, bool compare_invariant_kernel) {
       }
     }
   }
-  if (c.kind == Kind::kFp8) {
+  if (c.fp8_weight()) {
     // The model's bf16 copy of the weight (DEEPINFER_BF16_WEIGHT_COPIES): the GPU's dequantized
     // bits are the CPU's (which checks every value is exact in bf16), and the path reading the
     // copy multiplies the same operands as the path dequantizing on every call: the same bits.
@@ -292,21 +335,48 @@ TEST_F(LinearCublasLtTest, WoAGroupedV41Shape) {
              true);
 }
 
+// wo_a as released: the same grouped call on the fp8 weight without activation quantization,
+// against the reference and, bit for bit, against the call on its bf16 dequantization (the GEMMs
+// multiply identical operands): at the default two terms and at three, stacked (one chunk of all
+// rows) and in row chunks, at 1300 rows and at 77.
+TEST_F(LinearCublasLtTest, WoAGroupedFp8WeightV41Shape) {
+  const Case c =
+      make_case("wo_a fp8 (8 groups)", Kind::kFp8Weight, 8 * 1024, 4096, 8, 1300, 131, kSampleRows);
+  check_case(c, /*compare_invariant_kernel=*/true);
+  const Case twin = bf16_twin(c);
+  EXPECT_TRUE(same_bits(c.want, twin.want)) << "the CPU's fp8 and bf16 references differ";
+  for (const int terms : {2, 3}) {
+    for (const int stacked_max_rows : {0, 1 << 30}) {
+      const rt::ScopedSetting term_count{"DEEPINFER_CUBLASLT_BF16_TERMS", terms};
+      const rt::ScopedSetting stacked{"DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS", stacked_max_rows};
+      for (const int64_t rows : {c.rows, int64_t{77}}) {
+        EXPECT_TRUE(same_bits(run_gpu(c, 0, rows, Path::kCublasLt),
+                              run_gpu(twin, 0, rows, Path::kCublasLt)))
+            << c.name << ", " << rows << " rows, " << terms << " terms, stacked max rows "
+            << stacked_max_rows << ": the fp8 weight's bits differ from its bf16 dequantization's";
+      }
+    }
+  }
+}
+
 // Odd shapes, every row against the reference: M off every tile (1, 3, 77, 130, 257), K a
 // multiple of 32 but not of 128 (96, 160, 416), N off 16 (40, 72: a partial scale block row for
-// FP8), a small grouped call.
+// FP8), small grouped calls (bf16, and fp8 without activation quantization: 32-row groups).
 TEST_F(LinearCublasLtTest, OddShapes) {
   struct Shape {
     Kind kind;
     int64_t n, k, groups, rows;
   };
   uint32_t seed = 201;
-  for (const Shape& s : {Shape{Kind::kFp8, 40, 96, 1, 1}, Shape{Kind::kFp8, 72, 160, 1, 3},
-                         Shape{Kind::kFp8, 48, 416, 1, 77}, Shape{Kind::kFp8, 136, 224, 1, 257},
-                         Shape{Kind::kBf16, 40, 96, 1, 3}, Shape{Kind::kBf16, 72, 160, 1, 130},
-                         Shape{Kind::kBf16, 48, 416, 1, 257}, Shape{Kind::kBf16, 96, 96, 3, 77}}) {
-    const std::string name = std::string(s.kind == Kind::kFp8 ? "fp8" : "bf16") + " odd " +
-                             std::to_string(s.n) + " x " + std::to_string(s.k);
+  for (const Shape& s :
+       {Shape{Kind::kFp8, 40, 96, 1, 1}, Shape{Kind::kFp8, 72, 160, 1, 3},
+        Shape{Kind::kFp8, 48, 416, 1, 77}, Shape{Kind::kFp8, 136, 224, 1, 257},
+        Shape{Kind::kBf16, 40, 96, 1, 3}, Shape{Kind::kBf16, 72, 160, 1, 130},
+        Shape{Kind::kBf16, 48, 416, 1, 257}, Shape{Kind::kBf16, 96, 96, 3, 77},
+        Shape{Kind::kFp8Weight, 72, 160, 1, 130}, Shape{Kind::kFp8Weight, 96, 96, 3, 77}}) {
+    const char* kind = s.kind == Kind::kFp8 ? "fp8" : s.kind == Kind::kBf16 ? "bf16" : "fp8 weight";
+    const std::string name =
+        std::string(kind) + " odd " + std::to_string(s.n) + " x " + std::to_string(s.k);
     check_case(make_case(name, s.kind, s.n, s.k, s.groups, s.rows, seed),
                /*compare_invariant_kernel=*/false);
     seed += 10;
@@ -356,6 +426,19 @@ TEST_F(LinearCublasLtTest, UnsupportedCallsFallBack) {
     Tensor out = Tensor::empty(DType::kF32, {c.rows, c.n}, rt::device_allocator());
     EXPECT_FALSE(cuda::try_linear_cublaslt(x, c.device_linear_weight(), out.view(), c.quant(), 1));
     EXPECT_THROW(cuda::linear_cublaslt(x, c.device_linear_weight(), out.view(), c.quant()), Error);
+  }
+  {
+    // Four groups of 16 rows of an fp8 weight with 32-row scale blocks: no group owns its scale
+    // rows, so there is no linear_grouped to run. An Error, not a guess.
+    const Tensor weight = rt::to_device(random_e4m3({64, 64}, 421).view());
+    const Tensor scale = rt::to_device(random_bytes(DType::kF8E8M0, {2, 2}, 422, 117, 121).view());
+    const LinearWeight w{weight.view(), scale.view()};
+    EXPECT_FALSE(linear_grouped_supports(w, 4));
+    Tensor x = Tensor::empty(DType::kF32, {20, 4 * 64}, rt::device_allocator());
+    rt::fill_bytes(x.view(), 0);
+    Tensor out = Tensor::empty(DType::kF32, {20, 64}, rt::device_allocator());
+    EXPECT_THROW(cuda::try_linear_cublaslt(x.view(), w, out.view(), ActivationQuant::kNone, 4),
+                 Error);
   }
 }
 

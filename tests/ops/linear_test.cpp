@@ -184,6 +184,55 @@ TEST(LinearTest, RowResultsDoNotDependOnBatch) {
   }
 }
 
+// linear_grouped on an fp8 block-scaled weight (the attention's wo_a as released): each group is
+// linear on its weight rows and its share of the scale rows, with the activation unquantized, and
+// the bits are those of the weight's exact bf16 dequantization (what the reference runs): both
+// dequantize each row to the same f32 values before the same dot products.
+TEST(LinearTest, GroupedFp8WeightHasItsBf16DequantizationsBits) {
+  const int64_t m = 5, groups = 4, group_out = 64, k = 96, n = groups * group_out;
+  const Tensor q = testing::random_e4m3({n, k}, 11);
+  const Tensor s = testing::random_bytes(DType::kF8E8M0, {n / 32, k / 32}, 12, 118, 126);
+  const Tensor x = testing::random_f32({m, groups * k}, 13);
+  const LinearWeight fp8{q.view(), s.view()};
+  ASSERT_TRUE(linear_grouped_supports(fp8, groups));
+  Tensor got = Tensor::empty(DType::kF32, {m, n});
+  linear_grouped(x.view(), fp8, groups, got.view());
+
+  Tensor dense = Tensor::empty(DType::kBF16, {n, k});
+  dequantize_weight(fp8, dense.view());
+  Tensor want = Tensor::empty(DType::kF32, {m, n});
+  linear_grouped(x.view(), LinearWeight{dense.view(), TensorView()}, groups, want.view());
+  EXPECT_TRUE(testing::same_bits(got, want));
+
+  // The documented per-group calls, one of them by hand: group 2's rows and scale rows.
+  Tensor group = Tensor::empty(DType::kF32, {m, group_out});
+  linear(x.view().narrow(1, 2 * k, k),
+         LinearWeight{q.view().narrow(0, 2 * group_out, group_out),
+                      s.view().narrow(0, 2 * group_out / 32, group_out / 32)},
+         group.view());
+  for (int64_t i = 0; i < m; ++i) {
+    ASSERT_EQ(std::memcmp(group.data<float>() + i * group_out,
+                          got.data<float>() + i * n + 2 * group_out, group_out * sizeof(float)),
+              0)
+        << "row " << i;
+  }
+
+  // Groups of 16 rows split 32-row scale blocks: no per-group scale rows exist. An error naming
+  // the shapes, not a silent misread.
+  EXPECT_FALSE(linear_grouped_supports(fp8, 16));
+  Tensor x16 = testing::random_f32({m, 16 * k}, 14);
+  EXPECT_THROW(linear_grouped(x16.view(), fp8, 16, got.view()), Error);
+  // A scale only belongs to fp8 weights.
+  EXPECT_FALSE(linear_grouped_supports(LinearWeight{dense.view(), s.view()}, groups));
+  EXPECT_THROW(linear_grouped(x.view(), LinearWeight{dense.view(), s.view()}, groups, got.view()),
+               Error);
+  // The released wo_a: 8 groups of 1024 rows, 32 x 32 blocks (shapes only: views of one byte).
+  uint8_t byte = 0;
+  const TensorView released{&byte, 1, 0, DType::kF8E4M3, {8192, 4096}, {0, 0}};
+  const TensorView released_scale{&byte, 1, 0, DType::kF8E8M0, {256, 128}, {0, 0}};
+  EXPECT_TRUE(linear_grouped_supports(LinearWeight{released, released_scale}, 8));
+}
+
 TEST(LinearTest, MismatchedShapesAreRejected) {
   auto x = random_values(6, 9);
   auto w = random_values(6, 10);

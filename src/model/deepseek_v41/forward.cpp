@@ -701,8 +701,7 @@ void ForwardPass::attention_output(int64_t layer, const TensorView& out) {
   const TensorView grouped_view = f32(ws_.grouped, {n_, groups * c_.o_lora_rank});
   // Group g's heads meet weight rows [g * o_lora_rank, (g + 1) * o_lora_rank): the per-group
   // linears' bits, in one launch on the GPU at decode.
-  ops::linear_grouped(attn_flat, ops::LinearWeight{ap.wo_a.weight, TensorView()}, groups,
-                      grouped_view);
+  ops::linear_grouped(attn_flat, ap.wo_a, groups, grouped_view);
   ops::linear(grouped_view, ap.wo_b, out, quant_);
 }
 

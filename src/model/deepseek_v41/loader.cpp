@@ -1,6 +1,8 @@
 #include "model/deepseek_v41/loader.h"
 
+#include <cstdlib>
 #include <map>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -64,6 +66,18 @@ class ParameterReader {
 
 }  // namespace
 
+bool fp8_wo_a_requested() {
+  const char* setting = std::getenv("DEEPINFER_WO_A_FP8");
+  if (setting == nullptr || std::string_view(setting) == "0") return false;
+  if (std::string_view(setting) == "1") return true;
+  DI_THROW("DEEPINFER_WO_A_FP8='", setting, "' is not valid (0 or 1)");
+}
+
+bool keeps_wo_a_as_stored(const ops::LinearWeight& wo_a, int64_t groups) {
+  return fp8_wo_a_requested() && wo_a.weight.dtype() == DType::kF8E4M3 &&
+         ops::linear_grouped_supports(wo_a, groups);
+}
+
 std::unique_ptr<ModelParameters> build_parameters(
     const DeepseekV41TextConfig& c, WeightLayout layout,
     const std::function<TensorView(const std::string& name)>& lookup) {
@@ -92,8 +106,12 @@ std::unique_ptr<ModelParameters> build_parameters(
     a.wq_b = read.linear(attn + "wq_b.weight");
     a.wkv = read.linear(attn + "wkv.weight");
     a.kv_norm = read.plain(attn + "kv_norm.weight");
-    // Both references run wo_a dense (DeepSeek's convert.py dequantizes it to bf16).
-    a.wo_a = p.own_dense(read.linear(attn + "wo_a.weight"));
+    // Both references run wo_a as bf16 with an unquantized activation (DeepSeek's convert.py
+    // dequantizes it). An e4m3 value times a power-of-two scale is exact in bf16, so the FP8
+    // weight under ActivationQuant::kNone multiplies the same values at half the bytes
+    // (keeps_wo_a_as_stored); else dequantized (bf16 checkpoints, test shapes, the default).
+    const ops::LinearWeight wo_a = read.linear(attn + "wo_a.weight");
+    a.wo_a = keeps_wo_a_as_stored(wo_a, c.o_groups) ? wo_a : p.own_dense(wo_a);
     a.wo_b = read.linear(attn + "wo_b.weight");
     a.attn_sink = read.f32(attn + "attn_sink");
     if (c.is_kv_source(layer)) {

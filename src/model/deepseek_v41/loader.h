@@ -1,8 +1,9 @@
 // Loading a DeepSeek-V4.1 checkpoint for the forward: config.json, the tensors checked against
 // the weight table (weights.h) of the layout the names reveal, and the views the forward reads.
 // Weights stay in their stored format and memory-mapped; only the small tensors the ops need in
-// f32 (hc_*, sinks, gate biases, the engram q*k product) and the grouped wo_a (run dense by
-// both references) are converted at load.
+// f32 (hc_*, sinks, gate biases, the engram q*k product) are converted at load, and the grouped
+// wo_a (run as bf16 by both references) is dequantized exactly to bf16 unless
+// keeps_wo_a_as_stored.
 #pragma once
 
 #include <filesystem>
@@ -27,6 +28,18 @@ namespace deepinfer::deepseek_v41 {
 std::unique_ptr<ModelParameters> build_parameters(
     const DeepseekV41TextConfig& config, WeightLayout layout,
     const std::function<TensorView(const std::string& name)>& lookup);
+
+// DEEPINFER_WO_A_FP8=1 (default 0; any other value is an error): the grouped wo_a stays FP8 as
+// stored where it is FP8 in whole scale blocks per group (ops::linear_grouped_supports; the
+// released checkpoint's 1024-row groups of 32-row blocks): the same values as its bf16
+// dequantization (e4m3 times a power of two is exact in bf16), half the bytes a decode step
+// reads. Off by default until the GPU kernels that read it (linear_bf16_mma.cu's fp8 decode tile,
+// the cuBLASLt path's dequantization) have run their tests on a GPU; the CPU gives the same bits
+// either way (loader_test).
+bool fp8_wo_a_requested();
+// Whether the loader keeps this wo_a as stored (the setting above and the shape rule) rather than
+// dequantizing it; shapes and dtypes only, so any views (the model bench asks before it draws).
+bool keeps_wo_a_as_stored(const ops::LinearWeight& wo_a, int64_t groups);
 
 struct LoadedModel {
   DeepseekV41Config config;

@@ -1,8 +1,8 @@
 // The model's parameters as views in the layout the forward reads, whatever the checkpoint
 // layout was: linear weights keep their storage format (f32 / bf16 / fp8 block-scaled / packed
 // fp4) and are dequantized row by row inside the GEMM; the few tensors the ops need in f32
-// (hyper-connection parameters, sinks, gate biases, the engram's q*k product, the grouped wo_a)
-// are converted once at load and owned here.
+// (hyper-connection parameters, sinks, gate biases, the engram's q*k product, the grouped wo_a
+// unless the loader keeps it as stored: loader.h) are converted once at load and owned here.
 #pragma once
 
 #include <functional>
@@ -27,7 +27,9 @@ struct AttentionParameters {
   ops::LinearWeight wq_b;
   ops::LinearWeight wkv;
   TensorView kv_norm;
-  ops::LinearWeight wo_a;  // dense f32 [o_groups * o_lora_rank, H * Dh / o_groups]
+  // [o_groups * o_lora_rank, H * Dh / o_groups]: dense bf16 / f32, or fp8 block-scaled as
+  // released (DEEPINFER_WO_A_FP8=1, loader.h); run without activation quantization.
+  ops::LinearWeight wo_a;
   ops::LinearWeight wo_b;
   TensorView attn_sink;  // f32 [H]
   // KV sources only.

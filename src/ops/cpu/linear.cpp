@@ -58,23 +58,8 @@ WeightLayout describe(const LinearWeight& weight) {
         layout.block_out = 1;
         layout.block_in = layout.in / s.size(1);
       } else {
-        // Block shape from the scale grid: ceil(out / bo) rows and ceil(in / bi) columns.
-        auto block_for = [](int64_t extent, int64_t blocks) -> int64_t {
-          if (blocks <= 0) return 0;
-          for (int64_t b = 1; b <= extent; ++b) {
-            if ((extent + b - 1) / b == blocks) return b;
-          }
-          return 0;
-        };
-        // Prefer the power of two block the checkpoints use when several fit.
-        auto preferred = [&](int64_t extent, int64_t blocks) -> int64_t {
-          for (int64_t b : {32, 128, 64, 16}) {
-            if ((extent + b - 1) / b == blocks) return b;
-          }
-          return block_for(extent, blocks);
-        };
-        layout.block_out = preferred(layout.out, s.size(0));
-        layout.block_in = preferred(layout.in, s.size(1));
+        layout.block_out = scale_block_edge(layout.out, s.size(0));
+        layout.block_in = scale_block_edge(layout.in, s.size(1));
         if (layout.block_out == 0 || layout.block_in == 0) {
           DI_THROW("fp8 weight ", w.to_string(), " has scale grid ", s.to_string(),
                    " that matches no block shape");
@@ -248,20 +233,56 @@ void linear_pair(const TensorView& x, const LinearWeight& first, const TensorVie
   cpu::linear(x, second, second_out, activation_quant);
 }
 
+bool linear_grouped_supports(const LinearWeight& weight, int64_t groups) {
+  const TensorView& w = weight.weight;
+  const TensorView& s = weight.scale;
+  if (groups <= 0 || w.rank() != 2 || w.size(0) % groups != 0) return false;
+  switch (w.dtype()) {
+    case DType::kF32:
+    case DType::kBF16:
+      return s.numel() == 0;
+    case DType::kF8E4M3:
+      break;
+    default:
+      return false;
+  }
+  if (s.rank() != 2 || s.dtype() != DType::kF8E8M0) return false;
+  const int64_t group_out = w.size(0) / groups;
+  const int64_t block = scale_block_edge(w.size(0), s.size(0));
+  if (block == 0 || scale_block_edge(w.size(1), s.size(1)) == 0 || group_out % block != 0) {
+    return false;
+  }
+  // A group's own linear derives its block edge from its share of the scale rows again: it
+  // must find the same edge, or a single block row (any edge then covers the whole group).
+  const int64_t group_blocks = group_out / block;
+  return group_blocks == 1 || scale_block_edge(group_out, group_blocks) == block;
+}
+
 void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
                     const TensorView& out) {
-  if (groups <= 0 || weight.scale.numel() != 0 || weight.weight.rank() != 2 || x.rank() != 2 ||
-      out.rank() != 2 || weight.out_features() % groups != 0 ||
-      x.size(1) != groups * weight.in_features() || out.size(1) != weight.out_features()) {
+  if (groups <= 0 || weight.weight.rank() != 2 || x.rank() != 2 || out.rank() != 2 ||
+      weight.out_features() % groups != 0 || x.size(1) != groups * weight.in_features() ||
+      out.size(1) != weight.out_features()) {
     DI_THROW("linear_grouped shapes do not match: x ", x.to_string(), ", weight ",
              weight.weight.to_string(), ", groups ", groups, ", out ", out.to_string());
   }
-  const int64_t group_out = weight.out_features() / groups;
-  const int64_t group_in = weight.in_features();
+  const WeightLayout layout = describe(weight);  // an fp8 weight's scale checked here
+  const int64_t group_out = layout.out / groups;
+  const int64_t group_in = layout.in;
+  if (!cpu::linear_grouped_supports(weight, groups)) {
+    DI_THROW("linear_grouped takes f32 or bf16 weights without a scale, or fp8 weights whose ",
+             groups, " groups of ", group_out, " rows are each whole scale blocks; got weight ",
+             weight.weight.to_string(), " with scale ", weight.scale.to_string(), " (",
+             layout.block_out, "-row blocks)");
+  }
+  const bool scaled = layout.dtype == DType::kF8E4M3;
+  const int64_t group_scale_rows = scaled ? group_out / layout.block_out : 0;
   for (int64_t g = 0; g < groups; ++g) {
-    cpu::linear(x.narrow(1, g * group_in, group_in),
-                LinearWeight{weight.weight.narrow(0, g * group_out, group_out), TensorView()},
-                out.narrow(1, g * group_out, group_out));
+    const LinearWeight group{
+        weight.weight.narrow(0, g * group_out, group_out),
+        scaled ? weight.scale.narrow(0, g * group_scale_rows, group_scale_rows) : TensorView()};
+    cpu::linear(x.narrow(1, g * group_in, group_in), group, out.narrow(1, g * group_out, group_out),
+                ActivationQuant::kNone);
   }
 }
 

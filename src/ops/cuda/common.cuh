@@ -150,6 +150,18 @@ __device__ __forceinline__ float e4m3_to_float(uint8_t bits) {
   return (bits >> 7) ? -magnitude : magnitude;
 }
 
+// Two e4m3 codes (the low byte first) -> two floats, exactly: the hardware's e4m3x2 -> f16x2
+// conversion (every e4m3 value, subnormals included, is an f16 normal; NaN stays NaN), then f16 ->
+// f32. A few instructions for two weights, where decoding the fields costs a dozen per weight.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two_codes) {
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<uint16_t>(two_codes)));
+  float low, high;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(low) : "h"(static_cast<uint16_t>(halves & 0xFFFF)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(high) : "h"(static_cast<uint16_t>(halves >> 16)));
+  return make_float2(low, high);
+}
+
 // 2^(bits - 127) placed straight into the exponent field (ldexpf costs a call per decode, and
 // the GEMMs decode a scale per 32 weights); code 0 is the subnormal 2^-127.
 __device__ __forceinline__ float e8m0_to_float(uint8_t bits) {
@@ -280,8 +292,9 @@ __device__ __forceinline__ void warp_fake_quant_fp8_block(const float* in, float
 namespace deepinfer::ops::cuda {
 
 // Whether the decode tiles (linear.cuh) launch as programmatic dependents (DEEPINFER_DECODE_PDL,
-// on), and whether launch_dependent does (that switch and DEEPINFER_DEPENDENT_LAUNCH, off until
-// the GPU goldens pass with it: linear.cu says why). Off: plain stream order, the same bits.
+// on), and whether launch_dependent does (that switch and DEEPINFER_DEPENDENT_LAUNCH, on; linear.cu
+// says what was checked). Off: plain stream order, the same bits. A dependent reads what the
+// kernels before it wrote through L2 (__ldcg, ld.global.cg), never the non-coherent path.
 bool decode_pdl_enabled();
 bool dependent_launch_enabled();
 // A diagnostic for bisecting the dependent launches: with DEEPINFER_DEPENDENT_LAUNCH_ONLY set to

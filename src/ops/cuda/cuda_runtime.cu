@@ -360,7 +360,9 @@ void synchronize() {
   int code = 0;
   DI_CUDA_CHECK(cudaMemcpy(&code, kernel_error_word(), sizeof(int), cudaMemcpyDeviceToHost));
   if (code == kKernelOk) return;
-  DI_CUDA_CHECK(cudaMemset(kernel_error_word(), 0, sizeof(int)));
+  // Cleared in the compute stream's order, before any later kernel may report again.
+  DI_CUDA_CHECK(cudaMemsetAsync(kernel_error_word(), 0, sizeof(int), current_stream()));
+  DI_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
   switch (code) {
     case kWindowRangeOutOfBounds:
       DI_THROW("sink_attention: a window range lies outside the window cache");
@@ -392,7 +394,12 @@ const void* resident_copy(const void* host, size_t bytes) {
   Entry entry;
   entry.content.assign(first, first + bytes);
   DI_CUDA_CHECK(cudaMalloc(&entry.device, std::max<size_t>(bytes, 1)));
-  DI_CUDA_CHECK(cudaMemcpy(entry.device, host, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return before the DMA lands, and the legacy stream it
+  // runs on does not order the non-blocking compute streams: a kernel could read the table before
+  // it arrives. The stream synchronization waits for the copy itself.
+  DI_CUDA_CHECK(
+      cudaMemcpyAsync(entry.device, host, bytes, cudaMemcpyHostToDevice, cudaStreamLegacy));
+  DI_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   entries.push_back(std::move(entry));
   return entries.back().device;
 }

@@ -22,19 +22,6 @@ namespace {
 
 using deepinfer::cuda::DeviceRows;
 
-// Block edge for `blocks` scale entries over `extent` values, preferring the checkpoints'
-// powers of two when several edges give the same grid (the CPU reference's rule).
-int64_t scale_block_edge(int64_t extent, int64_t blocks) {
-  if (blocks <= 0) return 0;
-  for (int64_t edge : {32, 128, 64, 16}) {
-    if ((extent + edge - 1) / edge == blocks) return edge;
-  }
-  for (int64_t edge = 1; edge <= extent; ++edge) {
-    if ((extent + edge - 1) / edge == blocks) return edge;
-  }
-  return 0;
-}
-
 // decode_cluster_ranks' switch and limits (linear.cuh).
 RuntimeSwitch kDecodeClusterK{"DEEPINFER_DECODE_CLUSTER_K", true};
 RuntimeSetting kDecodeClusterBlocksPerSm{"DEEPINFER_DECODE_CLUSTER_BLOCKS_PER_SM", 4, 1, 64};
@@ -42,11 +29,12 @@ RuntimeSetting kDecodeClusterMinSliceBytes{"DEEPINFER_DECODE_CLUSTER_MIN_SLICE_B
                                            1 << 30};
 constexpr int kMaxDecodeClusterRanks = 8;  // the portable cluster size
 // decode_pdl_enabled's and dependent_launch_enabled's switches (common.cuh). The small kernels'
-// dependent launches are off by default: with them on (H100, 2026-12-07, before the decode tiles
-// read activations through L2) the GPU goldens' decode mode differed from prefill in 5 of 8
-// fixtures, not reproducibly; on, a b1 step took 2.91 ms against 3.06 (docs/BENCHMARKS.md).
+// dependent launches: before the decode tiles and the indexer read activations through L2
+// (ld.global.cg) the GPU goldens' decode mode differed from prefill in 5 of 8 fixtures (H100,
+// 2026-12-07, not reproducibly); after it they matched in three rounds of every fixture, and a
+// b1 step took 2.96 ms against 3.10 off in the same call (docs/BENCHMARKS.md, thirteenth session).
 RuntimeSwitch kDecodePdl{"DEEPINFER_DECODE_PDL", true};
-RuntimeSwitch kDependentLaunch{"DEEPINFER_DEPENDENT_LAUNCH", false};
+RuntimeSwitch kDependentLaunch{"DEEPINFER_DEPENDENT_LAUNCH", true};
 
 }  // namespace
 

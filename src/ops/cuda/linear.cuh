@@ -245,6 +245,14 @@ __device__ __forceinline__ void sum_cluster_slice_partials(
 // three bf16 terms per activation (the default) it differs from launch_linear's FMA chain in
 // summation order only, with two also by x's remainder below about 2^-16 of |x|.
 bool bf16_mma_supports(const DeviceWeight& w, const deepinfer::cuda::DeviceRows<const float>& x);
+// linear_grouped's fp8 block-scaled weight (the attention's wo_a as released) times f32
+// activations without quantization: the decode tile reading the codes at 1-16 rows, else the
+// bf16 path on the weight's exact bf16 dequantization. Same bits as the bf16 path on that
+// dequantization. False (nothing done) for other weights. (ops::cuda::linear's own fp8 weights
+// without activation quantization -- the dense numerics' -- keep the FMA kernel until this path
+// has run its tests on a GPU.)
+bool linear_fp8_weight_unquantized(const TensorView& x, const LinearWeight& weight, int64_t groups,
+                                   const TensorView& out);
 void launch_linear_bf16_mma(deepinfer::cuda::DeviceRows<const float> x, const DeviceWeight& w,
                             deepinfer::cuda::DeviceRows<float> out);
 

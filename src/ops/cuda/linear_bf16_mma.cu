@@ -115,6 +115,11 @@ struct Bf16MmaArgs {
   // Big tile with the K slices on grid.z only: slice s's partial of output (m, n) at
   // [(s * rows + m) * n_total + n], summed in slice order by sum_slices_kernel.
   float* slice_partials;
+  // Decode tile on an fp8 weight (kFp8Weight): `weight` holds e4m3 codes [n, k] and scale the
+  // ue8m0 code of rows [r * scale_block_out, ...) and K [32 c, 32 c + 32) at [r * scale_cols + c].
+  const uint8_t* scale;
+  int64_t scale_cols;
+  int64_t scale_block_out;
 };
 
 // Prefill's grid is (row blocks, token blocks) and the GPU starts blocks in x-fastest order, so
@@ -883,6 +888,23 @@ __device__ __forceinline__ int decode_piece_offset(int row, int piece) {
   return row * kDecodeRowBytes + ((piece ^ ((row & 1) << 2)) << 4);
 }
 
+// The fp8 stage holds four chunks of 32 one-byte codes per row (the same 128-byte line), piece p
+// = K [16p, 16p + 16) of the stage; thread (g, t) reads the 8 bytes K [8t, 8t + 8) of one chunk
+// (pieces 2c, 2c + 1). Chunk c of row r sits in 32-byte run c ^ (r % 4) of the row's line, so
+// the 16 lanes of a half-warp (rows g..g + 3, all quads) read 4 different runs: 128 bytes on 32
+// different banks, one wavefront.
+__device__ __forceinline__ int decode_fp8_piece_offset(int row, int piece) {
+  return row * kDecodeRowBytes + ((piece ^ ((row & 3) << 1)) << 4);
+}
+
+// Two e4m3 weights (the low byte first) times their block's scale as a bf16x2 word: the values
+// dequantize_fp8_weight_bf16 writes (e4m3 times a power of two, exact in f32 and in bf16), so
+// the MMAs meet the same operands as on the dequantized bf16 weight.
+__device__ __forceinline__ uint32_t scaled_e4m3x2_to_bf16x2(uint32_t two_codes, float scale) {
+  const float2 pair = deepinfer::cuda::e4m3x2_to_float2(two_codes);
+  return pack_bf16x2(pair.x * scale, pair.y * scale);
+}
+
 // bf16_mma_kernel<kTokenTiles, true, kTerms, kPreSplit>'s grid and work (8 / S row groups per
 // block, a group's S slices on S warps, 8 * kTokenTiles tokens per block along grid.y) with each
 // warp's weights streamed through its own shared-memory slots.
@@ -895,7 +917,13 @@ __device__ __forceinline__ int decode_piece_offset(int row, int piece) {
 // kClusterK (batch invariance off only, linear.cuh's decode_cluster_ranks): the grid's z blocks
 // are one cluster whose rank r takes K slices [r S, r S + S) of S x ranks; rank 0 adds the ranks'
 // sums in rank order (sum_cluster_slice_partials) and stores them. Other additions, other bits.
-template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups, bool kClusterK>
+//
+// kFp8Weight: the weight is e4m3 codes with 32 x 32-style ue8m0 blocks (scale_block_out rows a
+// multiple of 16, 32 columns: one scale per row group and chunk); a stage holds four chunks of
+// codes (the same 128-byte line per row, half the bytes per K) and each thread converts its 8
+// codes per row to the bf16 words the dequantized weight holds: same MMAs, same bits.
+template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups, bool kClusterK,
+          bool kFp8Weight>
 __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
     bf16_decode_tile_kernel(Bf16MmaArgs args) {
   extern __shared__ __align__(128) uint8_t decode_shared[];
@@ -905,9 +933,15 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
   constexpr int kStages = kDecodeStages / kRowGroups;  // the same 96 KB per block
   constexpr int kWarpBytes = kStages * kStageBytes;
   static_assert(kStages >= 3 && kWarps * kWarpBytes <= kDecodeSmemBytes, "stages fit 96 KB");
+  // A weight row's bytes per chunk, and chunks per stage (one 128-byte line per row either way).
+  constexpr int kRowChunkBytes = kFp8Weight ? kChunk : kChunkBytes;
+  constexpr int kStageChunks = kDecodeRowBytes / kRowChunkBytes;
+  constexpr int kPiecesPerChunk = kRowChunkBytes / 16;
+  static_assert(!kFp8Weight || (!kPreSplit && kRowGroups == 1), "fp8: the plain decode tile");
   constexpr int kTokensPerBlock = 8 * kTokenTiles;
-  constexpr int kXSlots = kDecodeXSlots<kTokenTiles>;
-  static_assert(kXSlots % kDecodeStageChunks == 0, "x slots cover whole stages");
+  constexpr int kXSlots =
+      kDecodeXSlots < kTokenTiles >> kStageChunks ? kDecodeXSlots<kTokenTiles> : kStageChunks;
+  static_assert(kXSlots % kStageChunks == 0, "x slots cover whole stages");
   constexpr int kXWords = kPreSplit ? kTerms : 2;
   constexpr int kXChunkWords = kPreSplit ? 4 * kTerms : kChunk / 4;
   const int warp = threadIdx.x / 32;
@@ -930,10 +964,15 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
   }
   const int chunk_count = static_cast<int>(args.k / (kChunk * slices * cluster_ranks));
   const int chunk_begin = (cluster_rank * slices + first_slice) * chunk_count;
-  const int stage_count = (chunk_count + kDecodeStageChunks - 1) / kDecodeStageChunks;
+  const int stage_count = (chunk_count + kStageChunks - 1) / kStageChunks;
   // This warp's 16 rows at its slice's first chunk.
   const uint8_t* w_slice = args.weight + (active ? n_base * args.row_bytes : 0) +
-                           static_cast<int64_t>(chunk_begin) * kChunkBytes;
+                           static_cast<int64_t>(chunk_begin) * kRowChunkBytes;
+  // fp8: the scales of this warp's row group along its slice (one row group: kRowGroups == 1).
+  const uint8_t* scale_slice =
+      kFp8Weight ? args.scale + (active ? n_base / args.scale_block_out * args.scale_cols : 0) +
+                       chunk_begin
+                 : nullptr;
   uint8_t* warp_shared = decode_shared + warp * kWarpBytes;
   const uint32_t warp_address = shared_address(warp_shared);
   const int64_t rows = args.x.rows;
@@ -946,8 +985,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
       const int piece_index = lane + 32 * i;
       const int row = piece_index / (kDecodeRowBytes / 16);
       const int piece = piece_index % (kDecodeRowBytes / 16);
-      if (kDecodeStageChunks * stage + piece / 4 < chunk_count && row < warp_rows) {
-        copy_16_async(slot + decode_piece_offset(row, piece),
+      if (kStageChunks * stage + piece / kPiecesPerChunk < chunk_count && row < warp_rows) {
+        copy_16_async(slot + (kFp8Weight ? decode_fp8_piece_offset(row, piece)
+                                         : decode_piece_offset(row, piece)),
                       w_slice + row * args.row_bytes +
                           static_cast<int64_t>(stage) * kDecodeRowBytes + piece * 16);
       }
@@ -1003,8 +1043,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
         for (int slot = 0; slot < kXSlots; ++slot) {
           const int chunk = base + slot;
           if (chunk < chunk_count) {
-            const int half = slot % kDecodeStageChunks;  // the chunk's place in its stage
-            const int stage = chunk / kDecodeStageChunks;
+            const int half = slot % kStageChunks;  // the chunk's place in its stage
+            const int stage = chunk / kStageChunks;
             if (half == 0) {
               wait_copies<kStages - 2>();
               __syncwarp();  // stage `stage` is in; every lane is done with the slot refilled
@@ -1016,8 +1056,26 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
             // 8) of the chunk.
             uint32_t a_first[kRowGroups][4];
             uint32_t a_second[kRowGroups][4];
+            if constexpr (kFp8Weight) {
+              // K [8t, 8t + 8) of the chunk: piece 2 half + t / 2, its (t % 2)-th 8 bytes.
+              const int piece = kPiecesPerChunk * half + (quad >> 1);
+              const int byte = (quad & 1) * 8;
+              const uint2 lo = *reinterpret_cast<const uint2*>(
+                  stage_bytes + decode_fp8_piece_offset(group, piece) + byte);
+              const uint2 hi = *reinterpret_cast<const uint2*>(
+                  stage_bytes + decode_fp8_piece_offset(group + 8, piece) + byte);
+              const float scale = deepinfer::cuda::e8m0_to_float(__ldg(scale_slice + chunk));
+              a_first[0][0] = scaled_e4m3x2_to_bf16x2(lo.x, scale);
+              a_first[0][1] = scaled_e4m3x2_to_bf16x2(hi.x, scale);
+              a_first[0][2] = scaled_e4m3x2_to_bf16x2(lo.x >> 16, scale);
+              a_first[0][3] = scaled_e4m3x2_to_bf16x2(hi.x >> 16, scale);
+              a_second[0][0] = scaled_e4m3x2_to_bf16x2(lo.y, scale);
+              a_second[0][1] = scaled_e4m3x2_to_bf16x2(hi.y, scale);
+              a_second[0][2] = scaled_e4m3x2_to_bf16x2(lo.y >> 16, scale);
+              a_second[0][3] = scaled_e4m3x2_to_bf16x2(hi.y >> 16, scale);
+            }
 #pragma unroll
-            for (int rg = 0; rg < kRowGroups; ++rg) {
+            for (int rg = 0; rg < (kFp8Weight ? 0 : kRowGroups); ++rg) {
               const uint4 w_row_lo = *reinterpret_cast<const uint4*>(
                   stage_bytes + decode_piece_offset(16 * rg + group, 4 * half + quad));
               const uint4 w_row_hi = *reinterpret_cast<const uint4*>(
@@ -1098,11 +1156,12 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
 
 // One decode tile launch; the first of each instance allows its 96 KB of dynamic shared memory
 // (an attribute of the kernel, so one static per instance).
-template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups, bool kClusterK>
+template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups, bool kClusterK,
+          bool kFp8Weight>
 void allow_decode_tile_smem() {
   static const bool allowed = [] {
     DI_CUDA_CHECK(cudaFuncSetAttribute(
-        bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, kClusterK>,
+        bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, kClusterK, kFp8Weight>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, kDecodeSmemBytes));
     return true;
   }();
@@ -1110,19 +1169,19 @@ void allow_decode_tile_smem() {
 }
 
 // `ranks` > 1: the cluster form, grid.z = ranks (the row groups' K over a cluster's blocks).
-template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups = 1>
+template <int kTokenTiles, int kTerms, bool kPreSplit, int kRowGroups = 1, bool kFp8Weight = false>
 void launch_decode_tile(const Bf16MmaArgs& args, dim3 grid, cudaStream_t stream, int ranks = 1) {
   if (ranks > 1) {
     constexpr auto kernel =
-        bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, true>;
-    allow_decode_tile_smem<kTokenTiles, kTerms, kPreSplit, kRowGroups, true>();
+        bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, true, kFp8Weight>;
+    allow_decode_tile_smem<kTokenTiles, kTerms, kPreSplit, kRowGroups, true, kFp8Weight>();
     launch_decode_kernel(kernel, dim3(grid.x, grid.y, static_cast<unsigned>(ranks)), kThreads,
                          kDecodeSmemBytes, stream, ranks, decode_pdl_enabled(), args);
     return;
   }
   constexpr auto kernel =
-      bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, false>;
-  allow_decode_tile_smem<kTokenTiles, kTerms, kPreSplit, kRowGroups, false>();
+      bf16_decode_tile_kernel<kTokenTiles, kTerms, kPreSplit, kRowGroups, false, kFp8Weight>;
+  allow_decode_tile_smem<kTokenTiles, kTerms, kPreSplit, kRowGroups, false, kFp8Weight>();
   launch_decode_kernel(kernel, grid, kThreads, kDecodeSmemBytes, stream, 1, decode_pdl_enabled(),
                        args);
 }
@@ -1174,14 +1233,10 @@ bool bf16_mma_fits(const DeviceWeight& w, const DeviceRows<const float>& x) {
 
 // groups > 1: the caller checked grouped_launch_possible (decode tile, 1-16 rows, group rows a
 // multiple of 16); each group's K slices are the per-group call's.
-template <int kTerms>
-void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRows<float> out,
-                     Bf16Groups grouping = {}) {
-  const int64_t groups = grouping.groups;
-  DI_CHECK(bf16_mma_fits(w, x) && x.cols == w.in * groups && out.cols == w.out &&
-               out.rows == x.rows && w.out % (groups * kRowsPerWarp) == 0,
-           "launch_linear_bf16_mma: unsupported weight [", w.out, ", ", w.in, "] or shapes");
-  if (x.rows == 0 || w.out == 0) return;
+// What every kernel of a linear (groups > 1: linear_grouped's) reads: the operands, the K slices
+// of a group's shape, the groups' geometry and, for an fp8 weight, its scales.
+Bf16MmaArgs linear_args(DeviceRows<const float> x, const DeviceWeight& w, DeviceRows<float> out,
+                        int64_t groups) {
   Bf16MmaArgs args{};
   args.x = x;
   args.weight = w.bytes;
@@ -1194,6 +1249,21 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
   args.group_row_blocks = wide_groups_enabled() ? kWideGroupRowBlocks : 0;
   args.group_rows = groups > 1 ? w.out / groups : 0;
   args.group_x_cols = groups > 1 ? w.in : 0;
+  args.scale = w.scale;
+  args.scale_cols = w.scale_cols;
+  args.scale_block_out = w.block_out;
+  return args;
+}
+
+template <int kTerms>
+void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRows<float> out,
+                     Bf16Groups grouping = {}) {
+  const int64_t groups = grouping.groups;
+  DI_CHECK(bf16_mma_fits(w, x) && x.cols == w.in * groups && out.cols == w.out &&
+               out.rows == x.rows && w.out % (groups * kRowsPerWarp) == 0,
+           "launch_linear_bf16_mma: unsupported weight [", w.out, ", ", w.in, "] or shapes");
+  if (x.rows == 0 || w.out == 0) return;
+  Bf16MmaArgs args = linear_args(x, w, out, groups);
   const int64_t row_groups = w.out / kRowsPerWarp;
   const auto stream = current_stream();
   const int variant = decode_variant();
@@ -1305,7 +1375,70 @@ void launch_bf16_mma(DeviceRows<const float> x, const DeviceWeight& w, DeviceRow
   }
 }
 
+// The attention's wo_a as released: fp8 codes with 32 x 32 ue8m0 blocks times f32 activations
+// (ActivationQuant::kNone, the BF16 roles' terms) on the decode tile, reading one byte a weight
+// instead of the dequantized copy's two. Scale blocks of 32 columns (one a chunk) and a multiple
+// of 16 rows (one a row group); each group's rows a multiple of 16.
+bool fp8_decode_tile_fits(const DeviceWeight& w, const DeviceRows<const float>& x, int64_t groups) {
+  return kBf16MmaEnabled && decode_tile_enabled() && w.kind == WeightKind::kF8 &&
+         w.block_in == kChunk && w.block_out % kRowsPerWarp == 0 && w.in % kChunk == 0 &&
+         (w.out / groups) % kRowsPerWarp == 0 && w.row_bytes == w.in && aligned_to(w.bytes, 16) &&
+         x.rows >= 1 && x.rows <= 16 && x.stride % 4 == 0 && aligned_to(x.data, 16) &&
+         (groups == 1 || grouped_launch_enabled());
+}
+
+// Same grid, K slices, cluster ranks and token tiles as launch_bf16_mma's decode tile on the
+// dequantized weight, so the same bits.
+template <int kTerms>
+void launch_fp8_decode_tile(DeviceRows<const float> x, const DeviceWeight& w, DeviceRows<float> out,
+                            int64_t groups) {
+  const Bf16MmaArgs args = linear_args(x, w, out, groups);
+  const int tokens_per_block = x.rows <= 8 ? 8 : 16;
+  const dim3 grid(blocks_for(w.out / kRowsPerWarp, kWarps / args.slices),
+                  std::min(blocks_for(x.rows, tokens_per_block), 65535u));
+  const int ranks = decode_cluster_ranks(static_cast<int64_t>(grid.x) * grid.y, w.in / kChunk,
+                                         args.slices, kChunkBytes);
+  if (x.rows <= 8) {
+    launch_decode_tile<1, kTerms, false, 1, true>(args, grid, current_stream(), ranks);
+  } else {
+    launch_decode_tile<2, kTerms, false, 1, true>(args, grid, current_stream(), ranks);
+  }
+}
+
+// An fp8 weight without activation quantization where the decode tile does not take it: its
+// exact bf16 dequantization (the values the decode tile converts to) into a stream buffer, then
+// the bf16 path, per group as linear_grouped's own calls.
+void linear_fp8_weight_via_bf16(const TensorView& x, const LinearWeight& weight, int64_t groups,
+                                const TensorView& out) {
+  const int64_t rows = weight.out_features();
+  const int64_t cols = weight.in_features();
+  StreamBuffer dense(static_cast<size_t>(rows * cols) * 2);
+  const TensorView dense_view =
+      TensorView::contiguous(dense.as<void>(), DType::kBF16, {rows, cols}, weight.weight.device());
+  dequantize_fp8_weight_bf16(weight, dense_view);
+  const int64_t group_out = rows / groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    cuda::linear(groups > 1 ? x.narrow(1, g * cols, cols) : x,
+                 LinearWeight{dense_view.narrow(0, g * group_out, group_out), TensorView()},
+                 groups > 1 ? out.narrow(1, g * group_out, group_out) : out);
+  }
+}
+
 }  // namespace
+
+bool linear_fp8_weight_unquantized(const TensorView& x, const LinearWeight& weight, int64_t groups,
+                                   const TensorView& out) {
+  if (weight.weight.dtype() != DType::kF8E4M3) return false;
+  const DeviceWeight w = describe(weight);
+  const DeviceRows<const float> in = device_rows<const float>(x, "linear input");
+  const DeviceRows<float> o = device_rows<float>(out, "linear output");
+  if (fp8_decode_tile_fits(w, in, groups)) {
+    launch_fp8_decode_tile<kActivationTerms>(in, w, o, groups);
+  } else {
+    linear_fp8_weight_via_bf16(x, weight, groups, out);
+  }
+  return true;
+}
 
 bool linear_bf16_mma_enabled() {
   return kBf16MmaEnabled;
@@ -1351,10 +1484,9 @@ void linear_bf16_mma(const TensorView& x, const LinearWeight& weight, const Tens
 
 void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t groups,
                     const TensorView& out) {
-  require(groups > 0 && weight.scale.numel() == 0 && weight.weight.rank() == 2 && x.rank() == 2 &&
-              out.rank() == 2 && weight.out_features() % groups == 0 &&
-              x.size(1) == groups * weight.in_features() && out.size(1) == weight.out_features() &&
-              out.size(0) == x.size(0),
+  require(groups > 0 && weight.weight.rank() == 2 && x.rank() == 2 && out.rank() == 2 &&
+              weight.out_features() % groups == 0 && x.size(1) == groups * weight.in_features() &&
+              out.size(1) == weight.out_features() && out.size(0) == x.size(0),
           "linear_grouped shapes do not match: x ", x.to_string(), ", weight ",
           weight.weight.to_string(), ", groups ", groups, ", out ", out.to_string());
   const int64_t group_out = weight.out_features() / groups;
@@ -1366,6 +1498,13 @@ void linear_grouped(const TensorView& x, const LinearWeight& weight, int64_t gro
   // activation term (linear_cublaslt.h).
   if (linear_cublaslt_selected(in.rows) &&
       try_linear_cublaslt(x, weight, out, ActivationQuant::kNone, groups)) {
+    return;
+  }
+  if (w.kind == WeightKind::kF8) {
+    require(ops::linear_grouped_supports(weight, groups), "linear_grouped: ", groups,
+            " groups of fp8 weight ", weight.weight.to_string(), " with scale ",
+            weight.scale.to_string(), " are not whole scale blocks of ", w.block_out, " rows");
+    linear_fp8_weight_unquantized(x, weight, groups, out);
     return;
   }
   // One launch where each group's own call would run the decode tile (1-16 rows) on this path;

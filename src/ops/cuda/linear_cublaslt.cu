@@ -1,5 +1,10 @@
 // ops::cuda::linear's batch-variant path (linear_cublaslt.h): the dense roles as cuBLASLt BF16 x
-// BF16 -> FP32 GEMMs on the quantized operands of the invariant kernels.
+// BF16 -> FP32 GEMMs on the quantized operands of the invariant kernels. Two independent choices
+// make a call: where the bf16 weight comes from (a bf16 weight itself, or an fp8 one's exact
+// dequantization: its bf16 copy or staged on every call) and what the activation becomes (the
+// FP8 roles' per-32 quantization as one bf16 term, or the BF16 roles' f32 activation as bf16
+// terms), so an fp8 weight without activation quantization (the grouped wo_a as released) runs as
+// a BF16 role on the same operands as its dense bf16 form.
 //
 // Why BF16 GEMMs and not FP8 ones: SM90 cuBLASLt has no 32x32 block scales, so an FP8 GEMM would
 // need a per-tensor scale, i.e. different operands. Every operand here is exactly representable
@@ -199,18 +204,6 @@ __global__ void __launch_bounds__(kThreads)
   out.row(r)[c] = sum;
 }
 
-// Two e4m3 codes (the low byte first) -> two floats, exactly: the hardware's e4m3x2 -> f16x2
-// conversion (every e4m3 value, subnormals included, is an f16 normal; NaN stays NaN), then f16 ->
-// f32. A few instructions for two weights, where decoding the fields costs a dozen per weight.
-__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two_codes) {
-  uint32_t halves;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<uint16_t>(two_codes)));
-  float low, high;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(low) : "h"(static_cast<uint16_t>(halves & 0xFFFF)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(high) : "h"(static_cast<uint16_t>(halves >> 16)));
-  return make_float2(low, high);
-}
-
 // The fp8 weight as bf16 [w.out, w.in]: e4m3 x its block's ue8m0 scale, exact in f32 (a power of
 // two) and in bf16 (4 significand bits) for every scale a checkpoint uses (values below 2^-133,
 // bf16's smallest subnormal, would round: scale codes under 2^-124). 8 weights a thread, one
@@ -229,7 +222,8 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t packed[kValuesPerThread / 2];
 #pragma unroll
   for (int p = 0; p < kValuesPerThread / 2; ++p) {
-    const float2 pair = e4m3x2_to_float2((p < 2 ? codes.x : codes.y) >> (16 * (p % 2)));
+    const float2 pair =
+        deepinfer::cuda::e4m3x2_to_float2((p < 2 ? codes.x : codes.y) >> (16 * (p % 2)));
     packed[p] = pack_bf16x2(pair.x * scale, pair.y * scale);
   }
   out[index] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
@@ -296,7 +290,7 @@ class GrowOnlyBuffer {
 // buffer (cuBLASLt asks the same of its workspace). Kept for the process's life.
 struct Staging {
   GrowOnlyBuffer cublas_workspace;  // kCublasWorkspaceBytes, reserved on first use
-  GrowOnlyBuffer weight;            // the dequantized bf16 weight (FP8 roles)
+  GrowOnlyBuffer weight;            // an fp8 weight dequantized to bf16 (without a bf16 copy)
   GrowOnlyBuffer activation;        // the bf16 activation (FP8) or its terms (BF16)
   GrowOnlyBuffer term_products;     // the stacked BF16 GEMM's [terms M, N] f32 results
 };
@@ -466,38 +460,6 @@ bool stream_is_capturing(StreamHandle stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// The BF16 roles' stacked form (DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS): the `terms` term
-// planes (contiguous: one chunk of all rows) as one B of terms x M rows, one GEMM into staging,
-// the blocks added in term order. `shape` holds everything but m and the B and D layouts.
-bool run_stacked_terms(CublasLtState& state, GemmShape shape, int device, StreamHandle stream,
-                       const DeviceWeight& w, const DeviceRows<const float>& in,
-                       const DeviceRows<float>& o, int terms) {
-  const int64_t rows = in.rows;
-  const int64_t k_total = in.cols;
-  shape.m = terms * rows;
-  shape.ld_d = w.out;
-  shape.align_b = common_alignment({256, shape.batch > 1 ? shape.stride_b * 2 : 256});
-  shape.align_d = common_alignment({256, shape.batch > 1 ? shape.stride_d * 4 : 256});
-  const std::shared_ptr<const GemmPlan> plan = state.plan(shape);
-  if (!plan->found()) return false;
-  const cublasLtHandle_t handle = state.handle(device);
-  Staging& staging = state.staging(device, stream);
-  void* cublas_workspace = staging.cublas_workspace.reserve(kCublasWorkspaceBytes, stream);
-  auto* activation = static_cast<uint4*>(
-      staging.activation.reserve(static_cast<size_t>(terms * rows * k_total * 2), stream));
-  auto* products = static_cast<float*>(
-      staging.term_products.reserve(static_cast<size_t>(terms * rows * w.out * 4), stream));
-  if (cublas_workspace == nullptr || activation == nullptr || products == nullptr) return false;
-  const int64_t words = rows * k_total / kValuesPerThread;
-  launch_split_activation_terms(terms, in, 0, static_cast<uint32_t>(words), activation, words,
-                                stream);
-  plan->run(handle, w.bytes, activation, products, /*accumulate=*/false, cublas_workspace, stream);
-  sum_term_products_kernel<<<blocks_for(rows * w.out, kThreads), kThreads, 0, stream>>>(
-      products, rows, terms, o);
-  DI_CUDA_LAUNCHED(sum_term_products_kernel);
-  return true;
-}
-
 }  // namespace
 
 int linear_cublaslt_min_rows() {
@@ -520,20 +482,34 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
     DI_THROW("linear shapes do not match: x ", x.to_string(), ", weight ",
              weight.weight.to_string(), ", groups ", groups, ", out ", out.to_string());
   }
+  // Group g reads rows [g N / groups, ...) of the whole weight's dequantization: the groups must
+  // be whole scale blocks for that to be linear_grouped's per-group weights.
+  if (groups > 1 && activation_quant == ActivationQuant::kNone && w.kind == WeightKind::kF8 &&
+      !ops::linear_grouped_supports(weight, groups)) {
+    DI_THROW("linear_grouped: ", groups, " groups of fp8 weight ", weight.weight.to_string(),
+             " with scale ", weight.scale.to_string(), " are not whole scale blocks of ",
+             w.block_out, " rows");
+  }
   if (in.rows == 0 || w.out == 0) return true;
   // The kernels index 16-byte words with 32-bit math; FP8 scale blocks span whole words.
   constexpr int64_t kMaxWords = int64_t{1} << 31;
-  const bool fp8 = activation_quant == ActivationQuant::kFp8PerBlock32 &&
-                   w.kind == WeightKind::kF8 && groups == 1 && aligned_to(w.bytes, 8) &&
-                   w.block_in % kValuesPerThread == 0 &&
-                   w.out * w.in / kValuesPerThread < kMaxWords;
-  const bool bf16 = activation_quant == ActivationQuant::kNone && w.kind == WeightKind::kBF16 &&
-                    aligned_to(w.bytes, 16);
-  if (!fp8 && !bf16) return false;
+  // The GEMM's A is the weight as bf16: an fp8 weight's exact dequantization (its bf16 copy, or
+  // staged on every call), or a bf16 weight itself.
+  const bool dequantized_weight = w.kind == WeightKind::kF8;
+  const bool weight_fits = dequantized_weight
+                               ? aligned_to(w.bytes, 8) && w.block_in % kValuesPerThread == 0 &&
+                                     w.out * w.in / kValuesPerThread < kMaxWords
+                               : w.kind == WeightKind::kBF16 && aligned_to(w.bytes, 16);
+  // The role, i.e. what B is: the FP8 roles' activation quantized per 32 (one bf16 term; fp8
+  // weights only), the BF16 roles' f32 activation as bf16 terms (bf16 or fp8 weights).
+  const bool fp8 =
+      activation_quant == ActivationQuant::kFp8PerBlock32 && dequantized_weight && groups == 1;
+  const bool bf16 = activation_quant == ActivationQuant::kNone;
+  if (!weight_fits || (!fp8 && !bf16)) return false;
   // The model's exact bf16 copy of an fp8 weight, where it made one (cuBLASLt's A alignment below
-  // is 256 bytes for fp8 weights: the copy's allocation must be too).
+  // is 256 bytes for dequantized weights: the copy's allocation must be too).
   const void* copy = nullptr;
-  if (fp8 && weight.bf16_copy.numel() != 0) {
+  if (dequantized_weight && weight.bf16_copy.numel() != 0) {
     const TensorView& c = weight.bf16_copy;
     DI_CHECK(c.dtype() == DType::kBF16 && c.rank() == 2 && c.is_contiguous() &&
                  c.size(0) == w.out && c.size(1) == w.in && c.device() == weight.weight.device(),
@@ -561,6 +537,13 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   const int64_t chunk_rows = std::min(in.rows, budget_rows);
   if (chunk_rows * k_total / kValuesPerThread >= kMaxWords) return false;
   const int64_t plane_elements = chunk_rows * k_total;  // one term's bf16 values
+  // The BF16 roles' stacked form (DEEPINFER_CUBLASLT_BF16_STACKED_MAX_ROWS): the term planes (all
+  // rows in one chunk, contiguous) as one B of terms x M rows, one GEMM into staging, the row
+  // blocks added in term order; only while the [terms M, N] f32 products fit the staging budget
+  // too (the LM head's 129280 columns would stage 794 MB at 512 rows).
+  const int64_t products_bytes = terms * in.rows * w.out * 4;
+  const bool stacked = bf16 && in.rows <= kBf16StackedMaxRows.value() && in.rows == chunk_rows &&
+                       products_bytes <= static_cast<int64_t>(kActivationBudgetBytes);
 
   GemmShape shape;
   shape.device = device;
@@ -568,34 +551,34 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   shape.k = w.in;
   shape.batch = groups;
   shape.ld_b = k_total;
-  shape.ld_d = o.stride;
   shape.stride_a = group_out * w.in;
   shape.stride_b = w.in;
   shape.stride_d = group_out;
   constexpr int64_t bf16_bytes = 2;
-  // A: the bf16 weight (ours, 256-aligned, for FP8); B: the staging buffer (256-aligned) at term
-  // planes and group columns; D: out at chunk rows and group columns.
-  shape.align_a = common_alignment(
-      {fp8 ? 256 : address(w.bytes), groups > 1 ? shape.stride_a * bf16_bytes : 256});
-  shape.align_b = common_alignment({terms > 1 ? plane_elements * bf16_bytes : 256,
+  // A: the bf16 weight (ours, 256-aligned, where dequantized) at group rows. B: the staging
+  // buffer (256-aligned) at term planes (stacked: one matrix) and group columns. D: out at chunk
+  // rows and group columns, or (stacked) the products' staging at group columns.
+  shape.align_a = common_alignment({dequantized_weight ? 256 : address(w.bytes),
+                                    groups > 1 ? shape.stride_a * bf16_bytes : 256});
+  shape.align_b = common_alignment({terms > 1 && !stacked ? plane_elements * bf16_bytes : 256,
                                     groups > 1 ? shape.stride_b * bf16_bytes : 256});
-  shape.align_d =
-      common_alignment({address(o.data), in.rows > chunk_rows ? chunk_rows * o.stride * 4 : 256,
-                        groups > 1 ? shape.stride_d * 4 : 256});
-  // Stacked: all rows in one chunk, and the [terms M, N] f32 products within the staging budget too
-  // (the LM head's 129280 columns would stage 794 MB at 512 rows).
-  const int stacked_max_rows = kBf16StackedMaxRows.value();
-  const int64_t products_bytes = terms * in.rows * w.out * 4;
-  if (bf16 && in.rows <= stacked_max_rows && in.rows == chunk_rows &&
-      products_bytes <= static_cast<int64_t>(kActivationBudgetBytes)) {
-    return run_stacked_terms(state, shape, device, stream, w, in, o, terms);
-  }
-  shape.m = chunk_rows;
-  const std::shared_ptr<const GemmPlan> full = state.plan(shape);
-  std::shared_ptr<const GemmPlan> last;
-  if (in.rows % chunk_rows != 0) {
-    shape.m = in.rows % chunk_rows;
-    last = state.plan(shape);
+  std::shared_ptr<const GemmPlan> full, last;
+  if (stacked) {
+    shape.m = terms * in.rows;
+    shape.ld_d = w.out;
+    shape.align_d = common_alignment({256, groups > 1 ? shape.stride_d * 4 : 256});
+    full = state.plan(shape);
+  } else {
+    shape.m = chunk_rows;
+    shape.ld_d = o.stride;
+    shape.align_d =
+        common_alignment({address(o.data), in.rows > chunk_rows ? chunk_rows * o.stride * 4 : 256,
+                          groups > 1 ? shape.stride_d * 4 : 256});
+    full = state.plan(shape);
+    if (in.rows % chunk_rows != 0) {
+      shape.m = in.rows % chunk_rows;
+      last = state.plan(shape);
+    }
   }
   if (!full->found() || (last != nullptr && !last->found())) return false;
 
@@ -604,19 +587,33 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
   void* cublas_workspace = staging.cublas_workspace.reserve(kCublasWorkspaceBytes, stream);
   auto* activation = static_cast<uint4*>(
       staging.activation.reserve(static_cast<size_t>(terms * plane_elements * bf16_bytes), stream));
+  auto* products = stacked ? static_cast<float*>(staging.term_products.reserve(
+                                 static_cast<size_t>(products_bytes), stream))
+                           : nullptr;
   // Dequantized every call unless the model made a copy (ModelParameters::add_bf16_copies: a copy
   // per weight costs twice the fp8 weights' memory).
-  const bool dequantize = fp8 && copy == nullptr;
+  const bool dequantize = dequantized_weight && copy == nullptr;
   void* dequantized =
       dequantize ? staging.weight.reserve(static_cast<size_t>(w.out * w.in * bf16_bytes), stream)
                  : nullptr;
   // Null: a graph is recording and the staging would have to grow (GrowOnlyBuffer).
-  if (cublas_workspace == nullptr || activation == nullptr ||
+  if (cublas_workspace == nullptr || activation == nullptr || (stacked && products == nullptr) ||
       (dequantize && dequantized == nullptr)) {
     return false;
   }
-  const void* weight_bf16 = fp8 ? (dequantize ? dequantized : copy) : w.bytes;
+  const void* weight_bf16 = dequantized_weight ? (dequantize ? dequantized : copy) : w.bytes;
   if (dequantize) launch_dequantize_fp8_weight_bf16(w, dequantized, stream);
+  if (stacked) {
+    const int64_t words = in.rows * k_total / kValuesPerThread;
+    launch_split_activation_terms(terms, in, 0, static_cast<uint32_t>(words), activation, words,
+                                  stream);
+    full->run(handle, weight_bf16, activation, products, /*accumulate=*/false, cublas_workspace,
+              stream);
+    sum_term_products_kernel<<<blocks_for(in.rows * w.out, kThreads), kThreads, 0, stream>>>(
+        products, in.rows, terms, o);
+    DI_CUDA_LAUNCHED(sum_term_products_kernel);
+    return true;
+  }
   for (int64_t first = 0; first < in.rows; first += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, in.rows - first);
     const int64_t words = rows * k_total / kValuesPerThread;
@@ -694,10 +691,10 @@ void linear_cublaslt(const TensorView& x, const LinearWeight& weight, const Tens
     DI_THROW("linear_cublaslt does not take x ", x.to_string(), ", weight ",
              weight.weight.to_string(), " (", dtype_name(weight.weight.dtype()), "), groups ",
              groups, ", out ", out.to_string(),
-             ": it needs fp8 block-scaled weights under kFp8PerBlock32 or bf16 weights without "
-             "activation quantization, K % 32 == 0, 16-byte aligned rows, staging that fits while "
-             "recording a graph, and a "
-             "cuBLASLt algorithm for the shape");
+             ": it needs fp8 block-scaled weights (under kFp8PerBlock32 ungrouped, or without "
+             "activation quantization) or bf16 weights without activation quantization, K % 32 == "
+             "0, 16-byte aligned rows, staging that fits while recording a graph, and a cuBLASLt "
+             "algorithm for the shape");
   }
 }
 

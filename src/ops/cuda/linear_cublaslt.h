@@ -6,7 +6,8 @@
 //  - FP8 roles (kFp8PerBlock32, e4m3 weight with ue8m0 block scales): the weight dequantized to
 //    bf16 (e4m3 x 2^s is exact in bf16), the activation quantized per 32 exactly as
 //    quantize_activation does and stored as bf16 (exact), one GEMM.
-//  - BF16 roles (kNone, bf16 weight, f32 activation): the activation as bf16 terms (hi =
+//  - BF16 roles (kNone, f32 activation; a bf16 weight, or an fp8 one dequantized to bf16 as for
+//    the FP8 roles, the same operands as its dense bf16 form): the activation as bf16 terms (hi =
 //    bf16(x), then bf16 of each exact remainder, as linear_bf16_mma's terms): two by default
 //    (within 2^-18 |x| an element), three (x exactly) with DEEPINFER_CUBLASLT_BF16_TERMS=3; one
 //    GEMM per term accumulating into the output (hi, then + mid, then + lo; beta = 1).
@@ -38,13 +39,14 @@ bool linear_cublaslt_selected(int64_t rows);
 int linear_cublaslt_min_rows();
 
 // Runs out = x . W^T on the path and returns true, or returns false having launched nothing when
-// the call does not fit it: a weight other than fp8 e4m3 with ue8m0 block scales under
-// kFp8PerBlock32 or bf16 under kNone; K (per group) not a multiple of 32; input or output rows
-// not 16-byte aligned (data and row stride); no cuBLASLt algorithm for the shape; or a recording
-// stream whose staging would have to grow. With
-// groups > 1 (linear_grouped's semantics, bf16 weights only): group g multiplies columns
-// [g K, (g + 1) K) of x by weight rows [g N / groups, (g + 1) N / groups) into the same output
-// columns, all groups in one strided-batched GEMM per term. Shapes must match (Error otherwise).
+// the call does not fit it: a weight other than fp8 e4m3 with ue8m0 block scales (under
+// kFp8PerBlock32 or kNone) or bf16 under kNone; K (per group) not a multiple of 32; input or
+// output rows not 16-byte aligned (data and row stride); no cuBLASLt algorithm for the shape; or
+// a recording stream whose staging would have to grow. With groups > 1 (linear_grouped's
+// semantics, kNone, bf16 or fp8 weights): group g multiplies columns [g K, (g + 1) K) of x by
+// weight rows [g N / groups, (g + 1) N / groups) into the same output columns, all groups in one
+// strided-batched GEMM per term (an fp8 weight dequantized whole, its groups whole scale blocks:
+// ops::linear_grouped_supports). Shapes must match (Error otherwise).
 bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const TensorView& out,
                          ActivationQuant activation_quant, int64_t groups = 1);
 

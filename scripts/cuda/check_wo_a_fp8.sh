@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool's `run`, repo root as working directory) over the
+# programs scripts/cuda/stage_device_build.sh staged in $BIN (default build-cuda/device; stage
+# with EXTRA_TARGETS=cuda_model_bench EXTRA_PROGRAMS=<build>/bench/cuda/cuda_model_bench): whether
+# wo_a read as released (DEEPINFER_WO_A_FP8=1, off by default) keeps its bits and what it gains.
+# The kernel tests that assert the fp8 weight's bits equal its bf16 dequantization's, memcheck on
+# their small shapes, the GPU goldens with the switch on, then the model bench at b1/b16/b64 with
+# the switch 0 and 1 (batch invariance off, as the figures of record). Logs and a summary in $OUT.
+set -uo pipefail
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+BIN=${BIN:-$PWD/build-cuda/device}
+export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
+if [ -f "$BIN/compiled_source_dir" ]; then
+  compiled=$(cat "$BIN/compiled_source_dir")
+  if [ "$compiled" != "$PWD" ] && [ ! -e "$compiled" ]; then
+    mkdir -p "$(dirname "$compiled")" && ln -s "$PWD" "$compiled"
+  fi
+fi
+
+failed=0
+# check NAME SECONDS COMMAND...: runs it into $OUT/NAME.log; a line in the summary.
+check() {
+  local name=$1 seconds=$2
+  shift 2
+  timeout "$seconds" "$@" >"$OUT/$name.log" 2>&1
+  local status=$?
+  echo "$name: exit $status, $(grep -c 'Failure' "$OUT/$name.log") failed assertions" |
+    tee -a "$OUT/summary.txt"
+  [ "$status" = 0 ] || failed=1
+}
+
+: >"$OUT/summary.txt"
+check fp8_kernels 120 "$BIN/linear_bf16_mma_test" --gtest_filter='*Fp8*:*Grouped*'
+check cublaslt 120 "$BIN/linear_cublaslt_test"
+check fp8_memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 \
+  "$BIN/linear_bf16_mma_test" --gtest_filter='*Fp8WeightSmallShapes*' --gtest_brief=1
+check goldens_fp8 120 env DEEPINFER_WO_A_FP8=1 "$BIN/model_golden_test" --gtest_filter='*OnGpu*'
+for setting in 0 1 0 1; do
+  DEEPINFER_WO_A_FP8=$setting DEEPINFER_BATCH_INVARIANT=0 timeout 90 "$BIN/cuda_model_bench" \
+    --batches 1,16,64 --contexts 4096 --prefill-tokens 0 --time-budget-s 6 \
+    --json "$OUT/model_wo_a_fp8_$setting.json" >"$OUT/model_wo_a_fp8_$setting.log" 2>&1
+  echo "model bench, DEEPINFER_WO_A_FP8=$setting: exit $?" | tee -a "$OUT/summary.txt"
+  grep -E '^\| (1|16|64) \| 4096' "$OUT/model_wo_a_fp8_$setting.log" | tee -a "$OUT/summary.txt"
+done
+exit "$failed"
