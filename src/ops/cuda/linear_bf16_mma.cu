@@ -939,8 +939,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
   constexpr int kPiecesPerChunk = kRowChunkBytes / 16;
   static_assert(!kFp8Weight || (!kPreSplit && kRowGroups == 1), "fp8: the plain decode tile");
   constexpr int kTokensPerBlock = 8 * kTokenTiles;
-  constexpr int kXSlots =
-      kDecodeXSlots < kTokenTiles >> kStageChunks ? kDecodeXSlots<kTokenTiles> : kStageChunks;
+  constexpr int kTileXSlots = kDecodeXSlots<kTokenTiles>;
+  constexpr int kXSlots = kTileXSlots > kStageChunks ? kTileXSlots : kStageChunks;
   static_assert(kXSlots % kStageChunks == 0, "x slots cover whole stages");
   constexpr int kXWords = kPreSplit ? kTerms : 2;
   constexpr int kXChunkWords = kPreSplit ? 4 * kTerms : kChunk / 4;
@@ -977,7 +977,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm<kTokenTiles>)
   const uint32_t warp_address = shared_address(warp_shared);
   const int64_t rows = args.x.rows;
 
-  // Stage s: chunks 2s and 2s + 1 of the slice (the second only if the slice has it).
+  // Stage s: chunks [kStageChunks s, kStageChunks (s + 1)) of the slice, those the slice has.
   const auto copy_stage = [&](int stage) {
     const uint32_t slot = warp_address + (stage % kStages) * kStageBytes;
 #pragma unroll
