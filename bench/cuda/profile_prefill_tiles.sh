@@ -7,14 +7,6 @@
 #   BIN=$PWD/build-perf/device OUT=... bench/cuda/profile_prefill_tiles.sh
 # Output: $OUT/ncu_prefill_tiles.txt (ncu's "detailed" sections per profiled launch).
 set -uo pipefail
-BIN=${BIN:-$PWD/build-perf/device}
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-echo "ncu: $NCU ($($NCU --version | tail -1))"
-LAYER_BENCH_SKIP_FMA=1 LAYER_BENCH_FP8_BEFORE=0 timeout "${NCU_TIMEOUT:-200}" "$NCU" \
-  --kernel-name-base demangled --kernel-name "regex:prefill_tile_kernel.*(GroupedArgs|DenseArgs)|prefill_wgmma_kernel" \
-  --filter-mode per-launch-config --launch-count 1 --set detailed \
-  "$BIN/cuda_layer_bench" /tmp/layer_bench_under_ncu.json >"$OUT/ncu_prefill_tiles.txt" 2>&1
-echo "ncu exit status $?; profiled launches: $(grep -cE '^  .*prefill_(tile|wgmma)_kernel' "$OUT/ncu_prefill_tiles.txt")"
+LAYER_BENCH_SKIP_FMA=1 LAYER_BENCH_FP8_BEFORE=0 "$(dirname "$0")/ncu_profile.sh" prefill_tiles \
+  "prefill_tile_kernel.*(GroupedArgs|DenseArgs)|prefill_wgmma_kernel" cuda_layer_bench \
+  /tmp/layer_bench_under_ncu.json
