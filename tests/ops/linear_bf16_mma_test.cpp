@@ -390,6 +390,18 @@ TEST_F(LinearBf16MmaTest, DecodeTileV41FlashShapes) {
 
 // ---- linear_grouped: the attention's wo_a groups in one launch ------------------------------
 
+// The CPU's linear_grouped of host_x and a host bf16 weight (the reference), `got` within the
+// tolerance of it; returns the reference.
+Tensor expect_close_to_cpu_grouped(const TensorView& host_x, const TensorView& weight,
+                                   int64_t groups, const Tensor& got, const std::string& what) {
+  Tensor want = Tensor::empty(DType::kF32, {host_x.size(0), weight.size(0)});
+  linear_grouped(host_x, LinearWeight{weight, TensorView()}, groups, want.view());
+  const double error = worst_error(want, got);
+  std::printf("%s: worst error %.3g\n", what.c_str(), error);
+  EXPECT_LE(error, kTolerance) << what;
+  return want;
+}
+
 // x [rows, groups * group_in] (a column slice of a wider matrix, as attn_flat is not, to test the
 // stride), weight [groups * group_out, group_in] bf16. linear_grouped on the GPU against the
 // per-group ops::cuda::linear calls (bits), the same with the grouped launch off (bits), and the
@@ -446,8 +458,8 @@ void check_grouped(int64_t groups, int64_t group_out, int64_t group_in, int64_t 
   }
 
   const TensorView host_x = x.view().narrow(1, 32, width);
-  Tensor want = Tensor::empty(DType::kF32, {rows, n});
-  linear_grouped(host_x, LinearWeight{weight.view(), TensorView()}, groups, want.view());
+  const Tensor want =
+      expect_close_to_cpu_grouped(host_x, weight.view(), groups, grouped, "grouped " + what);
   Tensor want_per_group = Tensor::empty(DType::kF32, {rows, n});
   for (int64_t g = 0; g < groups; ++g) {
     linear(host_x.narrow(1, g * group_in, group_in),
@@ -455,9 +467,6 @@ void check_grouped(int64_t groups, int64_t group_out, int64_t group_in, int64_t 
            want_per_group.view().narrow(1, g * group_out, group_out));
   }
   EXPECT_TRUE(same_bits(want, want_per_group)) << what << ": CPU grouped differs from the groups";
-  const double error = worst_error(want, grouped);
-  std::printf("grouped %s: worst error %.3g\n", what.c_str(), error);
-  EXPECT_LE(error, kTolerance) << what;
 }
 
 // Small groups (quick under compute-sanitizer): K in several slices and in one, one row group per
@@ -516,12 +525,8 @@ void check_fp8_weight(int64_t groups, int64_t group_out, int64_t group_in, int64
   const Tensor from_dense = gpu(LinearWeight{device_dense.view(), TensorView()});
   EXPECT_TRUE(same_bits(from_codes, from_dense)) << what << ": fp8 codes differ from bf16";
 
-  const TensorView host_x = x.view().narrow(1, 32, width);
-  Tensor want = Tensor::empty(DType::kF32, {rows, n});
-  linear_grouped(host_x, LinearWeight{dense.view(), TensorView()}, groups, want.view());
-  const double error = worst_error(want, from_codes);
-  std::printf("%s: worst error %.3g\n", what.c_str(), error);
-  EXPECT_LE(error, kTolerance) << what;
+  expect_close_to_cpu_grouped(x.view().narrow(1, 32, width), dense.view(), groups, from_codes,
+                              what);
 }
 
 // Small shapes (quick under compute-sanitizer): one and several row groups and K slices, rows on
