@@ -465,7 +465,8 @@ struct QuantizingTile {
 // The 8-token decode launch quantizing x in its blocks (DEEPINFER_FP8_DENSE_QUANTIZING_TILE)
 // gives the bits of the activation quantizer's launch followed by the decode tile: every released
 // FP8 role's shape and small shapes (slices of 1, 3 and 19 blocks; partial row-group blocks) at
-// 1 to 8 rows, rows not starting at 0, inputs whose 32-blocks are all zero, below the quantizer's
+// 1 to 8 rows (the long slices: 66 chunks a warp, past two windows of weight scale codes), rows
+// not starting at 0, inputs whose 32-blocks are all zero, below the quantizer's
 // 1e-4 floor, or near the f32 range, with and without the dependent launch, and the pair launch.
 // Where the rows' codes do not fit (wo_b's K = 8192 from 4 rows) both runs take the quantizer.
 TEST_F(LinearFp8DenseTest, QuantizingTileSameBits) {
@@ -477,8 +478,8 @@ TEST_F(LinearFp8DenseTest, QuantizingTileSameBits) {
   for (const Shape& s :
        {Shape{"wq_a", 1280, 5120}, Shape{"wkv", 512, 5120}, Shape{"wq_b", 32768, 1280},
         Shape{"wo_b", 5120, 8192}, Shape{"shared w2", 5120, 2304},
-        Shape{"indexer wq_b", 4096, 1280}, Shape{"small", 48, 256}, Shape{"small", 48, 384},
-        Shape{"small", 64, 2432}}) {
+        Shape{"indexer wq_b", 4096, 1280}, Shape{"long slices", 16384, 8448},
+        Shape{"small", 48, 256}, Shape{"small", 48, 384}, Shape{"small", 64, 2432}}) {
     Role r = make_role(s.name, s.n, s.k, 12, seed, /*with_reference=*/false);
     seed += 10;
     // Row 1: its first 32-block zero, its second below the floor, its third near the range.

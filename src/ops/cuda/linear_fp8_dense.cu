@@ -518,7 +518,8 @@ __device__ __forceinline__ void quantize_x_to_shared(const DenseArgs& args, uint
 // rows r .. r + 3 by a half warp hit 32 different banks). A slice that does not end on a chunk
 // (slices of 3, 5 or 10 blocks) copies and computes only its own blocks of the last chunk.
 // kQuantizeX: x arrives as f32 rows (at most 8, one token tile) and the block quantizes it
-// (quantize_x_to_shared) instead of reading the quantizer's codes; the same bits.
+// (quantize_x_to_shared) instead of reading the quantizer's codes, and the weight scale codes are
+// loaded in windows of 32 chunks with the first weight chunks; the same bits.
 template <int kTokenTiles, bool kQuantizeX>
 __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   static_assert(!kQuantizeX || kTokenTiles == 1, "the quantizing tile takes one token tile");
@@ -590,12 +591,40 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTokens; tile < rows;
        tile += static_cast<int64_t>(gridDim.y) * kTokens) {
     float acc[kTokenTiles][4] = {};
+    // kQuantizeX: the weight scale codes of 32 chunks in a word a lane (lane L: chunk
+    // window_base + L's four), the next 32 chunks' a window ahead, all loaded with the first
+    // weight chunks rather than a chunk ahead of their use: a chunk's codes share a 32-byte
+    // sector with the next 7 chunks', so every 8th chunk waited for HBM with one chunk of
+    // lookahead.
+    int window_base = 0;
+    uint32_t scale_window = 0u;
+    uint32_t next_scale_window = 0u;
+    const auto load_scale_window = [&](int first_chunk) {
+      const int chunk = first_chunk + lane;
+      uint32_t word = 0u;
+      if (chunk < chunks) {
+        const int valid = blocks_in(chunk);
+#pragma unroll
+        for (int b = 0; b < kDecodeChunkBlocks; ++b) {
+          if (b < valid) {
+            word |= static_cast<uint32_t>(
+                        __ldg(w_scale_at + static_cast<int64_t>(chunk) * kDecodeChunkBlocks + b))
+                    << (8 * b);
+          }
+        }
+      }
+      return word;
+    };
     if (active) {
       __syncwarp();  // every lane is done with the slots and the table of the previous tile
 #pragma unroll
       for (int s = 0; s < kDecodeStages - 1; ++s) {
         if (s < chunks) copy_chunk(s, s);
         commit_copies();
+      }
+      if constexpr (kQuantizeX) {
+        scale_window = load_scale_window(0);
+        next_scale_window = load_scale_window(32);
       }
     }
     // Launched as a dependent (linear.cuh's decode_pdl_enabled): the weights above are in
@@ -633,9 +662,19 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
         ChunkOperands o;
         const int valid = blocks_in(chunk);
         const int64_t first_block = static_cast<int64_t>(chunk) * kDecodeChunkBlocks;
+        uint32_t window_codes = 0u;
+        if constexpr (kQuantizeX) {
+          const int in_window = chunk - window_base;  // 0 .. 63: the loop keeps the windows
+          window_codes = __shfl_sync(0xffffffffu, in_window < 32 ? scale_window : next_scale_window,
+                                     in_window % 32);
+        }
 #pragma unroll
         for (int b = 0; b < kDecodeChunkBlocks; ++b) {
-          o.w_codes[b] = b < valid ? __ldg(w_scale_at + first_block + b) : uint8_t{0};
+          if constexpr (kQuantizeX) {
+            o.w_codes[b] = static_cast<uint8_t>(window_codes >> (8 * b));  // 0 past `valid`
+          } else {
+            o.w_codes[b] = b < valid ? __ldg(w_scale_at + first_block + b) : uint8_t{0};
+          }
 #pragma unroll
           for (int j = 0; j < kTokenTiles; ++j) {
             const auto* word =
@@ -661,6 +700,13 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
       if constexpr (kPrefetchOperands) next = load_operands(0);
       for (int chunk = 0; chunk < chunks; ++chunk) {
         const int valid = blocks_in(chunk);
+        if constexpr (kQuantizeX) {
+          if (chunk == window_base + 32) {  // before load_operands(chunk + 1) reads past it
+            window_base = chunk;
+            scale_window = next_scale_window;
+            next_scale_window = load_scale_window(chunk + 32);
+          }
+        }
         // Loaded before the wait, so their latency hides behind it; prefetched, a chunk early,
         // behind this chunk's wait and MMAs as well.
         ChunkOperands current;
