@@ -361,7 +361,8 @@ TEST_F(LinearCublasLtTest, WoAGroupedFp8WeightV41Shape) {
 
 // Odd shapes, every row against the reference: M off every tile (1, 3, 77, 130, 257), K a
 // multiple of 32 but not of 128 (96, 160, 416), N off 16 (40, 72: a partial scale block row for
-// FP8), small grouped calls (bf16, and fp8 without activation quantization: 32-row groups).
+// FP8), small grouped calls (bf16, and fp8 without activation quantization: 32-row groups, the
+// only fp8 weights this path takes without activation quantization).
 TEST_F(LinearCublasLtTest, OddShapes) {
   struct Shape {
     Kind kind;
@@ -373,7 +374,7 @@ TEST_F(LinearCublasLtTest, OddShapes) {
         Shape{Kind::kFp8, 48, 416, 1, 77}, Shape{Kind::kFp8, 136, 224, 1, 257},
         Shape{Kind::kBf16, 40, 96, 1, 3}, Shape{Kind::kBf16, 72, 160, 1, 130},
         Shape{Kind::kBf16, 48, 416, 1, 257}, Shape{Kind::kBf16, 96, 96, 3, 77},
-        Shape{Kind::kFp8Weight, 72, 160, 1, 130}, Shape{Kind::kFp8Weight, 96, 96, 3, 77}}) {
+        Shape{Kind::kFp8Weight, 64, 160, 2, 130}, Shape{Kind::kFp8Weight, 96, 96, 3, 77}}) {
     const char* kind = s.kind == Kind::kFp8 ? "fp8" : s.kind == Kind::kBf16 ? "bf16" : "fp8 weight";
     const std::string name =
         std::string(kind) + " odd " + std::to_string(s.n) + " x " + std::to_string(s.k);
@@ -426,6 +427,17 @@ TEST_F(LinearCublasLtTest, UnsupportedCallsFallBack) {
     Tensor out = Tensor::empty(DType::kF32, {c.rows, c.n}, rt::device_allocator());
     EXPECT_FALSE(cuda::try_linear_cublaslt(x, c.device_linear_weight(), out.view(), c.quant(), 1));
     EXPECT_THROW(cuda::linear_cublaslt(x, c.device_linear_weight(), out.view(), c.quant()), Error);
+  }
+  {
+    // A dense fp8 weight without activation quantization (the dense numerics' FP8 roles) is not
+    // this path's: its truncated activation terms exceed the dense numerics' bound end to end.
+    const Tensor weight = rt::to_device(random_e4m3({64, 64}, 431).view());
+    const Tensor scale = rt::to_device(random_bytes(DType::kF8E8M0, {2, 2}, 432, 117, 121).view());
+    Tensor x = Tensor::empty(DType::kF32, {80, 64}, rt::device_allocator());
+    rt::fill_bytes(x.view(), 0);
+    Tensor out = Tensor::empty(DType::kF32, {80, 64}, rt::device_allocator());
+    EXPECT_FALSE(cuda::try_linear_cublaslt(x.view(), LinearWeight{weight.view(), scale.view()},
+                                           out.view(), ActivationQuant::kNone, 1));
   }
   {
     // Four groups of 16 rows of an fp8 weight with 32-row scale blocks: no group owns its scale

@@ -501,10 +501,15 @@ bool try_linear_cublaslt(const TensorView& x, const LinearWeight& weight, const 
                                      w.out * w.in / kValuesPerThread < kMaxWords
                                : w.kind == WeightKind::kBF16 && aligned_to(w.bytes, 16);
   // The role, i.e. what B is: the FP8 roles' activation quantized per 32 (one bf16 term; fp8
-  // weights only), the BF16 roles' f32 activation as bf16 terms (bf16 or fp8 weights).
+  // weights only), the BF16 roles' f32 activation as bf16 terms (bf16 weights, and the grouped
+  // fp8 wo_a, whose dense form is a bf16 weight). A dense fp8 weight without activation
+  // quantization (the dense numerics' FP8 roles) stays on the other kernels: on this path its
+  // two truncated terms moved the tiny model's logits 3.9e-5 from the CPU's against the 1e-5 the
+  // dense numerics hold (model_gpu_forward_test, H100 2026-12-07 22:44).
   const bool fp8 =
       activation_quant == ActivationQuant::kFp8PerBlock32 && dequantized_weight && groups == 1;
-  const bool bf16 = activation_quant == ActivationQuant::kNone;
+  const bool bf16 =
+      activation_quant == ActivationQuant::kNone && (!dequantized_weight || groups > 1);
   if (!weight_fits || (!fp8 && !bf16)) return false;
   // The model's exact bf16 copy of an fp8 weight, where it made one (cuBLASLt's A alignment below
   // is 256 bytes for dequantized weights: the copy's allocation must be too).
