@@ -36,11 +36,8 @@ check cublaslt 120 "$BIN/linear_cublaslt_test"
 check fp8_memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 \
   "$BIN/linear_bf16_mma_test" --gtest_filter='*Fp8WeightSmallShapes*' --gtest_brief=1
 check goldens_fp8 120 env DEEPINFER_WO_A_FP8=1 "$BIN/model_golden_test" --gtest_filter='*OnGpu*'
-for setting in 0 1 0 1; do
-  DEEPINFER_WO_A_FP8=$setting DEEPINFER_BATCH_INVARIANT=0 timeout 90 "$BIN/cuda_model_bench" \
-    --batches 1,16,64 --contexts 4096 --prefill-tokens 0 --time-budget-s 60 \
-    --json "$OUT/model_wo_a_fp8_$setting.json" >"$OUT/model_wo_a_fp8_$setting.log" 2>&1
-  echo "model bench, DEEPINFER_WO_A_FP8=$setting: exit $?" | tee -a "$OUT/summary.txt"
-  grep -E '^\| (1|16|64) \| 4096' "$OUT/model_wo_a_fp8_$setting.log" | tee -a "$OUT/summary.txt"
-done
+# The whole model with the switch off and on, alternating, twice each.
+OUT=$OUT BIN=$BIN BATCHES=1,16,64 "$(dirname "$0")/../../bench/cuda/ab_model_bench.sh" \
+  bf16_wo_a:DEEPINFER_WO_A_FP8=0 fp8_wo_a:DEEPINFER_WO_A_FP8=1 || failed=1
+cat "$OUT/ab_summary.txt" >>"$OUT/summary.txt"
 exit "$failed"
