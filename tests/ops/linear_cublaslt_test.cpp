@@ -306,15 +306,8 @@ void check_case(const Case& c, bool compare_invariant_kernel) {
 const std::vector<int64_t> kSampleRows = {0, 1, 77, 128, 129, 255, 299, 1279, 1280, 1299};
 
 TEST_F(LinearCublasLtTest, Fp8RolesV41Shapes) {
-  struct Shape {
-    const char* name;
-    int64_t n, k;
-  };
   uint32_t seed = 11;
-  for (const Shape& s :
-       {Shape{"wq_a", 1280, 5120}, Shape{"wkv", 512, 5120}, Shape{"wq_b", 32768, 1280},
-        Shape{"wo_b", 5120, 8192}, Shape{"shared w1|w3", 4608, 5120},
-        Shape{"shared w2", 5120, 2304}, Shape{"indexer wq_b", 4096, 1280}}) {
+  for (const testing::WeightShape& s : testing::released_fp8_roles()) {
     check_case(make_case(s.name, Kind::kFp8, s.n, s.k, 1, 300, seed, kSampleRows),
                /*compare_invariant_kernel=*/true);
     seed += 10;

@@ -344,16 +344,9 @@ TEST_F(LinearFp8DenseTest, DecodeTileSmallShapes) {
 // The decode tile against the register kernel, bit for bit, at every released FP8 role's shape
 // at decode row counts (the CPU reference is check_role's, through the model's op).
 TEST_F(LinearFp8DenseTest, DecodeTileRealShapes) {
-  struct Shape {
-    const char* name;
-    int64_t n, k;
-  };
   std::printf("decode tile %s\n", cuda::linear_fp8_dense_decode_tile_enabled() ? "on" : "off");
   uint32_t seed = 111;
-  for (const Shape& s :
-       {Shape{"wq_a", 1280, 5120}, Shape{"wkv", 512, 5120}, Shape{"wq_b", 32768, 1280},
-        Shape{"wo_b", 5120, 8192}, Shape{"shared w1|w3", 4608, 5120},
-        Shape{"shared w2", 5120, 2304}, Shape{"indexer wq_b", 4096, 1280}}) {
+  for (const testing::WeightShape& s : testing::released_fp8_roles()) {
     const Role r = make_role(s.name, s.n, s.k, 40, seed, /*with_reference=*/false);
     seed += 10;
     std::printf("%s [%ld x %ld]: %d slices\n", s.name, static_cast<long>(s.n),
@@ -470,16 +463,14 @@ struct QuantizingTile {
 // 1e-4 floor, or near the f32 range, with and without the dependent launch, and the pair launch.
 // Where the rows' codes do not fit (wo_b's K = 8192 from 4 rows) both runs take the quantizer.
 TEST_F(LinearFp8DenseTest, QuantizingTileSameBits) {
-  struct Shape {
-    const char* name;
-    int64_t n, k;
-  };
+  std::vector<testing::WeightShape> shapes = testing::released_fp8_roles();
+  for (const testing::WeightShape& extra :
+       {testing::WeightShape{"long slices", 16384, 8448}, testing::WeightShape{"small", 48, 256},
+        testing::WeightShape{"small", 48, 384}, testing::WeightShape{"small", 64, 2432}}) {
+    shapes.push_back(extra);
+  }
   uint32_t seed = 301;
-  for (const Shape& s :
-       {Shape{"wq_a", 1280, 5120}, Shape{"wkv", 512, 5120}, Shape{"wq_b", 32768, 1280},
-        Shape{"wo_b", 5120, 8192}, Shape{"shared w2", 5120, 2304},
-        Shape{"indexer wq_b", 4096, 1280}, Shape{"long slices", 16384, 8448},
-        Shape{"small", 48, 256}, Shape{"small", 48, 384}, Shape{"small", 64, 2432}}) {
+  for (const testing::WeightShape& s : shapes) {
     Role r = make_role(s.name, s.n, s.k, 12, seed, /*with_reference=*/false);
     seed += 10;
     // Row 1: its first 32-block zero, its second below the floor, its third near the range.

@@ -21,6 +21,23 @@ namespace deepinfer::ops::testing {
 // of the checked rows; only the order of the FP32 additions differs.
 constexpr double kExactProductsTolerance = 2e-5;
 
+// A named weight shape [n, k].
+struct WeightShape {
+  const char* name;
+  int64_t n = 0;
+  int64_t k = 0;
+};
+
+// The released checkpoint's dense FP8 roles (docs/MODEL.md): attention's wq_a, wkv, wq_b, wo_b,
+// the shared expert's w1 | w3 (as one pair) and w2, the indexer's wq_b.
+inline const std::vector<WeightShape>& released_fp8_roles() {
+  static const std::vector<WeightShape> roles = {
+      {"wq_a", 1280, 5120},        {"wkv", 512, 5120},           {"wq_b", 32768, 1280},
+      {"wo_b", 5120, 8192},        {"shared w1|w3", 4608, 5120}, {"shared w2", 5120, 2304},
+      {"indexer wq_b", 4096, 1280}};
+  return roles;
+}
+
 // The GPU linear tests' strided inputs: rows k wide inside rows of k + kExtraColumns floats,
 // starting kColumnOffset in.
 constexpr int64_t kExtraColumns = 64;
