@@ -7,7 +7,8 @@
 # GPU machine, from what scripts/cuda/stage_device_build.sh staged with the model bench (BIN):
 #   BIN=$PWD/build-perf/device OUT=... bench/cuda/profile_decode_small.sh
 # KERNELS (an ncu regex) picks other kernels. The bench's time budget counts from its start,
-# drawing the weights included (7-13 s): a budget of 1 s skipped every case (2026-12-07 22:41). Output: $OUT/ncu_decode_small.txt.
+# drawing the weights included (7-13 s): a budget of 1 s skipped every case (2026-12-07 22:41).
+# Output: $OUT/ncu_decode_small.txt.
 set -uo pipefail
 NCU_TIMEOUT=${NCU_TIMEOUT:-120} "$(dirname "$0")/ncu_profile.sh" decode_small \
   "${KERNELS:-hc_mix_finish|sink_attention_mma_chunk|sink_attention_combine|rmsnorm_registers_kernel}" \
