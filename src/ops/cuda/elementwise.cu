@@ -56,13 +56,6 @@ __global__ void rmsnorm_kernel(DeviceRows<const float> x, ParameterVector weight
   for (int64_t d = threadIdx.x; d < x.cols; d += blockDim.x) y[d] = a[d] * inv * weight[d];
 }
 
-// The same block reduction as rmsnorm_kernel (thread t sums the squares of columns t, t + 256, ...
-// in column order, then block_sum over the 256 threads), so the bits are the same; but every
-// load of the row and the weight is issued before the first add, and the row stays in registers
-// for the output. The loop above, with its run-time trip count, waits for one group of loads
-// after another: at decode the row is one block, and that chain of memory latencies is its time.
-// Launched as a dependent (launch_dependent): the weight, which no kernel writes, is loaded while
-// the kernel before still runs; the row only after it.
 // What a register rmsnorm normalizes, read after the wait for the kernel before: rows of x
 // (rmsnorm), or hc streams collapsed by their pre mix (hc_collapse_rmsnorm: the collapsed row is
 // hc_collapse's, computed where it is normalized instead of stored and read back).
@@ -100,6 +93,13 @@ struct CollapsedStreams {
   }
 };
 
+// The same block reduction as rmsnorm_kernel (thread t sums the squares of columns t, t + 256, ...
+// in column order, then block_sum over the 256 threads), so the bits are the same; but every
+// load of the row and the weight is issued before the first add, and the row stays in registers
+// for the output. rmsnorm_kernel's loop, with its run-time trip count, waits for one group of loads
+// after another: at decode the row is one block, and that chain of memory latencies is its time.
+// Launched as a dependent (launch_dependent): the weight, which no kernel writes, is loaded while
+// the kernel before still runs; the row only after it.
 template <int kPerThread, class Source>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_registers_kernel(Source source, ParameterVector weight, float eps,
