@@ -7,8 +7,8 @@
 #   BIN=$PWD/build-perf/device OUT=... bench/cuda/ab_model_bench.sh base: \
 #     woa:DEEPINFER_WO_A_FP8=1 woa_q:DEEPINFER_WO_A_FP8=1,DEEPINFER_FP8_DENSE_QUANTIZING_TILE=1
 # BATCHES (default 1,16,64), CONTEXTS (4096), ROUNDS (2), BUDGET_S (90: the bench's time budget
-# counts from its start, the weights' drawing (7-13 s) included; 6 s skipped every case,
-# 2026-12-07), RUN_TIMEOUT (120 s a run), EXTRA_ARGS (more bench arguments). Output in $OUT:
+# for its cases, counted once the weights are drawn), RUN_TIMEOUT (120 s a run), EXTRA_ARGS (more
+# bench arguments). Output in $OUT:
 # ab_NAME_ROUND.{log,json} and ab_summary.txt (each run's decode rows and measured HBM read).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: ab_model_bench.sh NAME:VAR=VALUE,... [...]" >&2; exit 2; }

@@ -6,8 +6,8 @@
 # H100, docs/BENCHMARKS.md) are well above their bytes' time; this says what they wait on. On the
 # GPU machine, from what scripts/cuda/stage_device_build.sh staged with the model bench (BIN):
 #   BIN=$PWD/build-perf/device OUT=... bench/cuda/profile_decode_small.sh
-# KERNELS (an ncu regex) picks other kernels. The bench's time budget counts from its start,
-# drawing the weights included (7-13 s): a budget of 1 s skipped every case (2026-12-07 22:41).
+# KERNELS (an ncu regex) picks other kernels. (Its one run, 2026-12-07 22:41, profiled nothing:
+# the bench's budget of 1 s then counted the weights' drawing; now it starts after them.)
 # Output: $OUT/ncu_decode_small.txt.
 set -uo pipefail
 NCU_TIMEOUT=${NCU_TIMEOUT:-120} "$(dirname "$0")/ncu_profile.sh" decode_small \
