@@ -167,11 +167,6 @@ void hc_collapse(const TensorView& x, const TensorView& pre, const TensorView& o
   DI_DISPATCH(x, hc_collapse(x, pre, out));
 }
 
-void hc_collapse_rmsnorm(const TensorView& x, const TensorView& pre, const TensorView& weight,
-                         float eps, const TensorView& out) {
-  DI_DISPATCH(x, hc_collapse_rmsnorm(x, pre, weight, eps, out));
-}
-
 void hc_expand(const TensorView& y, const TensorView& residual, const TensorView& post,
                const TensorView& comb, const TensorView& out) {
   DI_DISPATCH(y, hc_expand(y, residual, post, comb, out));

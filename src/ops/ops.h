@@ -298,12 +298,6 @@ void hc_mixes(const TensorView& x, const TensorView& fn, const TensorView& scale
 // out[m, :] = sum_j pre[m, j] * x[m, j, :]. x [M, hc, D], pre [M, hc], out [M, D].
 void hc_collapse(const TensorView& x, const TensorView& pre, const TensorView& out);
 
-// out = rmsnorm(hc_collapse(x, pre), weight, eps): a sublayer's normalized input from the
-// streams, the two ops' bits (on the GPU one kernel where DEEPINFER_HC_COLLAPSE_NORM=1 and the
-// row fits the register norm; the collapsed row is never stored). out [M, D] must not alias x.
-void hc_collapse_rmsnorm(const TensorView& x, const TensorView& pre, const TensorView& weight,
-                         float eps, const TensorView& out);
-
 // out[m, k, :] = post[m, k] * y[m, :] + sum_j comb[m, j, k] * residual[m, j, :].
 // y [M, D], residual [M, hc, D], out [M, hc, D] (may alias residual).
 void hc_expand(const TensorView& y, const TensorView& residual, const TensorView& post,

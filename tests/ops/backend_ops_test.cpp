@@ -1489,59 +1489,6 @@ TEST_F(BackendOpsTest, HcCollapseExpandVectorsMatchOldBitsRealShapes) {
   hc_collapse_expand_fast_vs_old(4, 5120, "real", /*prefill_rows=*/true);
 }
 
-// hc_collapse_rmsnorm as one kernel (DEEPINFER_HC_COLLAPSE_NORM=1, hc 4) gives hc_collapse then
-// rmsnorm's bits (the switch off), unweighted and with f32 and bf16 weights, on a zero row (the
-// norm's eps alone, and the collapse's signed zeros) among random ones; hc 2 and rows wider than
-// the register norm take the two ops either way. Within the row reduction's bound of the CPU's.
-void hc_collapse_norm_fused_vs_two(int hc, int64_t hidden, const std::string& what,
-                                   bool prefill_rows = false) {
-  std::vector<int64_t> row_counts(std::begin(kSwitchRowCounts), std::end(kSwitchRowCounts));
-  if (prefill_rows) row_counts.push_back(kPrefillRows);
-  for (const int64_t rows : row_counts) {
-    Tensor x = host_f32({rows, hc, hidden}, 80, 3.0f);
-    std::fill(x.data<float>(), x.data<float>() + hc * hidden, 0.0f);
-    Tensor pre = host_f32({rows, hc}, 81);
-    const Tensor dx = gpu(x);
-    const Tensor dpre = gpu(pre);
-    for (int kind = 0; kind < 3; ++kind) {
-      const Tensor weight = kind == 0   ? Tensor()
-                            : kind == 1 ? host_f32({hidden}, 82)
-                                        : host_bf16({hidden}, 82);
-      const Tensor dweight = weight.numel() ? gpu(weight) : Tensor();
-      const auto run = [&](bool fused) {
-        const deepinfer::cuda::ScopedSwitch fusion{"DEEPINFER_HC_COLLAPSE_NORM", fused};
-        Tensor out = gpu_output(DType::kF32, {rows, hidden});
-        cuda::hc_collapse_rmsnorm(dx, dpre, dweight.view(), 1e-6f, out);
-        return out;
-      };
-      const std::string name = what + " hc_collapse_rmsnorm hc " + std::to_string(hc) + " rows " +
-                               std::to_string(rows) + " hidden " + std::to_string(hidden) +
-                               " weight " + std::to_string(kind);
-      const Tensor two_ops = rt::to_host(run(false));
-      const Tensor fused = run(true);
-      expect_equal(two_ops, fused, name);
-      if (rows <= 16) {
-        Tensor want = Tensor::empty(DType::kF32, {rows, hidden});
-        hc_collapse_rmsnorm(x, pre, weight.view(), 1e-6f, want);
-        expect_close(want, fused, kRowReductionTolerance, name + " against the CPU");
-      }
-    }
-  }
-}
-
-TEST_F(BackendOpsTest, HcCollapseNormFusedMatchesTwoOpsSmallShapes) {
-  hc_collapse_norm_fused_vs_two(4, 64, "small");
-  hc_collapse_norm_fused_vs_two(4, 300, "small");
-  hc_collapse_norm_fused_vs_two(4, 7, "small");
-  hc_collapse_norm_fused_vs_two(2, 64, "small");    // not hc 4: the two ops both times
-  hc_collapse_norm_fused_vs_two(4, 8200, "small");  // wider than the register norm
-}
-
-TEST_F(BackendOpsTest, HcCollapseNormFusedMatchesTwoOpsRealShapes) {
-  if (tiny_shapes_only()) GTEST_SKIP() << "model widths: not under BACKEND_OPS_TINY_ONLY";
-  hc_collapse_norm_fused_vs_two(4, 5120, "real", /*prefill_rows=*/true);
-}
-
 void topk_fast_vs_old(int64_t cols, int k, const std::string& what) {
   for (const int64_t rows : kSwitchRowCounts) {
     // Row r sees a varying prefix: all, a third, none, fewer than k, 7.

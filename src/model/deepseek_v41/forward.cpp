@@ -496,7 +496,8 @@ void ForwardPass::run(const TensorView& logits, std::span<const int32_t> const* 
       // Attention site: mixes from the streams; input collapsed with the previous site's pre.
       ops::hc_mixes(streams_flat, lp.hc_attn_fn, lp.hc_attn_scale, lp.hc_attn_base, hc_params,
                     pre_view, post_view, comb_view);
-      ops::hc_collapse_rmsnorm(streams_, pre_mix_view, lp.attn_norm, eps, x_view);
+      ops::hc_collapse(streams_, pre_mix_view, x_view);
+      ops::rmsnorm(x_view, lp.attn_norm, eps, x_view);
       attention_projections(layer, x_view);
       compressed_projections(layer, x_view);
     });
@@ -509,7 +510,8 @@ void ForwardPass::run(const TensorView& logits, std::span<const int32_t> const* 
 
       ops::hc_mixes(streams_flat, lp.hc_ffn_fn, lp.hc_ffn_scale, lp.hc_ffn_base, hc_params,
                     pre_view, post_view, comb_view);
-      ops::hc_collapse_rmsnorm(streams_, pre_mix_view, lp.ffn_norm, eps, x_view);
+      ops::hc_collapse(streams_, pre_mix_view, x_view);
+      ops::rmsnorm(x_view, lp.ffn_norm, eps, x_view);
       moe(layer, x_view, y_view);
       ops::hc_expand(y_view, streams_, post_view, comb_view, streams_);
       ops::copy(pre_view, pre_mix_view);
@@ -517,7 +519,8 @@ void ForwardPass::run(const TensorView& logits, std::span<const int32_t> const* 
     if (observer_) observer_(layer, streams_);
   }
   // Final collapse with the last site's pre mix, norm, head.
-  ops::hc_collapse_rmsnorm(streams_, pre_mix_view, p_.norm, eps, x_view);
+  ops::hc_collapse(streams_, pre_mix_view, x_view);
+  ops::rmsnorm(x_view, p_.norm, eps, x_view);
   // The LM head is the widest GEMM of a step (vocab x hidden): a prefill that samples one row
   // per request computes only those rows. A row's logits do not depend on the other rows (the
   // head is one linear, batch invariant), so selected rows equal the full result's bit for bit.

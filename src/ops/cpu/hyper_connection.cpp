@@ -114,12 +114,6 @@ void hc_collapse(const TensorView& x, const TensorView& pre, const TensorView& o
   });
 }
 
-void hc_collapse_rmsnorm(const TensorView& x, const TensorView& pre, const TensorView& weight,
-                         float eps, const TensorView& out) {
-  hc_collapse(x, pre, out);
-  rmsnorm(out, weight, eps, out);
-}
-
 void hc_expand(const TensorView& y, const TensorView& residual, const TensorView& post,
                const TensorView& comb, const TensorView& out) {
   DI_CHECK(residual.rank() == 3, "hc_expand residual must be [M, hc, D]");

@@ -3,7 +3,6 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
-#include "ops/cuda/hc_collapse.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -56,115 +55,74 @@ __global__ void rmsnorm_kernel(DeviceRows<const float> x, ParameterVector weight
   for (int64_t d = threadIdx.x; d < x.cols; d += blockDim.x) y[d] = a[d] * inv * weight[d];
 }
 
-// What a register rmsnorm normalizes, read after the wait for the kernel before: rows of x
-// (rmsnorm), or hc streams collapsed by their pre mix (hc_collapse_rmsnorm: the collapsed row is
-// hc_collapse's, computed where it is normalized instead of stored and read back).
-struct PlainRows {
-  DeviceRows<const float> x;
-  struct Row {
-    const float* values;
-    __device__ float operator()(int64_t d) const { return values[d]; }
-  };
-  __device__ int64_t cols() const { return x.cols; }
-  __device__ Row row(int64_t m) const { return Row{x.row(m)}; }
-};
-
-template <int kHc>
-struct CollapsedStreams {
-  DeviceRows<const float> streams;  // [M, kHc * dim]
-  DeviceRows<const float> pre;      // [M, kHc]
-  int64_t dim;
-  struct Row {
-    float weights[kHc];
-    const float* streams;
-    int64_t dim;
-    __device__ float operator()(int64_t d) const {
-      return hc_collapse_channel<kHc>(weights, [&](int j) { return streams[j * dim + d]; });
-    }
-  };
-  __device__ int64_t cols() const { return dim; }
-  __device__ Row row(int64_t m) const {
-    Row row{};
-#pragma unroll
-    for (int j = 0; j < kHc; ++j) row.weights[j] = pre.row(m)[j];
-    row.streams = streams.row(m);
-    row.dim = dim;
-    return row;
-  }
-};
-
 // The same block reduction as rmsnorm_kernel (thread t sums the squares of columns t, t + 256, ...
 // in column order, then block_sum over the 256 threads), so the bits are the same; but every
 // load of the row and the weight is issued before the first add, and the row stays in registers
-// for the output. rmsnorm_kernel's loop, with its run-time trip count, waits for one group of loads
+// for the output. The loop above, with its run-time trip count, waits for one group of loads
 // after another: at decode the row is one block, and that chain of memory latencies is its time.
 // Launched as a dependent (launch_dependent): the weight, which no kernel writes, is loaded while
 // the kernel before still runs; the row only after it.
-template <int kPerThread, class Source>
+template <int kPerThread>
 __global__ void __launch_bounds__(kThreads)
-    rmsnorm_registers_kernel(Source source, ParameterVector weight, float eps,
+    rmsnorm_registers_kernel(DeviceRows<const float> x, ParameterVector weight, float eps,
                              DeviceRows<float> out) {
   __shared__ float scratch[32];
-  const int64_t cols = source.cols();
   float weights[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t d = threadIdx.x + static_cast<int64_t>(i) * kThreads;
-    weights[i] = d < cols ? weight[d] : 0.0f;
+    weights[i] = d < x.cols ? weight[d] : 0.0f;
   }
   wait_for_prior_grids();
   allow_dependent_grids();
-  const auto row = source.row(blockIdx.x);
+  const float* a = x.row(blockIdx.x);
   float values[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t d = threadIdx.x + static_cast<int64_t>(i) * kThreads;
-    values[i] = d < cols ? row(d) : 0.0f;
+    values[i] = d < x.cols ? a[d] : 0.0f;
   }
   float partial = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    if (threadIdx.x + static_cast<int64_t>(i) * kThreads < cols) partial += values[i] * values[i];
+    if (threadIdx.x + static_cast<int64_t>(i) * kThreads < x.cols) partial += values[i] * values[i];
   }
-  const float mean_square = deepinfer::cuda::block_sum(partial, scratch) / static_cast<float>(cols);
+  const float mean_square =
+      deepinfer::cuda::block_sum(partial, scratch) / static_cast<float>(x.cols);
   const float inv = 1.0f / sqrtf(mean_square + eps);
   float* y = out.row(blockIdx.x);
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t d = threadIdx.x + static_cast<int64_t>(i) * kThreads;
-    if (d < cols) y[d] = values[i] * inv * weights[i];
+    if (d < x.cols) y[d] = values[i] * inv * weights[i];
   }
 }
 
 // false (or DEEPINFER_RMSNORM_REGISTERS=0): rmsnorm_kernel for every width.
 RuntimeSwitch kRmsnormRegisters{"DEEPINFER_RMSNORM_REGISTERS", true};
-// true: hc_collapse_rmsnorm is one kernel (rmsnorm_registers_kernel on CollapsedStreams) where
-// the row fits it; false: hc_collapse, then rmsnorm. Same bits. Off until measured on a GPU.
-RuntimeSwitch kHcCollapseNorm{"DEEPINFER_HC_COLLAPSE_NORM", false};
 
-// Launches rmsnorm_registers_kernel on `source` (rows x cols) with the smallest instance that
-// holds a row; false for rows wider than the largest (8192 columns), which take rmsnorm_kernel.
-template <class Source>
-bool launch_rmsnorm_registers(Source source, int64_t rows, int64_t cols, ParameterVector w,
-                              float eps, DeviceRows<float> o) {
+// Launches rmsnorm_registers_kernel with the smallest instance that holds a row; false for rows
+// wider than the largest (8192 columns), which take rmsnorm_kernel.
+bool launch_rmsnorm_registers(DeviceRows<const float> in, ParameterVector w, float eps,
+                              DeviceRows<float> o) {
   if (!kRmsnormRegisters.enabled()) return false;
-  const int64_t per_thread = (cols + kThreads - 1) / kThreads;
-  const dim3 grid(static_cast<unsigned>(rows));
+  const int64_t per_thread = (in.cols + kThreads - 1) / kThreads;
+  const dim3 grid(static_cast<unsigned>(in.rows));
   const auto launch = [&](auto kernel) {
-    launch_dependent(kernel, grid, kThreads, 0, current_stream(), source, w, eps, o);
+    launch_dependent(kernel, grid, kThreads, 0, current_stream(), in, w, eps, o);
   };
   if (per_thread <= 2) {
-    launch(rmsnorm_registers_kernel<2, Source>);
+    launch(rmsnorm_registers_kernel<2>);
   } else if (per_thread <= 4) {
-    launch(rmsnorm_registers_kernel<4, Source>);
+    launch(rmsnorm_registers_kernel<4>);
   } else if (per_thread <= 8) {
-    launch(rmsnorm_registers_kernel<8, Source>);
+    launch(rmsnorm_registers_kernel<8>);
   } else if (per_thread <= 16) {
-    launch(rmsnorm_registers_kernel<16, Source>);
+    launch(rmsnorm_registers_kernel<16>);
   } else if (per_thread <= 20) {  // hidden 5120
-    launch(rmsnorm_registers_kernel<20, Source>);
+    launch(rmsnorm_registers_kernel<20>);
   } else if (per_thread <= 32) {
-    launch(rmsnorm_registers_kernel<32, Source>);
+    launch(rmsnorm_registers_kernel<32>);
   } else {
     return false;
   }
@@ -280,30 +238,9 @@ void rmsnorm(const TensorView& x, const TensorView& weight, float eps, const Ten
            out.to_string());
   const ParameterVector w = parameter_vector(weight, in.cols, "rmsnorm weight");
   if (in.rows == 0) return;
-  if (launch_rmsnorm_registers(PlainRows{in}, in.rows, in.cols, w, eps, o)) return;
+  if (launch_rmsnorm_registers(in, w, eps, o)) return;
   rmsnorm_kernel<<<static_cast<unsigned>(in.rows), kThreads, 0, current_stream()>>>(in, w, eps, o);
   DI_CUDA_LAUNCHED(rmsnorm_kernel);
-}
-
-void hc_collapse_rmsnorm(const TensorView& x, const TensorView& pre, const TensorView& weight,
-                         float eps, const TensorView& out) {
-  DI_CHECK(x.rank() == 3, "hc_collapse_rmsnorm streams must be [M, hc, D]: ", x.to_string());
-  const int64_t hc = x.size(1);
-  const int64_t dim = x.size(2);
-  const auto in = device_rows<const float>(x, "hc streams");
-  const auto p = device_rows<const float>(pre, "hc pre");
-  const DeviceRows<float> o = device_rows<float>(out, "hc_collapse_rmsnorm output");
-  DI_CHECK(p.rows == in.rows && p.cols == hc && o.rows == in.rows && o.cols == dim,
-           "hc_collapse_rmsnorm shapes: streams ", x.to_string(), ", pre ", pre.to_string(),
-           ", out ", out.to_string());
-  const ParameterVector w = parameter_vector(weight, dim, "rmsnorm weight");
-  if (in.rows == 0 || dim == 0) return;
-  if (kHcCollapseNorm.enabled() && hc == 4 &&
-      launch_rmsnorm_registers(CollapsedStreams<4>{in, p, dim}, in.rows, dim, w, eps, o)) {
-    return;
-  }
-  hc_collapse(x, pre, out);
-  rmsnorm(out, weight, eps, out);
 }
 
 void rope(const TensorView& x, const TensorView& positions, const RopeTable& table, bool inverse) {

@@ -2,7 +2,6 @@
 // the collapse of the streams into one sublayer input, and the expansion back.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
-#include "ops/cuda/hc_collapse.cuh"
 #include "ops/cuda/linear_cublaslt.h"
 
 namespace deepinfer::ops::cuda {
@@ -605,7 +604,10 @@ __global__ void __launch_bounds__(kThreads)
     float* r = &result.x;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      r[c] = hc_collapse_channel<kHc>(weights, [&](int j) { return (&in[j].x)[c]; });
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) sum += weights[j] * (&in[j].x)[c];
+      r[c] = sum;
     }
     reinterpret_cast<float4*>(out.row(m))[quad] = result;
   }
