@@ -1,12 +1,15 @@
 // The public op layer: each function runs the backend of its first tensor argument's device.
 #include <unistd.h>
 
+#include <exception>
 #include <fstream>
 #include <string>
 
 #include "core/error.h"
+#include "ops/concurrent_branch.h"
 #include "ops/ops.h"
 #ifdef DEEPINFER_HAS_CUDA
+#include "ops/cuda/branch_streams.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #endif
@@ -252,6 +255,46 @@ void synchronize(Device device) {
   deepinfer::cuda::synchronize();
 #else
   DI_THROW("cannot synchronize ", device.to_string(), ": built without the CUDA backend");
+#endif
+}
+
+ConcurrentBranch::ConcurrentBranch(Device device) {
+  if (!device.is_cuda()) return;
+#ifdef DEEPINFER_HAS_CUDA
+  if (!deepinfer::cuda::branches_enabled()) return;
+  deepinfer::cuda::open_branch();
+  open_ = true;
+#else
+  DI_THROW("cannot branch on ", device.to_string(), ": built without the CUDA backend");
+#endif
+}
+
+ConcurrentBranch::~ConcurrentBranch() {
+  if (!open_) return;
+  try {
+    join();
+  } catch (const std::exception&) {
+    // Unwinding from an op's error, or a failing device: the next synchronization reports it.
+  }
+}
+
+void ConcurrentBranch::enter() {
+#ifdef DEEPINFER_HAS_CUDA
+  if (open_) deepinfer::cuda::enter_branch();
+#endif
+}
+
+void ConcurrentBranch::leave() noexcept {
+#ifdef DEEPINFER_HAS_CUDA
+  if (open_) deepinfer::cuda::leave_branch();
+#endif
+}
+
+void ConcurrentBranch::join() {
+  if (!open_) return;
+  open_ = false;
+#ifdef DEEPINFER_HAS_CUDA
+  deepinfer::cuda::join_branch();
 #endif
 }
 

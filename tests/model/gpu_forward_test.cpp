@@ -16,6 +16,7 @@
 #include "gpu_support.h"
 #include "model/deepseek_v41/model.h"
 #include "ops/batch_invariance.h"
+#include "ops/cuda/runtime_switch.h"
 #include "ops/ops.h"
 #include "random_model.h"
 
@@ -235,6 +236,39 @@ TEST(GpuGraphDecode, StepsOfManyRowsRecordTheCublasLtPathBitForBit) {
   Models models(WeightFormat::kReleased, Numerics::kReleased);
   models.gpu->set_cuda_graph_max_tokens(128);
   expect_recorded_steps_equal_eager(models, kBatch);
+}
+
+// The decode step's concurrent branches (ops::ConcurrentBranch: the K=V row and the compressed
+// projections beside the query's wq_b, the shared expert beside the routed experts) on a second
+// stream against the same ops in place: the same ops on the same inputs, so the same bits, eager
+// and recorded (a branch that read a buffer before the op writing it had run, or a join that let
+// the next op start early, would show as other bits). 80 rows with batch invariance off put
+// cuBLASLt (and its per-stream staging) on the branch's stream too.
+void expect_branches_change_no_bit(int64_t batch) {
+  Models models(WeightFormat::kReleased, Numerics::kReleased);
+  models.gpu->set_cuda_graph_max_tokens(128);
+  std::vector<float> in_place;
+  {
+    const deepinfer::cuda::ScopedSwitch branches("DEEPINFER_CONCURRENT_BRANCHES", false);
+    in_place = decode_logits(models, batch, true);
+  }
+  const std::vector<float> branched_eager = decode_logits(models, batch, false);
+  const std::vector<float> branched_recorded = decode_logits(models, batch, true);
+  ASSERT_EQ(in_place.size(), branched_eager.size());
+  ASSERT_EQ(in_place.size(), branched_recorded.size());
+  EXPECT_EQ(differing_bits(in_place, branched_eager), 0u) << "of " << in_place.size();
+  EXPECT_EQ(differing_bits(in_place, branched_recorded), 0u) << "of " << in_place.size();
+}
+
+TEST(GpuConcurrentBranches, BranchedStepsEqualInPlaceStepsBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  expect_branches_change_no_bit(4);
+}
+
+TEST(GpuConcurrentBranches, BranchedCublasLtStepsEqualInPlaceStepsBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const ops::ScopedBatchInvariance variant(false);
+  expect_branches_change_no_bit(80);
 }
 
 // An engine's decode batch wanders as requests join and finish: steps of 1..12 requests, each

@@ -25,6 +25,7 @@
 #include "core/dtype_convert.h"
 #include "gpu_support.h"
 #include "ops/batch_invariance.h"
+#include "ops/concurrent_branch.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_runtime.h"
 #include "ops/cuda/runtime_switch.h"
@@ -248,6 +249,62 @@ class BackendOpsTest : public ::testing::Test {
  protected:
   void SetUp() override { DEEPINFER_SKIP_WITHOUT_GPU(); }
 };
+
+// ---- concurrent branches --------------------------------------------------------------------
+
+// A branch's ops see what the stream queued before the branch opened, the ops after join() see
+// the branch's results, and the two lines in between run apart: x is rewritten in place on the
+// main stream before the fork (a branch that did not wait would read the old x), the branch and
+// the main stream then each write their own output from it, and the sum after the join reads
+// both. 16M elements so that each op runs long enough for a missing wait to show. The same ops
+// on the CPU give the reference (elementwise ops: exact on both backends).
+TEST_F(BackendOpsTest, ConcurrentBranchOrdersItsOpsWithTheStream) {
+  const Shape shape{4096, 4096};
+  Tensor x_host = host_f32(shape, 91);
+  Tensor want_x = copy_of(x_host.view());
+  Tensor want_branch = Tensor::empty(DType::kF32, shape);
+  Tensor want_main = Tensor::empty(DType::kF32, shape);
+  Tensor want_sum = Tensor::empty(DType::kF32, shape);
+  ops::scale(want_x.view(), 2.0f, want_x.view());
+  {
+    ops::ConcurrentBranch branch(want_x.device());
+    branch.run([&] { ops::add(want_x.view(), want_x.view(), want_branch.view()); });
+    ops::scale(want_x.view(), 3.0f, want_main.view());
+    branch.join();
+  }
+  ops::add(want_branch.view(), want_main.view(), want_sum.view());
+
+  Tensor x = gpu(x_host.view());
+  Tensor on_branch = gpu_output(DType::kF32, shape);
+  Tensor on_main = gpu_output(DType::kF32, shape);
+  Tensor sum = gpu_output(DType::kF32, shape);
+  ops::scale(x.view(), 2.0f, x.view());
+  {
+    ops::ConcurrentBranch branch(x.device());
+    branch.run([&] { ops::add(x.view(), x.view(), on_branch.view()); });
+    ops::scale(x.view(), 3.0f, on_main.view());
+    branch.join();
+  }
+  ops::add(on_branch.view(), on_main.view(), sum.view());
+  expect_equal(want_sum.view(), sum.view(), "branch + main after the join");
+  expect_equal(want_branch.view(), on_branch.view(), "the branch's output");
+
+  // One branch a thread: a second one while the first is open names the problem; the first
+  // still joins (and its ops ran) when it goes out of scope.
+  {
+    ops::ConcurrentBranch branch(x.device());
+    branch.run([&] { ops::scale(x.view(), 0.5f, on_branch.view()); });
+    try {
+      ops::ConcurrentBranch second(x.device());
+      ADD_FAILURE() << "a second branch opened while one was open";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("already open"), std::string::npos) << error.what();
+    }
+  }
+  ops::scale(x.view(), 0.5f, sum.view());
+  Tensor in_place = rt::to_host(sum.view());
+  expect_equal(in_place.view(), on_branch.view(), "a branch joined by its destructor");
+}
 
 // ---- linear -----------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "model/deepseek_v41/model.h"
+#include "ops/concurrent_branch.h"
 
 namespace deepinfer::deepseek_v41 {
 
@@ -499,7 +500,6 @@ void ForwardPass::run(const TensorView& logits, std::span<const int32_t> const* 
       ops::hc_collapse(streams_, pre_mix_view, x_view);
       ops::rmsnorm(x_view, lp.attn_norm, eps, x_view);
       attention_projections(layer, x_view);
-      compressed_projections(layer, x_view);
     });
     attention_core(layer);
     segment(2 + 2 * layer, [&] {
@@ -605,11 +605,18 @@ void ForwardPass::attention_projections(int64_t layer, const TensorView& x) {
   ops::linear_pair(x, ap.wq_a, qr_view, ap.wkv, kv_view, quant_);
   ops::rmsnorm(qr_view, ap.q_norm, eps, qr_view);
   const TensorView q_view = f32(ws_.q, {n_, heads, head_dim});
+  // The K=V row's norm, rope and rounding and the compressed branch's projections (of x and the
+  // normed qr) beside the query's wq_b: each chain only reads the other's inputs.
+  ops::ConcurrentBranch beside_query(x.device());
+  beside_query.run([&] {
+    ops::rmsnorm(kv_view, ap.kv_norm, eps, kv_view);
+    ops::rope(kv_view, positions_, rope, false);
+    ops::fake_quant_fp8(kv_view, 32);
+    compressed_projections(layer, x);
+  });
   ops::linear(qr_view, ap.wq_b, q_view.view({n_, heads * head_dim}), quant_);
   ops::rope(q_view, positions_, rope, false);
-  ops::rmsnorm(kv_view, ap.kv_norm, eps, kv_view);
-  ops::rope(kv_view, positions_, rope, false);
-  ops::fake_quant_fp8(kv_view, 32);
+  beside_query.join();
 }
 
 // The compressed branch's per-token projections: the compressor's kv and gate rows and the
@@ -927,16 +934,21 @@ void ForwardPass::moe(int64_t layer, const TensorView& x, const TensorView& out)
   const ops::RouterParams router{score_function(c_.scoring_func), static_cast<float>(c_.gate_temp),
                                  static_cast<int>(k), c_.norm_topk_prob,
                                  static_cast<float>(c_.routed_scaling_factor)};
+  // The shared expert on every token beside the routed ones (both only read x), added after
+  // them (HF's order).
+  const TensorView gate = f32(ws_.moe_gate, {n_, inter});
+  const TensorView up = f32(ws_.moe_up, {n_, inter});
+  const TensorView shared = f32(ws_.shared_out, {n_, dim_});
+  ops::ConcurrentBranch shared_expert(x.device());
+  shared_expert.run([&] {
+    ops::linear_pair(x, lp.shared_expert.w1, gate, lp.shared_expert.w3, up, quant_);
+    ops::swiglu(gate, up, limit, TensorView(), gate);
+    ops::linear(gate, lp.shared_expert.w2, shared, quant_);
+  });
   ops::route(x, lp.gate_weight, lp.gate_bias, router, weights, chosen);
   ops::moe_experts(x, chosen, weights, expert_weights_[static_cast<size_t>(layer)], limit, quant_,
                    out);
-  // The shared expert on every token, added after the routed ones (HF's order).
-  const TensorView gate = f32(ws_.moe_gate, {n_, inter});
-  const TensorView up = f32(ws_.moe_up, {n_, inter});
-  ops::linear_pair(x, lp.shared_expert.w1, gate, lp.shared_expert.w3, up, quant_);
-  ops::swiglu(gate, up, limit, TensorView(), gate);
-  const TensorView shared = f32(ws_.shared_out, {n_, dim_});
-  ops::linear(gate, lp.shared_expert.w2, shared, quant_);
+  shared_expert.join();
   ops::add(out, shared, out);
 }
 

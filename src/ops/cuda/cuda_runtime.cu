@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ops/cuda/branch_streams.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_runtime.h"
@@ -292,6 +293,91 @@ StreamScope::StreamScope(const Stream& stream) : previous_(t_current_stream) {
 
 StreamScope::~StreamScope() {
   t_current_stream = previous_;
+}
+
+namespace {
+
+// The branch stream and its two events, per thread and device (created on a branch's first
+// use, which the model's eager first sighting of a segment makes before any recording).
+struct BranchStreams {
+  static constexpr int kMaxDevices = 16;
+  struct PerDevice {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t forked = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  std::array<PerDevice, kMaxDevices> devices{};
+  PerDevice* open = nullptr;     // the open branch's device, null when none is open
+  StreamHandle trunk = nullptr;  // the stream the open branch forked from
+  bool inside = false;           // the branch's stream is current
+  ~BranchStreams() {
+    // Thread or process exit: the context may be gone already, so nothing here may throw.
+    for (PerDevice& device : devices) {
+      if (device.stream != nullptr) cudaStreamDestroy(device.stream);
+      if (device.forked != nullptr) cudaEventDestroy(device.forked);
+      if (device.done != nullptr) cudaEventDestroy(device.done);
+    }
+  }
+};
+
+BranchStreams& branch_streams() {
+  thread_local BranchStreams streams;
+  return streams;
+}
+
+// false: ops::ConcurrentBranch runs its ops in place on the current stream (the A/B of
+// docs/CUDA.md, "Concurrent branches").
+RuntimeSwitch kConcurrentBranches{"DEEPINFER_CONCURRENT_BRANCHES", true};
+
+}  // namespace
+
+bool branches_enabled() {
+  return kConcurrentBranches.enabled();
+}
+
+void open_branch() {
+  BranchStreams& branches = branch_streams();
+  DI_CHECK(branches.open == nullptr, "a concurrent branch is already open on this thread");
+  int device = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&device));
+  DI_CHECK(device >= 0 && device < BranchStreams::kMaxDevices, "CUDA ordinal ", device);
+  BranchStreams::PerDevice& branch = branches.devices[static_cast<size_t>(device)];
+  if (branch.stream == nullptr) {
+    DI_CUDA_CHECK(cudaStreamCreateWithFlags(&branch.stream, cudaStreamNonBlocking));
+    DI_CUDA_CHECK(cudaEventCreateWithFlags(&branch.forked, cudaEventDisableTiming));
+    DI_CUDA_CHECK(cudaEventCreateWithFlags(&branch.done, cudaEventDisableTiming));
+  }
+  // Recorded on a stream that is being captured, the event and the wait put the branch's stream
+  // into the same capture: its ops become the graph's parallel nodes.
+  DI_CUDA_CHECK(cudaEventRecord(branch.forked, t_current_stream));
+  DI_CUDA_CHECK(cudaStreamWaitEvent(branch.stream, branch.forked, 0));
+  branches.open = &branch;
+  branches.trunk = t_current_stream;
+}
+
+void enter_branch() {
+  BranchStreams& branches = branch_streams();
+  DI_CHECK(branches.open != nullptr && !branches.inside && t_current_stream == branches.trunk,
+           "enter_branch needs an open branch entered from the stream it forked from");
+  t_current_stream = branches.open->stream;
+  branches.inside = true;
+}
+
+void leave_branch() noexcept {
+  BranchStreams& branches = branch_streams();
+  if (!branches.inside) return;
+  t_current_stream = branches.trunk;
+  branches.inside = false;
+}
+
+void join_branch() {
+  BranchStreams& branches = branch_streams();
+  DI_CHECK(branches.open != nullptr && !branches.inside && t_current_stream == branches.trunk,
+           "join_branch needs an open branch, joined from the stream it forked from");
+  BranchStreams::PerDevice& branch = *branches.open;
+  branches.open = nullptr;
+  DI_CUDA_CHECK(cudaEventRecord(branch.done, branch.stream));
+  DI_CUDA_CHECK(cudaStreamWaitEvent(branches.trunk, branch.done, 0));
 }
 
 void copy(const TensorView& src, const TensorView& dst) {
