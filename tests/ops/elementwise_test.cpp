@@ -3,6 +3,7 @@
 #include <complex>
 #include <numbers>
 
+#include "ops/concurrent_branch.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -203,6 +204,24 @@ TEST(ElementwiseTest, SoftmaxRowsSumToOne) {
     for (int j = 0; j < 9; ++j)
       EXPECT_NEAR(x[i * 9 + j], std::exp(double(original[i * 9 + j])) / z, 1e-6);
   }
+}
+
+// On the CPU a branch runs its ops in place, in the order they are queued: the branch's op sees
+// the write before it, the op after join() sees the branch's, and a second branch may open
+// once the first is joined (or out of scope).
+TEST(ConcurrentBranchTest, CpuRunsTheBranchInPlace) {
+  Tensor x = Tensor::empty(DType::kF32, {4});
+  Tensor doubled = Tensor::empty(DType::kF32, {4});
+  for (int64_t i = 0; i < 4; ++i) x.data<float>()[i] = static_cast<float>(i + 1);
+  scale(x.view(), 3.0f, x.view());
+  ConcurrentBranch branch(x.device());
+  branch.run([&] { add(x.view(), x.view(), doubled.view()); });
+  branch.join();
+  add(doubled.view(), x.view(), x.view());
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(x.data<float>()[i], 9.0f * static_cast<float>(i + 1));
+  { ConcurrentBranch unjoined(x.device()); }
+  ConcurrentBranch again(x.device());
+  again.join();
 }
 
 }  // namespace

@@ -5,8 +5,7 @@
 // a sample of rows is checked against the reference (it costs N x K per row on the CPU), every
 // row bit for bit against the largest call, and every launch variant against kAuto. Outputs are
 // fully written and nothing else. The decode tile (split_tile_kernel) is compared bit for bit with
-// the register kernel before it (split_kernel) at decode row counts, and the decode tile that
-// quantizes x itself with the quantizer's launch before it. Skips without a GPU.
+// the register kernel before it (split_kernel) at decode row counts. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -446,87 +445,6 @@ TEST_F(LinearFp8DenseTest, PairSameBitsAsTwoCalls) {
         EXPECT_EQ(differing_rows(want_b, ordered_b, 0, c.n2), 0) << "without PDL";
       }
     }
-  }
-}
-
-// Turns the quantizing decode tile on or off for its lifetime.
-struct QuantizingTile {
-  explicit QuantizingTile(bool on) : setting{"DEEPINFER_FP8_DENSE_QUANTIZING_TILE", on} {}
-  rt::ScopedSwitch setting;
-};
-
-// The 8-token decode launch quantizing x in its blocks (DEEPINFER_FP8_DENSE_QUANTIZING_TILE)
-// gives the bits of the activation quantizer's launch followed by the decode tile: every released
-// FP8 role's shape and small shapes (slices of 1, 3 and 19 blocks; partial row-group blocks) at
-// 1 to 8 rows (the long slices: 66 chunks a warp, past two windows of weight scale codes), rows
-// not starting at 0, inputs whose 32-blocks are all zero, below the quantizer's
-// 1e-4 floor, or near the f32 range, with and without the dependent launch, and the pair launch.
-// Where the rows' codes do not fit (wo_b's K = 8192 from 4 rows) both runs take the quantizer.
-TEST_F(LinearFp8DenseTest, QuantizingTileSameBits) {
-  std::vector<testing::WeightShape> shapes = testing::released_fp8_roles();
-  for (const testing::WeightShape& extra :
-       {testing::WeightShape{"long slices", 16384, 8448}, testing::WeightShape{"small", 48, 256},
-        testing::WeightShape{"small", 48, 384}, testing::WeightShape{"small", 64, 2432}}) {
-    shapes.push_back(extra);
-  }
-  uint32_t seed = 301;
-  for (const testing::WeightShape& s : shapes) {
-    Role r = make_role(s.name, s.n, s.k, 12, seed, /*with_reference=*/false);
-    seed += 10;
-    // Row 1: its first 32-block zero, its second below the floor, its third near the range.
-    float* row1 = r.x.data<float>() + (s.k + kExtraColumns) + kColumnOffset;
-    for (int i = 0; i < 32; ++i) {
-      row1[i] = 0.0f;
-      row1[32 + i] = (i % 2 == 0 ? 1.0f : -1.0f) * 1e-6f * static_cast<float>(i + 1);
-      row1[64 + i] = (i % 3 == 0 ? -3e37f : 2e36f) / static_cast<float>(i + 1);
-    }
-    r.device_x = rt::to_device(r.x.view());
-    for (int64_t rows : {1, 2, 3, 5, 8}) {
-      for (int64_t first : {int64_t{0}, int64_t{3}}) {
-        Tensor quantizer;
-        {
-          const QuantizingTile off(false);
-          quantizer = run_gpu(r, first, rows, Path::kDense, Fp8DenseLaunch::kTokens8);
-        }
-        const QuantizingTile on(true);
-        const bool fused = cuda::linear_fp8_dense_quantizes_in_tile(rows, s.k);
-        if (first == 0) {
-          std::printf("%s [%ld x %ld], %ld rows: %s\n", s.name, static_cast<long>(s.n),
-                      static_cast<long>(s.k), static_cast<long>(rows),
-                      fused ? "quantized in the tile" : "the quantizer's launch");
-        }
-        EXPECT_EQ(fused, rows * (s.k + 32) + s.k <= 40 * 1024) << s.name << ", " << rows;
-        const Tensor tile = run_gpu(r, first, rows, Path::kDense, Fp8DenseLaunch::kTokens8);
-        EXPECT_EQ(differing_rows(quantizer, tile, 0, s.n), 0)
-            << s.name << " [" << s.n << " x " << s.k << "], rows " << first << ".." << first + rows
-            << ": the quantizing tile differs from the quantizer's codes";
-        const Tensor model_op = run_gpu(r, first, rows, Path::kModelOp);
-        EXPECT_EQ(differing_rows(quantizer, model_op, 0, s.n), 0)
-            << s.name << ", rows " << first << ".." << first + rows << ", the model's op";
-        if (rows == 1 && first == 0) {
-          const rt::ScopedSwitch plain_order{"DEEPINFER_DECODE_PDL", false};
-          EXPECT_EQ(differing_rows(quantizer,
-                                   run_gpu(r, first, rows, Path::kDense, Fp8DenseLaunch::kTokens8),
-                                   0, s.n),
-                    0)
-              << s.name << ": the quantizing tile without the dependent launch";
-        }
-      }
-    }
-  }
-  // The pair launch (wq_a + wkv) quantizing in its blocks.
-  const Role a = make_role("pair first", 1280, 5120, 8, 331, /*with_reference=*/false);
-  const Role b = make_role("pair second", 512, 5120, 8, 338, /*with_reference=*/false);
-  for (int64_t rows : {1, 4, 8}) {
-    std::pair<Tensor, Tensor> quantizer;
-    {
-      const QuantizingTile off(false);
-      quantizer = run_pair(a, b, rows, /*pair=*/true);
-    }
-    const QuantizingTile on(true);
-    const auto [got_a, got_b] = run_pair(a, b, rows, /*pair=*/true);
-    EXPECT_EQ(differing_rows(quantizer.first, got_a, 0, a.n), 0) << "pair first, " << rows;
-    EXPECT_EQ(differing_rows(quantizer.second, got_b, 0, b.n), 0) << "pair second, " << rows;
   }
 }
 

@@ -24,7 +24,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <optional>
 #include <string_view>
 
 #include "ops/cuda/common.cuh"
@@ -42,9 +41,6 @@ RuntimeSwitch kFp8DenseEnabled{"DEEPINFER_FP8_DENSE", true};
 RuntimeSwitch kFp8DenseTileEnabled{"DEEPINFER_FP8_DENSE_TILE", true};
 // false: linear_fp8_dense_pair makes two calls (same bits).
 RuntimeSwitch kFp8DensePair{"DEEPINFER_FP8_DENSE_PAIR", true};
-// true: the 8-token decode launches quantize x in each block (split_tile_kernel<1, true>) rather
-// than after the quantizer's own launch (same bits). Off until measured on a GPU.
-RuntimeSwitch kFp8DenseQuantizingTile{"DEEPINFER_FP8_DENSE_QUANTIZING_TILE", false};
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -76,10 +72,6 @@ struct DenseArgs {
   int64_t out2_stride;
   int64_t n2;
   unsigned second_first_block = ~0u;
-  // The quantizing decode tile (split_tile_kernel<1, true>) reads x itself, as f32 rows it
-  // quantizes into shared memory; x_codes and x_scales are unused then.
-  const float* x_rows = nullptr;
-  int64_t x_row_stride = 0;
 };
 
 __device__ __forceinline__ float scale_value(uint8_t code) {
@@ -445,84 +437,12 @@ static_assert(kDecodeStageBytes % (16 * 32) == 0, "each lane copies the same num
 static_assert(DecodeTileSmem<4>::kBytes + kWarps * 4 * 4 * 32 * 4 <= 227 * 1024,
               "the slots and the slice partials fit one SM");
 
-// The quantizing decode tile (split_tile_kernel<1, true>, 8-token launches): the activation
-// quantizer's launch and the GEMM's wait for it cost a b1 step about as much as a small GEMM's
-// weight stream (39 quantizers a step, 1.6 us each plus a dependent launch), and every block of
-// the GEMM can quantize the few rows itself while its first weight chunks are in flight. The
-// whole block quantizes x [rows, k] into shared memory once: codes [rows][k + kFusedCodePad]
-// (the pad puts a half warp's 8-byte reads of 4 tokens on 32 different banks) and the scales as
-// floats [k / 32][8 tokens]. Only while that fits beside the slots at two blocks an SM.
-constexpr int64_t kFusedCodePad = 32;
-constexpr int64_t kFusedBytesLimit = 40 * 1024;
-constexpr int64_t fused_x_bytes(int64_t rows, int64_t k) {
-  return rows * (k + kFusedCodePad) + (k / kBlockK) * 8 * 4;
-}
-// Per block: the slots, x, the static slice partials (4 KB) with 1 KB to spare for other static
-// shared memory, and the 1 KB the driver reserves.
-static_assert(DecodeTileSmem<1>::kBytes + kFusedBytesLimit + kWarps * 4 * 32 * 4 + 2 * 1024 <=
-                  228 * 1024 / 2,
-              "the quantizing decode tile keeps two blocks an SM");
-
-// x rows [0, rows) quantized by quantize_fp8_rows' arithmetic (store_quantized in
-// moe_grouped_gemm.cu: the same scale, codes and scale code bit for bit) into `codes` and
-// `scales` (the scale as the GEMM reads it back from its ue8m0 code; tokens rows .. 7 repeat the
-// last row's, as the unfused kernel's clamped loads do). A lane quantizes 8 consecutive values;
-// the 4 lanes of a 32-block agree on its maximum through two shuffles (max is exact in any
-// order). Every thread of the block calls it the same number of times (the shuffles).
-__device__ __forceinline__ void quantize_x_to_shared(const DenseArgs& args, uint8_t* codes,
-                                                     float* scales) {
-  const int64_t k = args.k;
-  const int64_t pieces_per_row = k / 8;
-  const int64_t pieces = args.rows * pieces_per_row;  // a multiple of 4: whole 32-blocks
-  for (int64_t first = 0; first < pieces; first += kThreads) {
-    const int64_t piece = first + threadIdx.x;
-    const bool valid = piece < pieces;  // the same for the 4 lanes of a block
-    const int64_t row = valid ? piece / pieces_per_row : 0;
-    const int64_t column = valid ? (piece % pieces_per_row) * 8 : 0;
-    float values[8] = {};
-    if (valid) {
-      const float* at = args.x_rows + row * args.x_row_stride + column;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) values[i] = __ldcg(at + i);  // written by the kernel before
-    }
-    // fmaxf drops NaN as warp_max does, and |v| >= 0 leaves the 0 start out of every maximum.
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(values[i]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float scale = deepinfer::cuda::fp8_block_scale(amax);
-    uint32_t words[2] = {0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float quantized =
-          deepinfer::cuda::round_to_e4m3(fminf(fmaxf(values[i] / scale, -448.0f), 448.0f));
-      const uint32_t code = __nv_cvt_float_to_fp8(quantized, __NV_SATFINITE, __NV_E4M3);
-      words[i / 4] |= code << (8 * (i % 4));
-    }
-    if (!valid) continue;
-    *reinterpret_cast<uint2*>(codes + row * (k + kFusedCodePad) + column) =
-        make_uint2(words[0], words[1]);
-    if ((piece & 3) == 0) {
-      const float read_back = scale_value(static_cast<uint8_t>(__float_as_uint(scale) >> 23));
-      float* block_scales = scales + (column / kBlockK) * 8;
-      const int last = row == args.rows - 1 ? 7 : static_cast<int>(row);
-      for (int token = static_cast<int>(row); token <= last; ++token)
-        block_scales[token] = read_back;
-    }
-  }
-}
-
 // split_kernel's grid, warps, K slices and token tiles; chunk c of a warp's slice lives in slot
 // c % kDecodeStages, weight row r at row r of the slot with swizzled() (so the 8-byte reads of
 // rows r .. r + 3 by a half warp hit 32 different banks). A slice that does not end on a chunk
 // (slices of 3, 5 or 10 blocks) copies and computes only its own blocks of the last chunk.
-// kQuantizeX: x arrives as f32 rows (at most 8, one token tile) and the block quantizes it
-// (quantize_x_to_shared) instead of reading the quantizer's codes, and the weight scale codes are
-// loaded in windows of 32 chunks with the first weight chunks; the same bits.
-template <int kTokenTiles, bool kQuantizeX>
+template <int kTokenTiles>
 __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
-  static_assert(!kQuantizeX || kTokenTiles == 1, "the quantizing tile takes one token tile");
   extern __shared__ __align__(128) uint8_t shared[];
   unsigned block_x = blockIdx.x;
   if (block_x >= args.second_first_block) {
@@ -536,7 +456,7 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   constexpr int kTokens = 8 * kTokenTiles;
   // Token scale codes per chunk, entry e = block * kTokens + token, lane e % 32 loads it.
   constexpr int kScaleEntries = kDecodeChunkBlocks * kTokens;
-  constexpr int kEntriesPerLane = kQuantizeX ? 0 : kScaleEntries / 32;
+  constexpr int kEntriesPerLane = kScaleEntries / 32;
   static_assert(kScaleEntries % 32 == 0, "every lane converts the same number of scale codes");
   // At 8 tokens a chunk's activation words and scale codes are loaded one chunk ahead (110
   // registers instead of 74: still two blocks per SM, and every decode grid of the model's
@@ -563,10 +483,6 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
       args.w_scales + (active ? (n_base / kBlockK) * k_blocks : 0) + block_begin;
   uint8_t* warp_shared = shared + warp * DecodeTileSmem<kTokenTiles>::kWarpBytes;
   float* token_scale = reinterpret_cast<float*>(warp_shared + kDecodeStages * kDecodeStageBytes);
-  // The quantizing tile's x, past every warp's slots.
-  uint8_t* fused_codes = shared + DecodeTileSmem<kTokenTiles>::kBytes;
-  float* fused_scales =
-      reinterpret_cast<float*>(fused_codes + args.rows * (args.k + kFusedCodePad));
   const int64_t rows = args.rows;
 
   const auto blocks_in = [&](int chunk) {
@@ -591,30 +507,6 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
   for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTokens; tile < rows;
        tile += static_cast<int64_t>(gridDim.y) * kTokens) {
     float acc[kTokenTiles][4] = {};
-    // kQuantizeX: the weight scale codes of 32 chunks in a word a lane (lane L: chunk
-    // window_base + L's four), the next 32 chunks' a window ahead, all loaded with the first
-    // weight chunks rather than a chunk ahead of their use: a chunk's codes share a 32-byte
-    // sector with the next 7 chunks', so every 8th chunk waited for HBM with one chunk of
-    // lookahead.
-    int window_base = 0;
-    uint32_t scale_window = 0u;
-    uint32_t next_scale_window = 0u;
-    const auto load_scale_window = [&](int first_chunk) {
-      const int chunk = first_chunk + lane;
-      uint32_t word = 0u;
-      if (chunk < chunks) {
-        const int valid = blocks_in(chunk);
-#pragma unroll
-        for (int b = 0; b < kDecodeChunkBlocks; ++b) {
-          if (b < valid) {
-            word |= static_cast<uint32_t>(
-                        __ldg(w_scale_at + static_cast<int64_t>(chunk) * kDecodeChunkBlocks + b))
-                    << (8 * b);
-          }
-        }
-      }
-      return word;
-    };
     if (active) {
       __syncwarp();  // every lane is done with the slots and the table of the previous tile
 #pragma unroll
@@ -622,30 +514,20 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
         if (s < chunks) copy_chunk(s, s);
         commit_copies();
       }
-      if constexpr (kQuantizeX) {
-        scale_window = load_scale_window(0);
-        next_scale_window = load_scale_window(32);
-      }
     }
     // Launched as a dependent (linear.cuh's decode_pdl_enabled): the weights above are in
-    // flight; x (or its codes, the quantizer's) comes from the kernel before this one. Every
-    // warp waits here, also those past the last row group, before any store.
+    // flight; x's codes, the quantizer's, come from the kernel before this one. Every warp
+    // waits here, also those past the last row group, before any store.
     wait_for_prior_grids();
-    if constexpr (kQuantizeX) {
-      quantize_x_to_shared(args, fused_codes, fused_scales);
-      __syncthreads();  // x's codes and scales are in
-    }
     if (active) {
       // Tokens past the end load the last row (never stored).
       const uint8_t* x_at[kTokenTiles];
 #pragma unroll
       for (int j = 0; j < kTokenTiles; ++j) {
         const int64_t row = min(tile + 8 * j + group, rows - 1);
-        x_at[j] = kQuantizeX ? fused_codes + row * (args.k + kFusedCodePad) +
-                                   block_begin * kBlockK + 8 * quad
-                             : args.x_codes + row * args.k + block_begin * kBlockK + 8 * quad;
+        x_at[j] = args.x_codes + row * args.k + block_begin * kBlockK + 8 * quad;
       }
-      const uint8_t* token_code_at[kEntriesPerLane > 0 ? kEntriesPerLane : 1];
+      const uint8_t* token_code_at[kEntriesPerLane];
 #pragma unroll
       for (int i = 0; i < kEntriesPerLane; ++i) {
         const int e = lane + 32 * i;
@@ -656,37 +538,23 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
       struct ChunkOperands {
         uint2 x[kDecodeChunkBlocks][kTokenTiles];
         uint8_t w_codes[kDecodeChunkBlocks];
-        uint8_t token_codes[kEntriesPerLane > 0 ? kEntriesPerLane : 1];
+        uint8_t token_codes[kEntriesPerLane];
       };
       const auto load_operands = [&](int chunk) {
         ChunkOperands o;
         const int valid = blocks_in(chunk);
         const int64_t first_block = static_cast<int64_t>(chunk) * kDecodeChunkBlocks;
-        uint32_t window_codes = 0u;
-        if constexpr (kQuantizeX) {
-          const int in_window = chunk - window_base;  // 0 .. 63: the loop keeps the windows
-          window_codes = __shfl_sync(0xffffffffu, in_window < 32 ? scale_window : next_scale_window,
-                                     in_window % 32);
-        }
 #pragma unroll
         for (int b = 0; b < kDecodeChunkBlocks; ++b) {
-          if constexpr (kQuantizeX) {
-            o.w_codes[b] = static_cast<uint8_t>(window_codes >> (8 * b));  // 0 past `valid`
-          } else {
-            o.w_codes[b] = b < valid ? __ldg(w_scale_at + first_block + b) : uint8_t{0};
-          }
+          o.w_codes[b] = b < valid ? __ldg(w_scale_at + first_block + b) : uint8_t{0};
 #pragma unroll
           for (int j = 0; j < kTokenTiles; ++j) {
             const auto* word =
                 reinterpret_cast<const uint2*>(x_at[j] + (first_block + b) * kBlockK);
-            if constexpr (kQuantizeX) {
-              o.x[b][j] = b < valid ? *word : make_uint2(0u, 0u);
-            } else {
-              // The activations through L2 only (ld.global.cg), not the non-coherent path: this
-              // grid may have started before the kernel that wrote them (a dependent launch),
-              // and .nc loads promise data that does not change while the grid runs.
-              o.x[b][j] = b < valid ? __ldcg(word) : make_uint2(0u, 0u);
-            }
+            // The activations through L2 only (ld.global.cg), not the non-coherent path: this
+            // grid may have started before the kernel that wrote them (a dependent launch), and
+            // .nc loads promise data that does not change while the grid runs.
+            o.x[b][j] = b < valid ? __ldcg(word) : make_uint2(0u, 0u);
           }
         }
 #pragma unroll
@@ -700,13 +568,6 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
       if constexpr (kPrefetchOperands) next = load_operands(0);
       for (int chunk = 0; chunk < chunks; ++chunk) {
         const int valid = blocks_in(chunk);
-        if constexpr (kQuantizeX) {
-          if (chunk == window_base + 32) {  // before load_operands(chunk + 1) reads past it
-            window_base = chunk;
-            scale_window = next_scale_window;
-            next_scale_window = load_scale_window(chunk + 32);
-          }
-        }
         // Loaded before the wait, so their latency hides behind it; prefetched, a chunk early,
         // behind this chunk's wait and MMAs as well.
         ChunkOperands current;
@@ -721,13 +582,11 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
         const int ahead = chunk + kDecodeStages - 1;
         if (ahead < chunks) copy_chunk(ahead, ahead % kDecodeStages);
         commit_copies();
-        if constexpr (!kQuantizeX) {
 #pragma unroll
-          for (int i = 0; i < kEntriesPerLane; ++i) {
-            token_scale[lane + 32 * i] = scale_value(current.token_codes[i]);
-          }
-          __syncwarp();  // the chunk's token scales are written
+        for (int i = 0; i < kEntriesPerLane; ++i) {
+          token_scale[lane + 32 * i] = scale_value(current.token_codes[i]);
         }
+        __syncwarp();  // the chunk's token scales are written
         const uint8_t* stage = warp_shared + (chunk % kDecodeStages) * kDecodeStageBytes;
 #pragma unroll
         for (int b = 0; b < kDecodeChunkBlocks; ++b) {
@@ -739,11 +598,8 @@ __global__ void __launch_bounds__(kThreads) split_tile_kernel(DenseArgs args) {
 #pragma unroll
             for (int j = 0; j < kTokenTiles; ++j) {
               // Tokens 2t and 2t + 1 of MMA tile j (an even index: 8-byte aligned).
-              const float* pair_scales =
-                  kQuantizeX
-                      ? fused_scales + (block_begin + chunk * kDecodeChunkBlocks + b) * 8 + 2 * quad
-                      : token_scale + b * kTokens + 8 * j + 2 * quad;
-              const float2 xs = *reinterpret_cast<const float2*>(pair_scales);
+              const float2 xs =
+                  *reinterpret_cast<const float2*>(token_scale + b * kTokens + 8 * j + 2 * quad);
               mma_block(lo, hi, current.x[b][j], w_scale, xs.x, xs.y, acc[j]);
             }
           }
@@ -787,24 +643,22 @@ bool weight_fits(const LinearWeight& weight) {
   return aligned_to(w.raw_data(), 16) && aligned_to(s.raw_data(), 4);
 }
 
-template <int kTokenTiles, bool kQuantizeX>
+template <int kTokenTiles>
 void launch_split_tile(const DenseArgs& args, dim3 grid, deepinfer::cuda::StreamHandle stream) {
-  constexpr int64_t kSlotBytes = DecodeTileSmem<kTokenTiles>::kBytes;
   static const bool configured = [] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles, kQuantizeX>,
+    DI_CUDA_CHECK(cudaFuncSetAttribute(split_tile_kernel<kTokenTiles>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kSlotBytes + (kQuantizeX ? kFusedBytesLimit : 0)));
+                                       DecodeTileSmem<kTokenTiles>::kBytes));
     return true;
   }();
   (void)configured;
-  const int64_t x_bytes = kQuantizeX ? fused_x_bytes(args.rows, args.k) : 0;
-  launch_decode_kernel(split_tile_kernel<kTokenTiles, kQuantizeX>, grid, kThreads,
-                       static_cast<size_t>(kSlotBytes + x_bytes), stream, /*ranks=*/1,
+  launch_decode_kernel(split_tile_kernel<kTokenTiles>, grid, kThreads,
+                       DecodeTileSmem<kTokenTiles>::kBytes, stream, /*ranks=*/1,
                        decode_pdl_enabled(), args);
 }
 
 // The decode launch of `args` (and, where args.weight2 is set, of its second weight: the blocks
-// of the first weight's row groups, then the second's). args.x_rows set: the quantizing tile.
+// of the first weight's row groups, then the second's).
 template <int kTokenTiles>
 void launch_split(DenseArgs args, deepinfer::cuda::StreamHandle stream) {
   const unsigned first_blocks = blocks_for(args.n / kRowsPerWarp, kWarps / args.slices);
@@ -812,29 +666,14 @@ void launch_split(DenseArgs args, deepinfer::cuda::StreamHandle stream) {
       args.weight2 != nullptr ? blocks_for(args.n2 / kRowsPerWarp, kWarps / args.slices) : 0u;
   const dim3 grid(first_blocks + second_blocks,
                   std::min(blocks_for(args.rows, 8 * kTokenTiles), 65535u));
-  if constexpr (kTokenTiles == 1) {
-    if (args.x_rows != nullptr) {
-      args.second_first_block = args.weight2 != nullptr ? first_blocks : ~0u;
-      launch_split_tile<1, true>(args, grid, stream);
-      return;
-    }
-  }
-  require(args.x_rows == nullptr, "linear_fp8_dense: only the 8-token decode tile quantizes x");
   if (decode_tile_enabled()) {
     args.second_first_block = args.weight2 != nullptr ? first_blocks : ~0u;
-    launch_split_tile<kTokenTiles, false>(args, grid, stream);
+    launch_split_tile<kTokenTiles>(args, grid, stream);
     return;
   }
   require(args.weight2 == nullptr, "linear_fp8_dense: a pair launch needs the decode tile");
   split_kernel<kTokenTiles><<<grid, kThreads, 0, stream>>>(args);
   DI_CUDA_LAUNCHED(split_kernel);
-}
-
-// Whether `launch` on `rows` rows of K = k quantizes x inside the 8-token decode tile rather than
-// in the quantizer's own launch.
-bool quantizes_in_tile(Fp8DenseLaunch launch, int64_t rows, int64_t k) {
-  return launch == Fp8DenseLaunch::kTokens8 && rows <= 8 && decode_tile_enabled() &&
-         kFp8DenseQuantizingTile.enabled() && fused_x_bytes(rows, k) <= kFusedBytesLimit;
 }
 
 }  // namespace
@@ -849,10 +688,6 @@ bool linear_fp8_dense_tile_enabled() {
 
 bool linear_fp8_dense_decode_tile_enabled() {
   return decode_tile_enabled();
-}
-
-bool linear_fp8_dense_quantizes_in_tile(int64_t rows, int64_t k) {
-  return quantizes_in_tile(Fp8DenseLaunch::kTokens8, rows, k);
 }
 
 int linear_fp8_dense_k_slices(int64_t n, int64_t k) {
@@ -890,36 +725,29 @@ void check_call(const TensorView& x, const LinearWeight& weight, const TensorVie
           weight.weight.to_string(), ", out ", out.to_string());
 }
 
-// x as the launch reads it: quantized by the released activation quantizer in K order (the
-// tile's and the decode kernels' loads; `quantized` holds its codes and scales for the calls on
-// this stream), or, for the quantizing tile (quantizes_in_tile), the f32 rows themselves.
-struct DenseInput {
-  DeviceRows<const float> rows;
-  std::optional<StreamBuffer> codes;
-  std::optional<StreamBuffer> scales;
-  DenseInput(DeviceRows<const float> in, int64_t k, bool quantize_in_tile) : rows(in) {
-    if (quantize_in_tile) return;
-    codes.emplace(static_cast<size_t>(in.rows * k));
-    scales.emplace(static_cast<size_t>(in.rows * (k / kBlockK)));
-    quantize_fp8_rows(in, CodeLayout::kNatural, codes->as<uint8_t>(), scales->as<uint8_t>());
+// x quantized by the released activation quantizer in K order (the tile's and the decode
+// kernels' loads); `codes` and `scales` hold the results for the calls on this stream.
+struct QuantizedRows {
+  StreamBuffer codes;
+  StreamBuffer scales;
+  QuantizedRows(DeviceRows<const float> in, int64_t k)
+      : codes(static_cast<size_t>(in.rows * k)),
+        scales(static_cast<size_t>(in.rows * (k / kBlockK))) {
+    quantize_fp8_rows(in, CodeLayout::kNatural, codes.as<uint8_t>(), scales.as<uint8_t>());
   }
 };
 
-DenseArgs dense_args(const DenseInput& x, const LinearWeight& weight, const TensorView& out) {
+DenseArgs dense_args(const QuantizedRows& x, int64_t rows, const LinearWeight& weight,
+                     const TensorView& out) {
   const DeviceRows<float> o = device_rows<float>(out, "linear_fp8_dense output");
   DenseArgs args{};
-  if (x.codes) {
-    args.x_codes = x.codes->as<uint8_t>();
-    args.x_scales = x.scales->as<uint8_t>();
-  } else {
-    args.x_rows = x.rows.data;
-    args.x_row_stride = x.rows.stride;
-  }
+  args.x_codes = x.codes.as<uint8_t>();
+  args.x_scales = x.scales.as<uint8_t>();
   args.weight = static_cast<const uint8_t*>(weight.weight.raw_data());
   args.w_scales = static_cast<const uint8_t*>(weight.scale.raw_data());
   args.out = o.data;
   args.out_stride = o.stride;
-  args.rows = x.rows.rows;
+  args.rows = rows;
   args.n = weight.weight.size(0);
   args.k = weight.weight.size(1);
   args.slices = linear_fp8_dense_k_slices(args.n, args.k);
@@ -975,8 +803,8 @@ void linear_fp8_dense(const TensorView& x, const LinearWeight& weight, const Ten
           "linear_fp8_dense: the prefill tile needs N % ", kTileRows, " == 0, got weight ",
           weight.weight.to_string());
   if (in.rows == 0) return;
-  const DenseInput input(in, k, quantizes_in_tile(launch_kind, in.rows, k));
-  launch(dense_args(input, weight, out), launch_kind, current_stream());
+  const QuantizedRows quantized(in, k);
+  launch(dense_args(quantized, in.rows, weight, out), launch_kind, current_stream());
 }
 
 bool linear_fp8_dense_pair_fuses(int64_t rows, const LinearWeight& first,
@@ -1007,16 +835,15 @@ void linear_fp8_dense_pair(const TensorView& x, const LinearWeight& first,
   }
   if (in.rows == 0) return;
   const int64_t k = first.weight.size(1);
-  const Fp8DenseLaunch kind = linear_fp8_dense_auto_launch(in.rows, first.weight.size(0), k);
-  const DenseInput input(in, k, quantizes_in_tile(kind, in.rows, k));
-  DenseArgs args = dense_args(input, first, first_out);
-  const DenseArgs second_args = dense_args(input, second, second_out);
+  const QuantizedRows quantized(in, k);
+  DenseArgs args = dense_args(quantized, in.rows, first, first_out);
+  const DenseArgs second_args = dense_args(quantized, in.rows, second, second_out);
   args.weight2 = second_args.weight;
   args.w_scales2 = second_args.w_scales;
   args.out2 = second_args.out;
   args.out2_stride = second_args.out_stride;
   args.n2 = second_args.n;
-  launch(args, kind, current_stream());
+  launch(args, linear_fp8_dense_auto_launch(in.rows, args.n, k), current_stream());
 }
 
 }  // namespace deepinfer::ops::cuda

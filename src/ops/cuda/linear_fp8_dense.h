@@ -67,12 +67,6 @@ bool linear_fp8_dense_tile_enabled();
 // bit). Same bits either way.
 bool linear_fp8_dense_decode_tile_enabled();
 
-// Whether the 8-token decode launch on `rows` rows of K = k quantizes x inside each block
-// (DEEPINFER_FP8_DENSE_QUANTIZING_TILE, off by default; the decode tile on, rows <= 8 and the
-// rows' codes small enough to share an SM between two blocks) rather than after the activation
-// quantizer's own launch. Same bits either way.
-bool linear_fp8_dense_quantizes_in_tile(int64_t rows, int64_t k);
-
 // How many K slices a [n, k] weight is reduced in (1, 2, 4 or 8).
 int linear_fp8_dense_k_slices(int64_t n, int64_t k);
 
