@@ -7,17 +7,8 @@
 # switch on and once off; if any round on fails, one kernel family at a time is launched as a
 # dependent (DEEPINFER_DEPENDENT_LAUNCH_ONLY) to find the family. Logs and a summary in $OUT.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-BIN=${BIN:-$PWD/build-cuda/device}
+source "$(dirname "$0")/device_env.sh"
 ROUNDS=${ROUNDS:-3}
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
-if [ -f "$BIN/compiled_source_dir" ]; then
-  compiled=$(cat "$BIN/compiled_source_dir")
-  if [ "$compiled" != "$PWD" ] && [ ! -e "$compiled" ]; then
-    mkdir -p "$(dirname "$compiled")" && ln -s "$PWD" "$compiled"
-  fi
-fi
 
 # goldens NAME [VAR=VALUE...]: the GPU goldens under the given environment; prints the number of
 # failed assertions; fails unless every fixture matched in every mode.

@@ -7,29 +7,9 @@
 # their small shapes, the GPU goldens with the switch on, then the model bench at b1/b16/b64 with
 # the switch 0 and 1 (batch invariance off, as the figures of record). Logs and a summary in $OUT.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-BIN=${BIN:-$PWD/build-cuda/device}
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
-if [ -f "$BIN/compiled_source_dir" ]; then
-  compiled=$(cat "$BIN/compiled_source_dir")
-  if [ "$compiled" != "$PWD" ] && [ ! -e "$compiled" ]; then
-    mkdir -p "$(dirname "$compiled")" && ln -s "$PWD" "$compiled"
-  fi
-fi
+source "$(dirname "$0")/device_env.sh"
 
 failed=0
-# check NAME SECONDS COMMAND...: runs it into $OUT/NAME.log; a line in the summary.
-check() {
-  local name=$1 seconds=$2
-  shift 2
-  timeout "$seconds" "$@" >"$OUT/$name.log" 2>&1
-  local status=$?
-  echo "$name: exit $status, $(grep -c 'Failure' "$OUT/$name.log") failed assertions" |
-    tee -a "$OUT/summary.txt"
-  [ "$status" = 0 ] || failed=1
-}
-
 : >"$OUT/summary.txt"
 check fp8_kernels 120 "$BIN/linear_bf16_mma_test" --gtest_filter='*Fp8*:*Grouped*'
 check cublaslt 120 "$BIN/linear_cublaslt_test"

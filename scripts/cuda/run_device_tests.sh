@@ -4,18 +4,8 @@
 # go to $OUT (or ./device-out when run by hand): env.txt, backend_ops.log/.xml,
 # gpu_forward.log, golden_gpu.log, memcheck.log, racecheck.log, memcheck_forward.log.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-BIN=${BIN:-$PWD/build-cuda/device}
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/device_env.sh"
 export DEEPINFER_SOURCE_DIR=$PWD
-# The model tests find tests/data under the checkout path they were compiled with.
-if [ -f "$BIN/compiled_source_dir" ]; then
-  compiled=$(cat "$BIN/compiled_source_dir")
-  if [ "$compiled" != "$PWD" ] && [ ! -e "$compiled" ]; then
-    mkdir -p "$(dirname "$compiled")" && ln -s "$PWD" "$compiled"
-  fi
-fi
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv

@@ -5,14 +5,8 @@
 # Logs to $OUT (./device-out by hand): engine.log/.xml, generate_{cpu,nvidia}.json,
 # memcheck_generate.log, racecheck_generate.log.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-BIN=${BIN:-$PWD/build-cuda/device}
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/device_env.sh"
 export DEEPINFER_SOURCE_DIR=$PWD DEEPINFER_DEFAULT_MODEL_DIR=$PWD/models/default
-# tests/model/random_model.cpp reads tests/data through the checkout path compiled into it.
-compiled=$(cat "$BIN/compiled_source_dir" 2>/dev/null || echo "$PWD")
-[ -e "$compiled" ] || { mkdir -p "$(dirname "$compiled")" && ln -s "$PWD" "$compiled"; }
 status=0
 
 echo "== engine tests (GPU variants run; CPU reference in the same process)"
