@@ -261,31 +261,27 @@ class BackendOpsTest : public ::testing::Test {
 TEST_F(BackendOpsTest, ConcurrentBranchOrdersItsOpsWithTheStream) {
   const Shape shape{4096, 4096};
   Tensor x_host = host_f32(shape, 91);
+  // x *= 2; then on the branch x + x, beside it on the main stream 3x; after the join their sum.
+  const auto branch_then_sum = [](const Tensor& x, const Tensor& on_branch, const Tensor& on_main,
+                                  const Tensor& sum) {
+    ops::scale(x.view(), 2.0f, x.view());
+    {
+      ops::ConcurrentBranch branch(x.device());
+      branch.run([&] { ops::add(x.view(), x.view(), on_branch.view()); });
+      ops::scale(x.view(), 3.0f, on_main.view());
+      branch.join();
+    }
+    ops::add(on_branch.view(), on_main.view(), sum.view());
+  };
   Tensor want_x = copy_of(x_host.view());
   Tensor want_branch = Tensor::empty(DType::kF32, shape);
-  Tensor want_main = Tensor::empty(DType::kF32, shape);
   Tensor want_sum = Tensor::empty(DType::kF32, shape);
-  ops::scale(want_x.view(), 2.0f, want_x.view());
-  {
-    ops::ConcurrentBranch branch(want_x.device());
-    branch.run([&] { ops::add(want_x.view(), want_x.view(), want_branch.view()); });
-    ops::scale(want_x.view(), 3.0f, want_main.view());
-    branch.join();
-  }
-  ops::add(want_branch.view(), want_main.view(), want_sum.view());
+  branch_then_sum(want_x, want_branch, Tensor::empty(DType::kF32, shape), want_sum);
 
   Tensor x = gpu(x_host.view());
   Tensor on_branch = gpu_output(DType::kF32, shape);
-  Tensor on_main = gpu_output(DType::kF32, shape);
   Tensor sum = gpu_output(DType::kF32, shape);
-  ops::scale(x.view(), 2.0f, x.view());
-  {
-    ops::ConcurrentBranch branch(x.device());
-    branch.run([&] { ops::add(x.view(), x.view(), on_branch.view()); });
-    ops::scale(x.view(), 3.0f, on_main.view());
-    branch.join();
-  }
-  ops::add(on_branch.view(), on_main.view(), sum.view());
+  branch_then_sum(x, on_branch, gpu_output(DType::kF32, shape), sum);
   expect_equal(want_sum.view(), sum.view(), "branch + main after the join");
   expect_equal(want_branch.view(), on_branch.view(), "the branch's output");
 
